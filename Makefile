@@ -1,0 +1,29 @@
+# Two commands do all set-up on a fresh machine with python3.11 and pip:
+#   make run    trains the default agent
+#   make test   runs the test suite
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test bench install clean
+
+$(STAMP): pyproject.toml requirements.lock
+	test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c requirements.lock -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(PY) examples/custom_dqn.py
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) -m pytest -q -m benchmark benchmarks
+
+clean:
+	rm -rf $(VENV)

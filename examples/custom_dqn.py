@@ -1,0 +1,218 @@
+"""The custom-agent guide (docs/custom_agents.md), as a script: a DQN from the four factories.
+
+Run: ``.venv/bin/python examples/custom_dqn.py [N_ENV_STEPS]`` (default 100_000). It trains on
+``CartPole-v1`` with 16 environments, writes TensorBoard logs to ``runs/example-dqn/logs`` and
+prints the mean return of the first and last ten episodes.
+"""
+
+import sys
+from collections import namedtuple
+from dataclasses import dataclass
+from typing import Callable
+
+import distrax as dx
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from kitae.base import OffPolicyAgent
+import kitae.config as cfg
+from kitae.types import Params
+
+from kitae.buffer import Experience
+from kitae.timesteps import compute_td_targets
+
+from kitae.modules.modules import init_params
+from kitae.modules.pytree import AgentPyTree, TrainState
+from kitae.modules.qvalue import qvalue_factory  # noqa: F401  (imported by the guide)
+
+DQN_tuple = namedtuple("DQN_tuple", ["observation", "action", "return_"])
+NO_EXPLORATION = 0.0
+
+
+@dataclass
+class DQNParams:
+    exploration: float
+    gamma: float
+    skip_steps: int
+    start_step: int = -1
+
+
+class DQNState(AgentPyTree):
+    qvalue: TrainState
+
+
+def train_state_dqn_factory(
+    key: jax.Array,
+    config: cfg.AlgoConfig,
+    *,
+    preprocess_fn: Callable = None,
+    tabulate: bool = False,
+) -> DQNState:
+    observation_shape = config.env_cfg.observation_space.shape
+    n_actions = config.env_cfg.action_space.n  # discrete spaces only
+
+    class QValue(nn.Module):
+        @nn.compact
+        def __call__(self, observations: jax.Array) -> jax.Array:
+            x = observations
+            x = nn.relu(nn.Dense(64)(x))
+            x = nn.relu(nn.Dense(64)(x))
+            return nn.Dense(n_actions)(x)
+
+    qvalue = QValue()
+    return DQNState(
+        TrainState.create(
+            apply_fn=jax.jit(qvalue.apply),
+            params=init_params(key, qvalue, [observation_shape], tabulate),
+            target_params=init_params(key, qvalue, [observation_shape], False),
+            tx=optax.adam(config.update_cfg.learning_rate),
+        )
+    )
+
+
+def explore_factory(config: cfg.AlgoConfig) -> Callable:
+    @jax.jit
+    def explore_fn(
+        dqn_state: TrainState,
+        key: jax.Array,
+        observations: jax.Array,
+        exploration: float,
+    ) -> jax.Array:
+        all_qvalues = dqn_state.apply_fn(dqn_state.params, observations)
+        actions, log_probs = dx.EpsilonGreedy(all_qvalues, exploration).sample_and_log_prob(seed=key)
+        return actions, log_probs
+
+    return explore_fn
+
+
+def process_experience_factory(config: cfg.AlgoConfig) -> Callable:
+    algo_params = config.algo_params
+
+    @jax.jit
+    def process_experience_fn(
+        dqn_state: DQNState,
+        key: jax.Array,
+        experience: Experience,
+    ) -> tuple[jax.Array, ...]:
+        all_next_qvalues = dqn_state.qvalue.apply_fn(dqn_state.qvalue.params, experience.next_observation)
+        next_qvalues = jnp.max(all_next_qvalues, axis=-1, keepdims=True)
+
+        discounts = algo_params.gamma * (1.0 - experience.done[..., None])
+        returns = compute_td_targets(experience.reward[..., None], discounts, next_qvalues)
+        actions = experience.action[..., None]
+
+        return (experience.observation, actions, returns)
+
+    return process_experience_fn
+
+
+def update_step_factory(config: cfg.AlgoConfig) -> Callable:
+    @jax.jit
+    def update_step_fn(
+        dqn_state: DQNState,
+        key: jax.Array,
+        experiences: tuple[jax.Array, ...],
+    ) -> tuple[DQNState, dict]:
+        batch = DQN_tuple(*experiences)
+
+        def loss_fn(params: Params):
+            all_qvalues = dqn_state.qvalue.apply_fn(params, batch.observation)
+            qvalues = jnp.take_along_axis(all_qvalues, batch.action, axis=-1)
+            loss = jnp.mean(optax.l2_loss(qvalues, batch.return_))
+            return loss, {"loss_qvalue": loss}
+
+        (_, info), grads = jax.value_and_grad(loss_fn, has_aux=True)(dqn_state.qvalue.params)
+        dqn_state.qvalue = dqn_state.qvalue.apply_gradients(grads=grads)
+
+        return dqn_state, info
+
+    return update_step_fn
+
+
+class DQN(OffPolicyAgent):
+    def __init__(
+        self,
+        run_name: str,
+        config: cfg.AlgoConfig,
+        *,
+        preprocess_fn: Callable = None,
+        tabulate: bool = False,
+    ):
+        super().__init__(
+            run_name,
+            config,
+            train_state_dqn_factory,
+            explore_factory,
+            process_experience_factory,
+            update_step_factory,
+            preprocess_fn=preprocess_fn,
+            tabulate=tabulate,
+            experience_type=Experience,
+        )
+
+        self.algo_params = self.config.algo_params
+
+    def select_action(self, observation: jax.Array) -> tuple[jax.Array, jax.Array]:
+        keys = self.interact_keys(observation)
+
+        action, zeros = self.explore_fn(self.state.qvalue, keys, observation, exploration=NO_EXPLORATION)
+        return action, zeros
+
+    def explore(self, observation: jax.Array) -> tuple[jax.Array, jax.Array]:
+        keys = self.interact_keys(observation)
+
+        action, zeros = self.explore_fn(
+            self.state.qvalue,
+            keys,
+            observation,
+            exploration=self.algo_params.exploration,
+        )
+        return action, zeros
+
+
+if __name__ == "__main__":
+    from kitae.envs.make import make_vec_env
+
+    SEED = 0
+    ENV_ID = "CartPole-v1"
+    N_ENVS = 16
+    N_ENV_STEPS = int(sys.argv[1]) if len(sys.argv) > 1 else 100_000
+
+    env = make_vec_env(env_id=ENV_ID, n_envs=N_ENVS, capture_video=False, run_name=None)
+
+    env_cfg = cfg.EnvConfig(
+        task_name=ENV_ID,
+        observation_space=env.single_observation_space,
+        action_space=env.single_action_space,
+        n_envs=N_ENVS,
+        n_agents=1,
+    )
+    dqn_params = DQNParams(exploration=0.1, gamma=0.99, skip_steps=1, start_step=-1)
+    update_cfg = cfg.UpdateConfig(
+        learning_rate=0.0003,
+        learning_rate_annealing=True,
+        max_grad_norm=0.5,
+        max_buffer_size=64,
+        batch_size=256,
+        n_epochs=1,
+        shared_encoder=True,
+    )
+    train_cfg = cfg.TrainConfig(n_env_steps=N_ENV_STEPS, save_frequency=-1)
+    algo_config = cfg.AlgoConfig(
+        seed=SEED,
+        algo_params=dqn_params,
+        update_cfg=update_cfg,
+        train_cfg=train_cfg,
+        env_cfg=env_cfg,
+    )
+
+    dqn = DQN(run_name="example-dqn", config=algo_config)
+    stats = dqn.train(env, dqn.config.train_cfg.n_env_steps)
+    first = sum(stats.episode_returns[:10]) / max(1, len(stats.episode_returns[:10]))
+    print(
+        f"{stats.global_step} steps in {stats.wall_seconds:.1f} s ({stats.global_step / stats.wall_seconds:,.0f} steps/s), "
+        f"{len(stats.episode_returns)} episodes: mean return of the first 10 {first:.1f}, "
+        f"of the last 10 {stats.mean_return(10):.1f}"
+    )

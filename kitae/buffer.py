@@ -1,0 +1,234 @@
+"""Experience storage: one fixed-capacity buffer of preallocated arrays, read two ways.
+
+The core is pure: ``BufferState`` is a pytree and ``buffer_init`` / ``buffer_add`` /
+``buffer_sample`` / ``buffer_rollout`` / ``buffer_reset`` are pure functions, so the same buffer
+runs inside ``jax.jit`` (the compiled loop) and behind the host-side classes ``ReplayBuffer``
+(uniform sampling, off-policy) and ``RolloutBuffer`` (whole rollouts in time order, on-policy).
+
+Layout: every leaf of the stored experience has shape ``(capacity, E, ...)``, one row per vector
+step, ``E`` environments per row. Multi-agent experience is stored as dicts keyed by agent (each
+leaf ``(capacity, E, ...)``), so the same functions serve both.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+class Experience(NamedTuple):
+    """One step of interaction, for each environment (and agent).
+
+    Leaves are batched over environments: ``(E, ...)`` when collected, ``(T, E, ...)`` in a
+    rollout, ``(B, ...)`` when sampled.
+
+    Attributes:
+        observation: the observation the action was taken from, ``(E, *obs_shape)``.
+        action: the action taken, ``(E, *action_shape)``.
+        reward: the reward received, ``(E,)`` float32.
+        done: the episode TERMINATED at this step (a terminal state: do not bootstrap), ``(E,)``.
+            Truncation by a time limit is not ``done``; it is ``truncated``.
+        next_observation: the real next observation, ``(E, *obs_shape)``: at the end of an
+            episode, the episode's final observation, not the first of the next episode.
+        log_prob: log-probability of the action under the acting policy, ``(E,)``.
+        truncated: the episode was CUT at this step (time limit): bootstrap from
+            ``next_observation``, but do not carry returns across into the next episode, ``(E,)``.
+    """
+
+    observation: Any
+    action: Any
+    reward: Any
+    done: Any
+    next_observation: Any
+    log_prob: Any
+    truncated: Any
+
+
+class BufferState(NamedTuple):
+    """A buffer's arrays and counters (a pytree).
+
+    Attributes:
+        data: the stored experience; every leaf ``(capacity, E, ...)``.
+        position: the row the next ``buffer_add`` writes, int32 scalar.
+        size: the number of filled rows, int32 scalar (at most ``capacity``).
+    """
+
+    data: Any
+    position: jax.Array
+    size: jax.Array
+
+    @property
+    def capacity(self) -> int:
+        """Rows the buffer holds (static)."""
+        return jax.tree_util.tree_leaves(self.data)[0].shape[0]
+
+    @property
+    def n_envs(self) -> int:
+        """Environments per row (static)."""
+        return jax.tree_util.tree_leaves(self.data)[0].shape[1]
+
+
+def buffer_init(example: Any, capacity: int) -> BufferState:
+    """Allocates a buffer shaped after one step of experience.
+
+    Args:
+        example: one step, a pytree whose leaves have shape ``(E, ...)``.
+        capacity: number of rows (vector steps) to keep, >= 1.
+
+    Returns:
+        An empty ``BufferState`` with leaves ``(capacity, E, ...)``, dtypes those of ``example``.
+    """
+    if not isinstance(capacity, int) or capacity < 1:
+        raise ValueError(f"capacity={capacity!r} is not allowed; allowed: an int >= 1")
+    leaves = jax.tree_util.tree_leaves(example)
+    if not leaves or any(jnp.ndim(x) < 1 for x in leaves):
+        raise ValueError("every leaf of the example experience needs a leading environment axis (E, ...)")
+    n_envs = {jnp.shape(x)[0] for x in leaves}
+    if len(n_envs) != 1:
+        raise ValueError(f"every leaf of the experience must have the same leading (environment) size, got {n_envs}")
+    data = jax.tree_util.tree_map(
+        lambda x: jnp.zeros((capacity, *jnp.shape(x)), dtype=jnp.asarray(x).dtype), example
+    )
+    return BufferState(data, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
+
+
+def buffer_add(state: BufferState, experience: Any) -> BufferState:
+    """Writes one step (leaves ``(E, ...)``) at ``position``, overwriting the oldest row when full."""
+    capacity = state.capacity
+    data = jax.tree_util.tree_map(
+        lambda buf, x: buf.at[state.position].set(jnp.asarray(x, dtype=buf.dtype)), state.data, experience
+    )
+    return BufferState(
+        data,
+        (state.position + 1) % capacity,
+        jnp.minimum(state.size + 1, capacity),
+    )
+
+
+def buffer_sample(state: BufferState, key: jax.Array, batch_size: int) -> Any:
+    """Samples ``batch_size`` transitions uniformly (with replacement) from the filled rows.
+
+    Each of the ``size * E`` stored transitions is equally likely. Returns leaves ``(B, ...)``.
+    The buffer must hold at least one row.
+    """
+    n_envs = state.n_envs
+    flat = jax.random.randint(key, (batch_size,), 0, jnp.maximum(state.size, 1) * n_envs)
+    rows, envs = flat // n_envs, flat % n_envs
+    return jax.tree_util.tree_map(lambda buf: buf[rows, envs], state.data)
+
+
+def buffer_rollout(state: BufferState) -> Any:
+    """Returns the stored rows in the order they were written, leaves ``(T, E, ...)``.
+
+    Meant for a full rollout buffer that is reset after each update (then ``position`` is 0 and
+    the rows are already in order); for a buffer that wrapped around, the rows are rolled so the
+    oldest comes first.
+    """
+    return jax.tree_util.tree_map(lambda buf: jnp.roll(buf, -state.position, axis=0), state.data)
+
+
+def buffer_reset(state: BufferState) -> BufferState:
+    """Empties the buffer (counters to zero; arrays are kept and overwritten later)."""
+    return BufferState(state.data, jnp.zeros_like(state.position), jnp.zeros_like(state.size))
+
+
+# ---------------------------------------------------------------------------------------------
+# Host-side holders (the thin shell around the pure functions)
+# ---------------------------------------------------------------------------------------------
+
+_add = jax.jit(buffer_add, donate_argnums=0)  # donated: the write happens in place, not as a copy
+_reset = jax.jit(buffer_reset, donate_argnums=0)
+
+
+def _as_experience_arrays(experience: Any) -> Any:
+    """Host arrays to JAX-friendly dtypes (float64 -> float32, int64 -> int32)."""
+
+    def convert(x: Any) -> Any:
+        x = np.asarray(x)
+        if x.dtype == np.float64:
+            return x.astype(np.float32)
+        if x.dtype == np.int64:
+            return x.astype(np.int32)
+        return x
+
+    return jax.tree_util.tree_map(convert, experience)
+
+
+class _HostBuffer:
+    """Holds a ``BufferState`` created on the first ``add``."""
+
+    def __init__(self, capacity: int) -> None:
+        if not isinstance(capacity, int) or capacity < 1:
+            raise ValueError(f"capacity={capacity!r} is not allowed; allowed: an int >= 1")
+        self.capacity = capacity
+        self.state: BufferState | None = None
+
+    def add(self, experience: Any) -> None:
+        """Stores one step of experience (leaves ``(E, ...)``)."""
+        experience = _as_experience_arrays(experience)
+        if self.state is None:
+            self.state = buffer_init(experience, self.capacity)
+        self.state = _add(self.state, experience)
+
+    @property
+    def size(self) -> int:
+        """Filled rows (vector steps)."""
+        return 0 if self.state is None else int(self.state.size)
+
+    @property
+    def n_transitions(self) -> int:
+        """Stored transitions: rows times environments (times agents for dict experience)."""
+        if self.state is None:
+            return 0
+        n_agents = len(self.state.data.observation) if isinstance(self.state.data.observation, dict) else 1
+        return self.size * self.state.n_envs * n_agents
+
+    def __len__(self) -> int:
+        return self.size
+
+    def reset(self) -> None:
+        """Empties the buffer."""
+        if self.state is not None:
+            self.state = _reset(self.state)
+
+
+class ReplayBuffer(_HostBuffer):
+    """Fixed-capacity replay buffer with uniform sampling (off-policy agents).
+
+    Args:
+        capacity: rows (vector steps) kept; the buffer holds ``capacity * E`` transitions.
+    """
+
+    def sample(self, key: jax.Array, batch_size: int) -> Any:
+        """``batch_size`` transitions drawn uniformly, leaves ``(B, ...)``."""
+        if self.state is None:
+            raise RuntimeError("cannot sample from an empty ReplayBuffer")
+        return _sample(self.state, key, batch_size)
+
+
+@partial(jax.jit, static_argnums=2)
+def _sample(state: BufferState, key: jax.Array, batch_size: int) -> Any:
+    return buffer_sample(state, key, batch_size)
+
+
+class RolloutBuffer(_HostBuffer):
+    """Fixed-length rollout buffer (on-policy agents): filled, read whole, then reset.
+
+    Args:
+        capacity: rollout length in vector steps.
+    """
+
+    @property
+    def full(self) -> bool:
+        """Whether a whole rollout has been collected."""
+        return self.size == self.capacity
+
+    def rollout(self) -> Any:
+        """The collected rollout in time order, leaves ``(T, E, ...)``."""
+        if self.state is None:
+            raise RuntimeError("the RolloutBuffer is empty")
+        return buffer_rollout(self.state)

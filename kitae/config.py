@@ -1,0 +1,384 @@
+"""Configuration dataclasses: what an agent is, what it trains on and how it updates.
+
+Every config validates its fields when it is made and raises ``TypeError`` (wrong type) or
+``ValueError`` (value out of range, unknown field) with a message naming the field, the value
+and what is allowed. Configs round-trip through YAML (``AlgoConfig.to_yaml`` /
+``AlgoConfig.from_yaml``) without pickle: spaces become plain dicts and the algorithm's params
+class is looked up by name in a registry (``register_algo_params``), never imported from the file.
+
+Units. Every step count (``TrainConfig.n_env_steps``, ``save_frequency``, an off-policy agent's
+``start_step`` and ``skip_steps``) counts environment transitions summed over all environments:
+one call to a vector environment of 16 environments is 16 steps. ``UpdateConfig.max_buffer_size``
+is a buffer length per environment: the buffer holds ``max_buffer_size * n_envs * n_agents``
+transitions (for on-policy agents, the rollout length).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, Callable, Optional, TypeVar, Union
+
+import gymnasium as gym
+import yaml
+
+from kitae.envs.spaces import space_from_dict, space_to_dict
+
+T = TypeVar("T")
+
+# ---------------------------------------------------------------------------------------------
+# Validation helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def _type_name(tp: Any) -> str:
+    if tp is type(None):
+        return "None"
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if tp is gym.Space:
+        return "gymnasium.spaces.Space"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(field_path: str, value: Any, tp: Any) -> Any:
+    """Checks ``value`` against the annotation ``tp``; returns it (ints widened to float)."""
+    if tp is Any:
+        return value
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        for option in typing.get_args(tp):
+            try:
+                return _coerce(field_path, value, option)
+            except TypeError:
+                continue
+        raise TypeError(f"{field_path}={value!r} has type {type(value).__name__}; allowed: {_type_name(tp)}")
+    if tp is type(None):
+        if value is None:
+            return None
+    elif tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif isinstance(tp, type):
+        if isinstance(value, tp):
+            return value
+    else:  # other typing constructs are not checked
+        return value
+    raise TypeError(f"{field_path}={value!r} has type {type(value).__name__}; allowed: {_type_name(tp)}")
+
+
+def validate_types(obj: Any, prefix: str = "") -> None:
+    """Checks (and widens int to float) every field of a dataclass against its annotation."""
+    try:
+        hints = typing.get_type_hints(type(obj))
+    except Exception:  # annotations that cannot be resolved (a class defined in a function) are not checked
+        hints = {}
+    for f in dataclasses.fields(obj):
+        value = _coerce(f"{prefix}{f.name}", getattr(obj, f.name), hints.get(f.name, Any))
+        object.__setattr__(obj, f.name, value)
+
+
+def _require(condition: bool, field_path: str, value: Any, allowed: str) -> None:
+    if not condition:
+        raise ValueError(f"{field_path}={value!r} is not allowed; allowed: {allowed}")
+
+
+def _from_mapping(cls: type[T], data: Any, prefix: str) -> T:
+    """Builds a dataclass from a mapping, rejecting unknown keys by name."""
+    if not isinstance(data, dict):
+        raise TypeError(f"{prefix.rstrip('.') or cls.__name__} must be a mapping of fields, got {data!r}")
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        raise ValueError(
+            f"unknown field {prefix}{unknown[0]} in {cls.__name__}; allowed fields: {', '.join(names)}"
+        )
+    try:
+        return cls(**data)
+    except TypeError as error:
+        if "missing" in str(error):
+            raise TypeError(f"{prefix.rstrip('.') or cls.__name__}: {error}") from None
+        raise
+
+
+# ---------------------------------------------------------------------------------------------
+# Algorithm params registry
+# ---------------------------------------------------------------------------------------------
+
+_ALGO_PARAMS_REGISTRY: dict[str, type] = {}
+
+
+def register_algo_params(cls: type[T]) -> type[T]:
+    """Registers a params dataclass so that ``AlgoConfig.from_yaml`` can rebuild it by name.
+
+    Use as a decorator. The name stored in YAML is the class's ``__qualname__``; loading a config
+    never imports a module named in the file.
+    """
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"register_algo_params expects a dataclass, got {cls!r}")
+    _ALGO_PARAMS_REGISTRY[cls.__qualname__] = cls
+    return cls
+
+
+def algo_params_class(name: str) -> type:
+    """Returns the registered params class called ``name``."""
+    try:
+        return _ALGO_PARAMS_REGISTRY[name]
+    except KeyError:
+        known = ", ".join(sorted(_ALGO_PARAMS_REGISTRY)) or "none"
+        raise ValueError(
+            f"algo_params class {name!r} is not registered; registered: {known}. Decorate the class "
+            "with kitae.config.register_algo_params or pass algo_params_type= when loading"
+        ) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# The configs
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class AlgoParams:
+    """Base class of an algorithm's hyperparameters. Inheriting from it is optional: any
+    dataclass works as ``AlgoConfig.algo_params``."""
+
+
+@dataclasses.dataclass
+class EnvConfig:
+    """What the agent trains on.
+
+    Attributes:
+        task_name: the environment id, e.g. ``"CartPole-v1"`` or ``"gymnax:CartPole-v1"``.
+        observation_space: the space of ONE agent's observation in ONE environment.
+        action_space: the space of ONE agent's action in ONE environment.
+        n_envs: number of environments stepped together (>= 1).
+        n_agents: number of agents per environment (>= 1); more than one turns on the
+            parallel (multi-agent, shared-parameter) mode.
+    """
+
+    task_name: str
+    observation_space: gym.Space
+    action_space: gym.Space
+    n_envs: int = 1
+    n_agents: int = 1
+
+    def __post_init__(self) -> None:
+        validate_types(self, "env_cfg.")
+        _require(self.n_envs >= 1, "env_cfg.n_envs", self.n_envs, "an int >= 1")
+        _require(self.n_agents >= 1, "env_cfg.n_agents", self.n_agents, "an int >= 1")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "task_name": self.task_name,
+            "observation_space": space_to_dict(self.observation_space),
+            "action_space": space_to_dict(self.action_space),
+            "n_envs": self.n_envs,
+            "n_agents": self.n_agents,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "EnvConfig":
+        data = dict(data)
+        for key in ("observation_space", "action_space"):
+            if isinstance(data.get(key), dict):
+                data[key] = space_from_dict(data[key])
+        return _from_mapping(cls, data, "env_cfg.")
+
+
+@dataclasses.dataclass
+class UpdateConfig:
+    """How the agent's parameters are updated.
+
+    Attributes:
+        learning_rate: optimizer step size (> 0).
+        learning_rate_annealing: decay the learning rate linearly to 0 over training.
+        max_grad_norm: clip gradients to this global norm (> 0), or ``None`` for no clipping.
+        max_buffer_size: buffer length per environment (>= 1); the buffer holds
+            ``max_buffer_size * n_envs * n_agents`` transitions. For on-policy agents this is
+            the rollout length.
+        batch_size: transitions per minibatch (>= 1, at most what the buffer can hold).
+        n_epochs: on-policy: passes over each rollout; off-policy: gradient steps per update (>= 1).
+        shared_encoder: actor and critic share one observation encoder.
+    """
+
+    learning_rate: float = 3e-4
+    learning_rate_annealing: bool = False
+    max_grad_norm: Optional[float] = 0.5
+    max_buffer_size: int = 128
+    batch_size: int = 64
+    n_epochs: int = 1
+    shared_encoder: bool = False
+
+    def __post_init__(self) -> None:
+        validate_types(self, "update_cfg.")
+        _require(self.learning_rate > 0, "update_cfg.learning_rate", self.learning_rate, "a float > 0")
+        _require(
+            self.max_grad_norm is None or self.max_grad_norm > 0,
+            "update_cfg.max_grad_norm", self.max_grad_norm, "a float > 0 or None",
+        )
+        _require(self.max_buffer_size >= 1, "update_cfg.max_buffer_size", self.max_buffer_size, "an int >= 1")
+        _require(self.batch_size >= 1, "update_cfg.batch_size", self.batch_size, "an int >= 1")
+        _require(self.n_epochs >= 1, "update_cfg.n_epochs", self.n_epochs, "an int >= 1")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "UpdateConfig":
+        return _from_mapping(cls, data, "update_cfg.")
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """How long to train and how often to save.
+
+    Attributes:
+        n_env_steps: environment transitions to train for, summed over all environments (>= 1).
+        save_frequency: save a checkpoint every this many environment transitions (>= 1), or -1
+            to save only at the end of training.
+    """
+
+    n_env_steps: int = 100_000
+    save_frequency: int = -1
+
+    def __post_init__(self) -> None:
+        validate_types(self, "train_cfg.")
+        _require(self.n_env_steps >= 1, "train_cfg.n_env_steps", self.n_env_steps, "an int >= 1")
+        _require(
+            self.save_frequency == -1 or self.save_frequency >= 1,
+            "train_cfg.save_frequency", self.save_frequency, "-1 (only at the end) or an int >= 1",
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
+        return _from_mapping(cls, data, "train_cfg.")
+
+
+@dataclasses.dataclass
+class AlgoConfig:
+    """The whole configuration of an agent.
+
+    Attributes:
+        seed: the one seed that decides the run (an int in [0, 2**32)).
+        algo_params: the algorithm's hyperparameters, a dataclass instance.
+        update_cfg: an ``UpdateConfig``.
+        train_cfg: a ``TrainConfig``.
+        env_cfg: an ``EnvConfig``.
+    """
+
+    seed: int
+    algo_params: Any
+    update_cfg: UpdateConfig
+    train_cfg: TrainConfig
+    env_cfg: EnvConfig
+
+    def __post_init__(self) -> None:
+        validate_types(self)
+        _require(0 <= self.seed < 2**32, "seed", self.seed, "an int in [0, 2**32)")
+        if not dataclasses.is_dataclass(self.algo_params) or isinstance(self.algo_params, type):
+            raise TypeError(f"algo_params={self.algo_params!r} is not allowed; allowed: a dataclass instance")
+        validate_types(self.algo_params, "algo_params.")
+        capacity = self.update_cfg.max_buffer_size * self.env_cfg.n_envs * self.env_cfg.n_agents
+        _require(
+            self.update_cfg.batch_size <= capacity,
+            "update_cfg.batch_size", self.update_cfg.batch_size,
+            f"at most the buffer capacity max_buffer_size * n_envs * n_agents = "
+            f"{self.update_cfg.max_buffer_size} * {self.env_cfg.n_envs} * {self.env_cfg.n_agents} = {capacity}",
+        )
+
+    # -- serialisation --------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as plain Python values (what ``to_yaml`` writes)."""
+        return {
+            "seed": self.seed,
+            "algo_params_class": type(self.algo_params).__qualname__,
+            "algo_params": _algo_params_to_dict(self.algo_params),
+            "update_cfg": self.update_cfg.to_dict(),
+            "train_cfg": self.train_cfg.to_dict(),
+            "env_cfg": self.env_cfg.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], algo_params_type: type | None = None) -> "AlgoConfig":
+        """Rebuilds a config from ``to_dict``'s output.
+
+        Args:
+            data: the mapping.
+            algo_params_type: the params dataclass; if ``None``, the class named by
+                ``algo_params_class`` is looked up in the registry (``register_algo_params``).
+        """
+        if not isinstance(data, dict):
+            raise TypeError(f"a config must be a mapping, got {type(data).__name__}")
+        data = dict(data)
+        class_name = data.pop("algo_params_class", None)
+        allowed = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(data) - set(allowed))
+        if unknown:
+            raise ValueError(f"unknown field {unknown[0]} in AlgoConfig; allowed fields: {', '.join(allowed)}")
+        missing = [name for name in allowed if name not in data]
+        if missing:
+            raise ValueError(f"AlgoConfig is missing the field {missing[0]}")
+        params_cls = algo_params_type
+        if params_cls is None:
+            if class_name is None:
+                raise ValueError("algo_params_class is missing: cannot tell which params class to build")
+            params_cls = algo_params_class(class_name)
+        return cls(
+            seed=data["seed"],
+            algo_params=_from_mapping(params_cls, data["algo_params"], "algo_params."),
+            update_cfg=UpdateConfig.from_dict(data["update_cfg"]),
+            train_cfg=TrainConfig.from_dict(data["train_cfg"]),
+            env_cfg=EnvConfig.from_dict(data["env_cfg"]),
+        )
+
+    def to_yaml(self, path: str | Path | None = None) -> str:
+        """Writes the config as YAML (to ``path`` if given) and returns the text."""
+        text = yaml.safe_dump(self.to_dict(), sort_keys=False)
+        if path is not None:
+            Path(path).write_text(text)
+        return text
+
+    @classmethod
+    def from_yaml(cls, path_or_text: str | Path, algo_params_type: type | None = None) -> "AlgoConfig":
+        """Reads a config written by ``to_yaml`` (a path, or the YAML text itself).
+
+        Uses ``yaml.safe_load``: loading runs no code from the file.
+        """
+        text = Path(path_or_text).read_text() if _is_path(path_or_text) else str(path_or_text)
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            raise ValueError(f"malformed YAML config: {error}") from None
+        return cls.from_dict(data, algo_params_type=algo_params_type)
+
+
+def _is_path(value: str | Path) -> bool:
+    if isinstance(value, Path):
+        return True
+    return "\n" not in value and Path(value).suffix in (".yaml", ".yml") and Path(value).exists()
+
+
+def _algo_params_to_dict(params: Any) -> dict[str, Any]:
+    out = {}
+    for f in dataclasses.fields(params):
+        value = getattr(params, f.name)
+        if isinstance(value, Callable) and not isinstance(value, type):  # type: ignore[arg-type]
+            raise TypeError(
+                f"algo_params.{f.name}={value!r} is a function and cannot be written to YAML; "
+                "use a named schedule or a number"
+            )
+        out[f.name] = value
+    return out

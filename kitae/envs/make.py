@@ -1,0 +1,96 @@
+"""Making environments from ids.
+
+Ids are ``SOURCE:ID``; SOURCE is one of ``gymnasium`` (the default when there is no prefix),
+``gymnax``, ``envpool``, ``pettingzoo``, ``brax``, ``jaxmarl``. This module builds the host-loop
+sources; JAX sources run in the compiled loop.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import gymnasium as gym
+from gymnasium.vector import AutoresetMode
+
+SOURCES = ("gymnasium", "gymnax", "envpool", "pettingzoo", "brax", "jaxmarl")
+HOST_SOURCES = ("gymnasium",)
+
+
+def parse_env_id(env_id: str) -> tuple[str, str]:
+    """Splits ``"SOURCE:ID"`` into ``(source, id)``; no prefix means ``gymnasium``.
+
+    Raises:
+        ValueError: for an unknown source or an empty id.
+    """
+    if not isinstance(env_id, str) or not env_id.strip():
+        raise ValueError(f"env_id={env_id!r} is not allowed; allowed: 'SOURCE:ID' with SOURCE in {SOURCES}")
+    source, sep, name = env_id.partition(":")
+    if not sep:
+        source, name = "gymnasium", env_id
+    if source not in SOURCES:
+        raise ValueError(f"unknown environment source {source!r} in {env_id!r}; allowed sources: {', '.join(SOURCES)}")
+    if not name:
+        raise ValueError(f"env_id={env_id!r} has no environment name after {source!r}:")
+    return source, name
+
+
+def _gymnasium_thunk(name: str, index: int, capture_video: bool, video_dir: Path | None,
+                     env_kwargs: dict[str, Any]) -> Callable[[], gym.Env]:
+    def thunk() -> gym.Env:
+        if capture_video and index == 0:
+            env = gym.make(name, render_mode="rgb_array", **env_kwargs)
+            env = gym.wrappers.RecordVideo(env, str(video_dir), disable_logger=True)
+        else:
+            env = gym.make(name, **env_kwargs)
+        return env
+
+    return thunk
+
+
+def make_vec_env(
+    env_id: str,
+    n_envs: int,
+    capture_video: bool = False,
+    run_name: str | None = None,
+    *,
+    vectorization_mode: str = "sync",
+    env_kwargs: dict[str, Any] | None = None,
+) -> gym.vector.VectorEnv:
+    """Makes a Gymnasium vector environment that kitae's host loop can train in.
+
+    The environments reset in ``AutoresetMode.SAME_STEP`` (the real final observation of each
+    episode is in ``infos["final_obs"]``) and record episode statistics.
+
+    Args:
+        env_id: ``"CartPole-v1"`` or ``"gymnasium:CartPole-v1"``.
+        n_envs: number of environments (>= 1).
+        capture_video: record videos of environment 0 to ``runs/<run_name>/videos``.
+        run_name: the run's name (needed with ``capture_video``).
+        vectorization_mode: ``"sync"`` (one process, fastest for cheap environments) or
+            ``"async"`` (one process per environment).
+        env_kwargs: keyword arguments for ``gymnasium.make``.
+
+    Returns:
+        A ``gymnasium.vector.VectorEnv`` with ``num_envs == n_envs``; ``single_observation_space``
+        and ``single_action_space`` are what ``EnvConfig`` wants.
+    """
+    source, name = parse_env_id(env_id)
+    if source not in HOST_SOURCES:
+        raise ValueError(
+            f"make_vec_env builds host-loop environments ({', '.join(HOST_SOURCES)}); "
+            f"{env_id!r} comes from {source!r}"
+        )
+    if not isinstance(n_envs, int) or isinstance(n_envs, bool) or n_envs < 1:
+        raise ValueError(f"n_envs={n_envs!r} is not allowed; allowed: an int >= 1")
+    if vectorization_mode not in ("sync", "async"):
+        raise ValueError(f"vectorization_mode={vectorization_mode!r} is not allowed; allowed: 'sync', 'async'")
+    if capture_video and not run_name:
+        raise ValueError("capture_video=True needs a run_name: videos go to runs/<run_name>/videos")
+    if name not in gym.registry:
+        raise ValueError(f"unknown Gymnasium environment {name!r}; see gymnasium.pprint_registry() for the ids")
+    video_dir = Path("runs") / run_name / "videos" if capture_video else None
+    thunks = [_gymnasium_thunk(name, i, capture_video, video_dir, dict(env_kwargs or {})) for i in range(n_envs)]
+    vector_cls = gym.vector.SyncVectorEnv if vectorization_mode == "sync" else gym.vector.AsyncVectorEnv
+    env = vector_cls(thunks, autoreset_mode=AutoresetMode.SAME_STEP)
+    return gym.wrappers.vector.RecordEpisodeStatistics(env)

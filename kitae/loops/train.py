@@ -1,0 +1,270 @@
+"""The host loop: a Python loop over Gymnasium vector environments.
+
+Each vector step makes one compiled call to act, one to store the transition, and, when the agent
+says so, one compiled call that runs the whole update. Termination and truncation are kept apart:
+Gymnasium vector environments must reset in ``SAME_STEP`` mode, so that a transition's next
+observation is the real final observation of an episode (``infos["final_obs"]``) and no
+transition pairs the end of one episode with the start of the next.
+
+Step units: ``n_env_steps`` and ``start_step`` count environment transitions summed over all
+environments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import TYPE_CHECKING, Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode
+
+from kitae.buffer import Experience
+from kitae.types import AlgoType
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tensorboardX import SummaryWriter
+
+    from kitae.base import IAgent
+
+EnvLike = Any
+"""A Gymnasium ``Env`` or ``VectorEnv`` (EnvPool and PettingZoo come with the multi-agent issue)."""
+
+
+@dataclasses.dataclass
+class TrainStats:
+    """What a training run saw.
+
+    Attributes:
+        episode_returns: the return of every finished episode, in order of completion.
+        episode_lengths: their lengths.
+        episode_steps: the global step at which each finished.
+        global_step: environment transitions done when training stopped.
+        wall_seconds: wall-clock duration of the loop.
+        n_updates: updates made.
+    """
+
+    episode_returns: list[float] = dataclasses.field(default_factory=list)
+    episode_lengths: list[int] = dataclasses.field(default_factory=list)
+    episode_steps: list[int] = dataclasses.field(default_factory=list)
+    global_step: int = 0
+    wall_seconds: float = 0.0
+    n_updates: int = 0
+
+    def mean_return(self, last: int = 10) -> float:
+        """Mean return of the last ``last`` finished episodes (nan if none finished)."""
+        returns = self.episode_returns[-last:]
+        return float(np.mean(returns)) if returns else float("nan")
+
+
+def check_env(env: EnvLike) -> EnvLike:
+    """Checks if environment can be used for training.
+
+    A single Gymnasium ``Env`` becomes a vector environment of one; a vector environment must
+    reset in ``AutoresetMode.SAME_STEP`` (what ``kitae.envs.make.make_vec_env`` builds). Episode
+    statistics are recorded (``RecordEpisodeStatistics``) if they are not already.
+
+    Args:
+        env (EnvLike): An environment.
+
+    Returns:
+        The original environment or a compatible one.
+
+    Raises:
+        TypeError: for an object that is not a Gymnasium environment.
+        ValueError: for a vector environment in another autoreset mode.
+    """
+    if isinstance(env, gym.vector.VectorEnv):
+        mode = env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
+        if mode != AutoresetMode.SAME_STEP:
+            raise ValueError(
+                f"the vector environment resets in autoreset_mode={mode}; kitae needs "
+                "AutoresetMode.SAME_STEP so that episode ends keep their real final observation: build it "
+                "with kitae.envs.make.make_vec_env(...) or gym.make_vec(..., vector_kwargs="
+                "{'autoreset_mode': gym.vector.AutoresetMode.SAME_STEP})"
+            )
+        if not _has_wrapper(env, gym.wrappers.vector.RecordEpisodeStatistics):
+            env = gym.wrappers.vector.RecordEpisodeStatistics(env)
+        return env
+    if isinstance(env, gym.Env):
+        single = env
+        vector = gym.vector.SyncVectorEnv([lambda: single], autoreset_mode=AutoresetMode.SAME_STEP)
+        return gym.wrappers.vector.RecordEpisodeStatistics(vector)
+    raise TypeError(
+        f"env={env!r} is not allowed; allowed: a gymnasium.Env or gymnasium.vector.VectorEnv "
+        "(make one with kitae.envs.make.make_vec_env)"
+    )
+
+
+def _has_wrapper(env: Any, wrapper_type: type) -> bool:
+    while env is not None:
+        if isinstance(env, wrapper_type):
+            return True
+        env = getattr(env, "env", None)
+    return False
+
+
+def episode_statistics(infos: dict) -> list[tuple[int, float, int]]:
+    """The episodes that ended in this step: ``(env_index, return, length)`` for each."""
+    if "episode" not in infos:
+        return []
+    mask = infos.get("_episode", np.ones(len(infos["episode"]["r"]), dtype=bool))
+    return [
+        (int(i), float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i]))
+        for i in np.flatnonzero(mask)
+    ]
+
+
+def process_termination(
+    global_step: int,
+    next_observations: np.ndarray,
+    infos: dict,
+    writer: "SummaryWriter | None",
+) -> np.ndarray:
+    """Processes the termination part of the loop.
+
+    Where an episode ended in this step, the vector environment has already reset that
+    environment and ``next_observations`` holds the first observation of the next episode;
+    the episode's real final observation is in ``infos["final_obs"]``. This returns the
+    observations to store as ``next_observation`` (final observations where episodes ended), and
+    logs each finished episode's return and length to the writer.
+
+    Args:
+        global_step (int): The current environment step.
+        next_observations (Array): The observations resulting from the last actions, ``(E, ...)``.
+        infos (dict): The info resulting from the last actions.
+        writer (SummaryWriter): A writer to log metrics (``charts/episodic_return``,
+            ``charts/episodic_length``), or ``None``.
+
+    Returns:
+        The next observations to store in the buffer, ``(E, ...)``.
+    """
+    real_next = next_observations
+    if "_final_obs" in infos and np.any(infos["_final_obs"]):
+        real_next = np.array(next_observations, copy=True)
+        for i in np.flatnonzero(infos["_final_obs"]):
+            real_next[i] = infos["final_obs"][i]
+    if writer is not None:
+        for _, episodic_return, length in episode_statistics(infos):
+            writer.add_scalar("charts/episodic_return", episodic_return, global_step)
+            writer.add_scalar("charts/episodic_length", length, global_step)
+    return real_next
+
+
+def _make_experience(experience_type: type, **fields: Any) -> Any:
+    return experience_type(**{name: fields[name] for name in experience_type._fields})
+
+
+def vectorized_train(
+    seed: int,
+    agent: "IAgent",
+    env: EnvLike,
+    n_env_steps: int,
+    algo_type: AlgoType,
+    *,
+    start_step: int = 1,
+    checkpointer: Any = None,
+    writer: "SummaryWriter | None" = None,
+) -> TrainStats:
+    """Trains an agent in a vectorized environment.
+
+    Important: ``env.close()`` is called at the end of the training.
+
+    Each vector step: ``agent.explore(obs)``, ``env.step``, the real next observations from
+    ``process_termination``, one ``Experience`` added to ``agent.buffer``, and
+    ``agent.update(agent.buffer)`` whenever ``agent.should_update(step, agent.buffer)``.
+
+    Args:
+        seed (int): An int for reproducibility (seeds the environment's reset).
+        agent (IAgent): An agent to train.
+        env (EnvLike): An environment to train in (see ``check_env``).
+        n_env_steps (int): The number of steps to do in the environment: transitions summed over
+            all environments, rounded up to whole vector steps.
+        algo_type (AlgoType): The type of algorithm (must match ``agent.algo_type``).
+        start_step (int): The starting step in the environment (1 for a new run; the step after
+            the checkpoint when resuming). Steps ``start_step .. start_step + n_env_steps - 1``
+            are done.
+        checkpointer: optional, with ``save(step, agent)``; called every
+            ``agent.config.train_cfg.save_frequency`` steps (if not -1) and at the end.
+        writer (SummaryWriter): optional TensorBoard writer; x axis = environment steps.
+
+    Returns:
+        A ``TrainStats`` with every finished episode's return and length.
+    """
+    if not isinstance(algo_type, AlgoType):
+        raise TypeError(f"algo_type={algo_type!r} is not allowed; allowed: a kitae.types.AlgoType")
+    if getattr(agent, "algo_type", algo_type) is not algo_type:
+        raise ValueError(f"algo_type={algo_type} does not match the agent's {agent.algo_type}")
+    if not isinstance(n_env_steps, int) or n_env_steps < 1:
+        raise ValueError(f"n_env_steps={n_env_steps!r} is not allowed; allowed: an int >= 1")
+    if not isinstance(start_step, int) or start_step < 1:
+        raise ValueError(f"start_step={start_step!r} is not allowed; allowed: an int >= 1")
+
+    env = check_env(env)
+    stats = TrainStats(global_step=start_step - 1)
+    try:
+        n_envs = env.num_envs
+        if n_envs != agent.config.env_cfg.n_envs:
+            raise ValueError(
+                f"the environment has {n_envs} sub-environments but env_cfg.n_envs="
+                f"{agent.config.env_cfg.n_envs}; they must match"
+            )
+        save_frequency = agent.config.train_cfg.save_frequency
+        experience_type = getattr(agent, "experience_type", Experience)
+        end_step = start_step - 1 + n_env_steps
+        global_step = start_step - 1
+        observations, _ = env.reset(seed=seed)
+        start_time = last_log_time = time.perf_counter()
+        last_log_step = global_step
+
+        while global_step < end_step:
+            actions, log_probs = agent.explore(observations)
+            actions = np.asarray(actions)
+            next_observations, rewards, terminations, truncations, infos = env.step(actions)
+            global_step += n_envs
+
+            real_next = process_termination(global_step, next_observations, infos, writer)
+            for _, episodic_return, length in episode_statistics(infos):
+                stats.episode_returns.append(episodic_return)
+                stats.episode_lengths.append(length)
+                stats.episode_steps.append(global_step)
+
+            agent.buffer.add(_make_experience(
+                experience_type,
+                observation=observations,
+                action=actions,
+                reward=np.asarray(rewards, dtype=np.float32),
+                done=np.asarray(terminations, dtype=bool),
+                next_observation=real_next,
+                log_prob=np.asarray(log_probs, dtype=np.float32),
+                truncated=np.asarray(truncations, dtype=bool),
+            ))
+            observations = next_observations
+
+            if agent.should_update(global_step, agent.buffer):
+                info = agent.update(agent.buffer)
+                stats.n_updates += 1
+                if writer is not None:
+                    for name, value in info.items():
+                        writer.add_scalar(f"losses/{name}", value, global_step)
+
+            if checkpointer is not None and save_frequency != -1 and (
+                global_step // save_frequency > (global_step - n_envs) // save_frequency
+            ):
+                checkpointer.save(global_step, agent)
+
+            now = time.perf_counter()
+            if writer is not None and now - last_log_time >= 5.0:
+                writer.add_scalar("charts/SPS", (global_step - last_log_step) / (now - last_log_time), global_step)
+                last_log_time, last_log_step = now, global_step
+
+        stats.global_step = global_step
+        stats.wall_seconds = time.perf_counter() - start_time
+        if writer is not None and stats.wall_seconds > 0:
+            writer.add_scalar("charts/SPS", (global_step - start_step + 1) / stats.wall_seconds, global_step)
+        if checkpointer is not None:
+            checkpointer.save(global_step, agent)
+    finally:
+        env.close()
+    return stats

@@ -1,0 +1,254 @@
+"""Observation encoders: flax.linen modules mapping observations to feature vectors ``(..., F)``.
+
+* ``MLP`` acts on the last axis: ``(..., D) -> (..., hidden[-1])`` (identity when ``hidden=()``).
+* ``NatureCNN`` encodes images laid out as ``(..., H, W, C)`` into ``(..., 512)``.
+* ``DiscreteEncoder`` one-hot encodes integer observations ``(...)`` and applies an ``MLP``.
+* ``DictEncoder`` encodes a dict of observations, one encoder per key, and concatenates.
+* ``encoder_factory`` picks one of the above from a gymnasium observation space.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+import flax.linen as nn
+import gymnasium as gym
+import jax
+import jax.numpy as jnp
+
+Activation = str | Callable[[jax.Array], jax.Array]
+
+_ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "tanh": nn.tanh,
+    "relu": nn.relu,
+    "gelu": nn.gelu,
+    "elu": nn.elu,
+    "silu": nn.silu,
+    "swish": nn.swish,
+    "leaky_relu": nn.leaky_relu,
+    "sigmoid": nn.sigmoid,
+    "identity": lambda x: x,
+}
+
+NATURE_CNN_MIN_SIZE = 36
+"""Smallest height / width ``NatureCNN`` accepts (its three VALID convolutions need >= 36 pixels)."""
+
+
+def get_activation(activation: Activation) -> Callable[[jax.Array], jax.Array]:
+    """Resolves an activation given by name (``"tanh"``, ``"relu"``, ``"gelu"``, ``"elu"``,
+    ``"silu"``, ``"swish"``, ``"leaky_relu"``, ``"sigmoid"``, ``"identity"``) or returns a callable
+    unchanged. Raises ``ValueError`` for an unknown name."""
+    if callable(activation):
+        return activation
+    try:
+        return _ACTIVATIONS[activation]
+    except KeyError:
+        raise ValueError(
+            f"Unknown activation {activation!r}; expected a callable or one of {sorted(_ACTIVATIONS)}."
+        ) from None
+
+
+def dense_init(scale: float | None, orthogonal: bool = True):
+    """Kernel initialiser: ``orthogonal(scale)`` when ``orthogonal`` (``scale=None`` -> sqrt(2)),
+    else flax's default ``lecun_normal``."""
+    if not orthogonal:
+        return nn.initializers.lecun_normal()
+    return nn.initializers.orthogonal(math.sqrt(2.0) if scale is None else scale)
+
+
+class MLP(nn.Module):
+    """Multi-layer perceptron on the last axis: ``(..., D) -> (..., hidden[-1])``.
+
+    Each layer is ``Dense -> [LayerNorm] -> activation``. With ``hidden=()`` it is the identity.
+
+    Attributes:
+        hidden: sizes of the hidden layers.
+        activation: activation name (see ``get_activation``) or callable.
+        layer_norm: apply ``LayerNorm`` after each ``Dense`` (before the activation).
+        orthogonal: orthogonal kernel init with scale sqrt(2) and zero biases (as in CleanRL);
+            ``False`` uses flax's default init.
+    """
+
+    hidden: Sequence[int] = (64, 64)
+    activation: Activation = "tanh"
+    layer_norm: bool = False
+    orthogonal: bool = True
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """x: ``(..., D)`` -> ``(..., hidden[-1])`` (``x`` unchanged if ``hidden`` is empty)."""
+        act = get_activation(self.activation)
+        x = jnp.asarray(x)
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            x = x.astype(jnp.float32)
+        for size in self.hidden:
+            x = nn.Dense(size, kernel_init=dense_init(None, self.orthogonal))(x)
+            if self.layer_norm:
+                x = nn.LayerNorm()(x)
+            x = act(x)
+        return x
+
+
+class NatureCNN(nn.Module):
+    """The DQN convolutional torso of Mnih et al. (2015).
+
+    ``Conv(32, 8x8, stride 4) -> Conv(64, 4x4, stride 2) -> Conv(64, 3x3, stride 1) -> flatten
+    -> Dense(512)``, all VALID padding and ReLU.
+
+    Input layout is channels-last: ``(..., H, W, C)`` with any number of leading batch dims (or
+    none); ``H, W >= 36``. Integer inputs (e.g. ``uint8`` frames) are cast to float and scaled by
+    1/255; float inputs are used as they are. Output: ``(..., features)``.
+
+    Attributes:
+        features: size of the final dense layer (512 in the paper).
+        orthogonal: orthogonal init with scale sqrt(2) and zero biases; ``False`` uses flax defaults.
+    """
+
+    features: int = 512
+    orthogonal: bool = True
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """x: ``(..., H, W, C)`` -> ``(..., features)``."""
+        x = jnp.asarray(x)
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            x = x.astype(jnp.float32) / 255.0
+        kinit = dense_init(None, self.orthogonal)
+        batch = x.shape[:-3]
+        x = x.reshape((-1,) + x.shape[-3:])
+        x = nn.relu(nn.Conv(32, (8, 8), strides=(4, 4), padding="VALID", kernel_init=kinit)(x))
+        x = nn.relu(nn.Conv(64, (4, 4), strides=(2, 2), padding="VALID", kernel_init=kinit)(x))
+        x = nn.relu(nn.Conv(64, (3, 3), strides=(1, 1), padding="VALID", kernel_init=kinit)(x))
+        x = x.reshape(batch + (-1,))
+        return nn.relu(nn.Dense(self.features, kernel_init=kinit)(x))
+
+
+class DiscreteEncoder(nn.Module):
+    """Encodes integer observations of a ``Discrete(n, start)`` space.
+
+    ``(...)`` integers in ``[start, start + n)`` -> one-hot ``(..., n)`` -> ``MLP`` ->
+    ``(..., hidden[-1])`` (``(..., n)`` when ``hidden=()``).
+
+    Attributes:
+        n: number of observation values.
+        start: smallest observation value (``Discrete.start``).
+        hidden, activation, layer_norm, orthogonal: as in ``MLP``.
+    """
+
+    n: int
+    start: int = 0
+    hidden: Sequence[int] = (64, 64)
+    activation: Activation = "tanh"
+    layer_norm: bool = False
+    orthogonal: bool = True
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """x: ``(...)`` integers -> ``(..., F)``."""
+        x = jnp.asarray(x).astype(jnp.int32) - self.start
+        onehot = jax.nn.one_hot(x, self.n, dtype=jnp.float32)
+        return MLP(self.hidden, self.activation, self.layer_norm, self.orthogonal)(onehot)
+
+
+class DictEncoder(nn.Module):
+    """Encodes a dict of observations: ``encoders[i]`` encodes ``obs[keys[i]]`` and the features
+    are concatenated along the last axis in the order of ``keys``.
+
+    Every entry must share the same leading batch dims; each encoder maps its entry to ``(..., F_i)``,
+    and the output is ``(..., sum_i F_i)``.
+
+    Attributes:
+        keys: the dict keys, in concatenation order (``encoder_factory`` sorts them).
+        encoders: one module per key.
+    """
+
+    keys: Sequence[str]
+    encoders: Sequence[nn.Module]
+
+    def __call__(self, obs: dict[str, jax.Array]) -> jax.Array:
+        """obs: ``{key: array}`` -> ``(..., sum_i F_i)``."""
+        missing = [k for k in self.keys if k not in obs]
+        if missing:
+            raise KeyError(f"DictEncoder: observation is missing keys {missing}; got {sorted(obs)}.")
+        feats = [enc(obs[k]) for k, enc in zip(self.keys, self.encoders)]
+        return jnp.concatenate(feats, axis=-1)
+
+
+def _accepted() -> str:
+    return (
+        "accepted observation spaces: Box with shape (D,) -> MLP, Box with shape (H, W, C) "
+        f"(channels last, H, W >= {NATURE_CNN_MIN_SIZE}) -> NatureCNN, Discrete -> one-hot + MLP, "
+        "Dict of these -> per-key encoders concatenated"
+    )
+
+
+def encoder_factory(
+    observation_space: gym.Space,
+    *,
+    hidden: Sequence[int] = (64, 64),
+    activation: Activation = "tanh",
+) -> nn.Module:
+    """Builds an encoder for a gymnasium observation space.
+
+    * ``Box`` of shape ``(D,)`` -> ``MLP(hidden, activation)``: ``(..., D) -> (..., hidden[-1])``.
+    * ``Box`` of shape ``(H, W, C)`` -> ``NatureCNN()``: ``(..., H, W, C) -> (..., 512)``. The layout
+      must be channels-last; transpose channels-first ``(C, H, W)`` observations first. ``hidden``
+      and ``activation`` do not apply.
+    * ``Discrete(n, start)`` -> ``DiscreteEncoder``: ``(...)`` -> one-hot -> ``MLP``.
+    * ``Dict`` -> ``DictEncoder`` with one encoder per key (keys sorted, built recursively with the
+      same arguments), taking a dict of arrays and concatenating the features.
+
+    With ``hidden=()`` the MLPs are the identity, so the encoder only preprocesses (one-hot, concat).
+
+    Raises:
+        ValueError: for any other space (naming it and listing the accepted ones).
+    """
+    hidden = tuple(hidden)
+    if isinstance(observation_space, gym.spaces.Box):
+        shape = observation_space.shape
+        if len(shape) == 1:
+            return MLP(hidden=hidden, activation=activation)
+        if len(shape) == 3:
+            if min(shape[0], shape[1]) < NATURE_CNN_MIN_SIZE:
+                raise ValueError(
+                    f"Unsupported observation space {observation_space}: image height and width must "
+                    f"be >= {NATURE_CNN_MIN_SIZE} for NatureCNN (layout (H, W, C)); {_accepted()}."
+                )
+            return NatureCNN()
+    elif isinstance(observation_space, gym.spaces.Discrete):
+        return DiscreteEncoder(
+            n=int(observation_space.n), start=int(observation_space.start), hidden=hidden,
+            activation=activation,
+        )
+    elif isinstance(observation_space, gym.spaces.Dict):
+        keys = sorted(observation_space.spaces)
+        if not keys:
+            raise ValueError(f"Unsupported observation space {observation_space}: empty Dict; {_accepted()}.")
+        encoders = tuple(
+            encoder_factory(observation_space.spaces[k], hidden=hidden, activation=activation) for k in keys
+        )
+        return DictEncoder(keys=tuple(keys), encoders=encoders)
+    raise ValueError(f"Unsupported observation space {observation_space}; {_accepted()}.")
+
+
+def space_input_shape(space: gym.Space):
+    """Shape(s) of one observation of ``space``, for ``init_params``: ``space.shape`` for ``Box``
+    and ``Discrete`` (``()`` for the latter), and a dict ``{key: shape}`` for ``Dict`` spaces."""
+    if isinstance(space, gym.spaces.Dict):
+        return {k: space_input_shape(s) for k, s in space.spaces.items()}
+    if space.shape is None:
+        raise ValueError(f"Space {space} has no shape.")
+    return tuple(int(d) for d in space.shape)
+
+
+__all__ = [
+    "MLP",
+    "NatureCNN",
+    "DiscreteEncoder",
+    "DictEncoder",
+    "encoder_factory",
+    "get_activation",
+    "dense_init",
+    "space_input_shape",
+]

@@ -1,0 +1,62 @@
+"""Pytree containers for an agent's state.
+
+``AgentPyTree`` is the base of every agent state: subclasses are dataclasses registered as JAX
+pytrees, so a state can be passed through ``jax.jit`` / ``jax.vmap`` / ``jax.lax.scan``, and its
+fields can be reassigned inside a jitted function (``state.qvalue = state.qvalue.apply_gradients(...)``).
+
+``TrainState`` is flax's ``TrainState`` with an extra ``target_params`` field for target networks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import optax
+from flax.training import train_state as flax_train_state
+
+from kitae.types import Params
+
+
+class AgentPyTree:
+    """Base class of agent states: a mutable dataclass that is also a JAX pytree.
+
+    Declare the fields as class annotations; every field is a pytree child::
+
+        class DQNState(AgentPyTree):
+            qvalue: TrainState
+
+        state = DQNState(TrainState.create(...))
+
+    Reassigning a field (``state.qvalue = ...``) inside a jitted function changes only the traced
+    copy that the function received; return the state to keep the change.
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # eq=False: comparing states field by field would compare arrays, which is ambiguous.
+        dataclasses.dataclass(cls, eq=False)
+        jax.tree_util.register_dataclass(cls)
+
+    def replace(self, **changes: Any) -> "AgentPyTree":
+        """Returns a copy of the state with the given fields replaced."""
+        return dataclasses.replace(self, **changes)
+
+
+class TrainState(flax_train_state.TrainState):
+    """flax ``TrainState`` (``step``, ``apply_fn``, ``params``, ``tx``, ``opt_state``) plus
+    ``target_params``, the parameters of a target network (``None`` when the agent has none).
+
+    Create it with ``TrainState.create(apply_fn=..., params=..., tx=..., target_params=...)``.
+    """
+
+    target_params: Params = None
+
+    def soft_update_target(self, tau: float | jax.Array) -> "TrainState":
+        """Polyak averaging: ``target <- tau * params + (1 - tau) * target``."""
+        return self.replace(target_params=optax.incremental_update(self.params, self.target_params, tau))
+
+    def hard_update_target(self) -> "TrainState":
+        """Copies ``params`` into ``target_params``."""
+        return self.replace(target_params=self.params)

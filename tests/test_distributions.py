@@ -1,0 +1,277 @@
+"""Tests of kitae.distributions against closed forms written out with numpy."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kitae.distributions import Categorical, Deterministic, DiagNormal, EpsilonGreedy, TanhNormal
+
+N_SAMPLES = 10_000
+
+
+def np_log_softmax(logits):
+    logits = np.asarray(logits, np.float64)
+    m = logits.max(-1, keepdims=True)
+    return logits - m - np.log(np.exp(logits - m).sum(-1, keepdims=True))
+
+
+def np_normal_logpdf(x, loc, scale):
+    x, loc, scale = (np.asarray(a, np.float64) for a in (x, loc, scale))
+    return -0.5 * ((x - loc) / scale) ** 2 - np.log(scale) - 0.5 * np.log(2 * np.pi)
+
+
+def frequencies(samples, n):
+    return np.bincount(np.asarray(samples).ravel(), minlength=n) / np.asarray(samples).size
+
+
+# ------------------------------------------------------------------------------------------------
+# Categorical
+# ------------------------------------------------------------------------------------------------
+
+
+LOGITS = np.array([[1.0, 2.0, 0.5, -1.0], [0.0, 0.0, 3.0, 1.0]], np.float32)
+
+
+def test_categorical_log_prob_entropy_mode():
+    dist = Categorical(jnp.asarray(LOGITS))
+    logp = np_log_softmax(LOGITS)
+    actions = np.array([1, 3])
+    np.testing.assert_allclose(dist.log_prob(actions), logp[[0, 1], actions], rtol=1e-5)
+    np.testing.assert_allclose(dist.entropy(), -(np.exp(logp) * logp).sum(-1), rtol=1e-5)
+    np.testing.assert_array_equal(dist.mode(), [1, 2])
+    assert dist.batch_shape == (2,)
+    np.testing.assert_allclose(dist.probs.sum(-1), 1.0, rtol=1e-6)
+
+
+def test_categorical_sampling_frequencies():
+    logits = jnp.asarray(LOGITS[0])
+    samples = Categorical(jnp.broadcast_to(logits, (N_SAMPLES, 4))).sample(jax.random.key(0))
+    assert samples.shape == (N_SAMPLES,) and samples.dtype == jnp.int32
+    np.testing.assert_allclose(frequencies(samples, 4), np.exp(np_log_softmax(LOGITS[0])), atol=0.02)
+
+
+def test_categorical_sample_and_log_prob_consistent():
+    dist = Categorical(jnp.asarray(LOGITS))
+    x, logp = dist.sample_and_log_prob(jax.random.key(1))
+    np.testing.assert_allclose(logp, dist.log_prob(x), rtol=1e-6)
+
+
+def test_masked_categorical_never_samples_masked_actions():
+    logits = jnp.array([5.0, 1.0, 0.0, 4.0])  # the best two are masked out
+    mask = jnp.array([False, True, True, False])
+    dist = Categorical(jnp.broadcast_to(logits, (N_SAMPLES, 4)), mask)
+    samples = np.asarray(dist.sample(jax.random.key(2)))
+    assert set(np.unique(samples)) <= {1, 2}
+    expected = np.exp(np_log_softmax(np.array([1.0, 0.0])))
+    np.testing.assert_allclose(frequencies(samples, 4)[[1, 2]], expected, atol=0.02)
+
+    single = Categorical(logits, mask)
+    assert int(single.mode()) == 1
+    np.testing.assert_allclose(single.probs[jnp.array([0, 3])], 0.0, atol=1e-30)
+    # Entropy of the renormalised allowed classes, finite.
+    p = expected
+    np.testing.assert_allclose(single.entropy(), -(p * np.log(p)).sum(), rtol=1e-5)
+    np.testing.assert_allclose(single.log_prob(2), np.log(p[1]), rtol=1e-5)
+    assert float(single.log_prob(0)) < -1e30
+
+
+def test_categorical_under_jit_and_vmap():
+    logits = jnp.asarray(LOGITS)
+    mask = jnp.array([[True, False, True, True], [True, True, False, True]])
+
+    @jax.jit
+    def f(logits, mask, key):
+        dist = Categorical(logits, mask)
+        x, logp = dist.sample_and_log_prob(key)
+        return dist, x, logp, dist.entropy(), dist.mode()
+
+    dist, x, logp, ent, mode = f(logits, mask, jax.random.key(3))
+    assert isinstance(dist, Categorical)
+    assert x.shape == logp.shape == ent.shape == mode.shape == (2,)
+    np.testing.assert_array_equal(mode, [0, 3])
+
+    keys = jax.random.split(jax.random.key(4), 2)
+    xs, logps = jax.vmap(lambda l, m, k: Categorical(l, m).sample_and_log_prob(k))(logits, mask, keys)
+    assert xs.shape == (2,) and logps.shape == (2,)
+    assert bool(mask[0, xs[0]]) and bool(mask[1, xs[1]])
+    ref = np.asarray(jax.vmap(lambda l, m, a: Categorical(l, m).log_prob(a))(logits, mask, xs))
+    np.testing.assert_allclose(logps, ref, rtol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------
+# DiagNormal
+# ------------------------------------------------------------------------------------------------
+
+
+LOC = np.array([[0.0, 1.0, -2.0], [0.5, 0.5, 0.5]], np.float32)
+SCALE = np.array([[1.0, 0.5, 2.0], [0.1, 1.0, 3.0]], np.float32)
+
+
+def test_diag_normal_log_prob_entropy_mode():
+    dist = DiagNormal(jnp.asarray(LOC), jnp.asarray(SCALE))
+    x = np.array([[0.3, 0.0, 1.0], [0.4, -1.0, 2.0]], np.float32)
+    np.testing.assert_allclose(dist.log_prob(x), np_normal_logpdf(x, LOC, SCALE).sum(-1), rtol=1e-5)
+    expected_entropy = (0.5 + 0.5 * np.log(2 * np.pi) + np.log(SCALE.astype(np.float64))).sum(-1)
+    np.testing.assert_allclose(dist.entropy(), expected_entropy, rtol=1e-5)
+    np.testing.assert_array_equal(dist.mode(), LOC)
+    assert dist.batch_shape == (2,) and dist.event_shape == (3,)
+
+
+def test_diag_normal_broadcast_scale_and_sampling_moments():
+    loc = jnp.asarray(LOC[0])
+    dist = DiagNormal(jnp.broadcast_to(loc, (N_SAMPLES, 3)), jnp.asarray(SCALE[0]))
+    x, logp = dist.sample_and_log_prob(jax.random.key(5))
+    assert x.shape == (N_SAMPLES, 3) and logp.shape == (N_SAMPLES,)
+    np.testing.assert_allclose(x.mean(0), LOC[0], atol=0.06)
+    np.testing.assert_allclose(x.std(0), SCALE[0], rtol=0.05)
+    assert dist.entropy().shape == (N_SAMPLES,)
+
+
+def test_diag_normal_under_jit_and_vmap():
+    keys = jax.random.split(jax.random.key(6), 2)
+    f = jax.jit(jax.vmap(lambda m, s, k: DiagNormal(m, s).sample_and_log_prob(k)))
+    x, logp = f(jnp.asarray(LOC), jnp.asarray(SCALE), keys)
+    assert x.shape == (2, 3) and logp.shape == (2,)
+    np.testing.assert_allclose(logp, np_normal_logpdf(x, LOC, SCALE).sum(-1), rtol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------
+# TanhNormal
+# ------------------------------------------------------------------------------------------------
+
+
+def np_tanh_normal_logpdf_from_u(u, loc, scale):
+    u = np.asarray(u, np.float64)
+    return (np_normal_logpdf(u, loc, scale) - np.log(1.0 - np.tanh(u) ** 2)).sum(-1)
+
+
+def test_tanh_normal_sample_and_log_prob_matches_closed_form_and_log_prob():
+    loc = jnp.asarray(LOC * 0.5)
+    scale = jnp.asarray(SCALE * 0.3)
+    dist = TanhNormal(loc, scale)
+    x, logp = dist.sample_and_log_prob(jax.random.key(7))
+    assert x.shape == (2, 3) and logp.shape == (2,)
+    assert np.all(np.abs(np.asarray(x)) < 1)
+    u = np.arctanh(np.asarray(x, np.float64))
+    np.testing.assert_allclose(logp, np_tanh_normal_logpdf_from_u(u, LOC * 0.5, SCALE * 0.3), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(dist.log_prob(x), logp, atol=1e-4)
+
+
+def test_tanh_normal_many_samples_consistent():
+    dist = TanhNormal(jnp.zeros((1000, 2)), jnp.full((1000, 2), 0.8))
+    x, logp = dist.sample_and_log_prob(jax.random.key(8))
+    moderate = np.all(np.abs(np.asarray(x)) < 0.99, axis=-1)  # |u| < ~2.6
+    assert moderate.mean() > 0.9
+    np.testing.assert_allclose(np.asarray(dist.log_prob(x))[moderate], np.asarray(logp)[moderate], atol=1e-4)
+
+
+def test_tanh_normal_stable_for_large_pre_tanh_values():
+    dist = TanhNormal(jnp.array([[20.0, -20.0]]), jnp.array([[0.1, 0.1]]))
+    x, logp = dist.sample_and_log_prob(jax.random.key(9))
+    assert np.all(np.isfinite(np.asarray(logp)))
+    assert np.all(np.isfinite(np.asarray(dist.log_prob(x))))  # clipped
+
+
+def test_tanh_normal_mode_and_base_entropy():
+    dist = TanhNormal(jnp.asarray(LOC), jnp.asarray(SCALE))
+    np.testing.assert_allclose(dist.mode(), np.tanh(LOC), rtol=1e-6)
+    np.testing.assert_allclose(dist.entropy(), DiagNormal(jnp.asarray(LOC), jnp.asarray(SCALE)).entropy())
+
+
+def test_tanh_normal_under_jit_and_vmap():
+    keys = jax.random.split(jax.random.key(10), 2)
+    f = jax.jit(jax.vmap(lambda m, s, k: TanhNormal(m, s).sample_and_log_prob(k)))
+    x, logp = f(jnp.asarray(LOC * 0.5), jnp.asarray(SCALE * 0.3), keys)
+    assert x.shape == (2, 3) and logp.shape == (2,)
+    g = jax.jit(lambda d, x: d.log_prob(x))
+    np.testing.assert_allclose(g(TanhNormal(jnp.asarray(LOC * 0.5), jnp.asarray(SCALE * 0.3)), x), logp, atol=1e-4)
+
+
+# ------------------------------------------------------------------------------------------------
+# EpsilonGreedy
+# ------------------------------------------------------------------------------------------------
+
+
+def test_epsilon_greedy_probs_log_prob_entropy_mode():
+    prefs = jnp.array([[1.0, 3.0, 2.0], [0.0, -1.0, 5.0]])
+    eps = 0.3
+    dist = EpsilonGreedy(prefs, eps)
+    expected = np.array([[0.1, 0.8, 0.1], [0.1, 0.1, 0.8]])
+    np.testing.assert_allclose(dist.probs, expected, rtol=1e-6)
+    np.testing.assert_allclose(dist.log_prob(np.array([1, 0])), np.log([0.8, 0.1]), rtol=1e-5)
+    np.testing.assert_allclose(dist.entropy(), -(expected * np.log(expected)).sum(-1), rtol=1e-5)
+    np.testing.assert_array_equal(dist.mode(), [1, 2])
+
+
+def test_epsilon_greedy_sampling_frequencies():
+    prefs = jnp.broadcast_to(jnp.array([0.0, 2.0, 1.0, -1.0]), (N_SAMPLES, 4))
+    samples = EpsilonGreedy(prefs, 0.4).sample(jax.random.key(11))
+    assert samples.shape == (N_SAMPLES,) and samples.dtype == jnp.int32
+    np.testing.assert_allclose(frequencies(samples, 4), [0.1, 0.7, 0.1, 0.1], atol=0.02)
+
+    greedy = EpsilonGreedy(prefs, 0.0).sample(jax.random.key(12))
+    assert np.all(np.asarray(greedy) == 1)
+    uniform = EpsilonGreedy(prefs, 1.0).sample(jax.random.key(13))
+    np.testing.assert_allclose(frequencies(uniform, 4), 0.25, atol=0.02)
+
+
+def test_epsilon_greedy_zero_epsilon_log_prob():
+    dist = EpsilonGreedy(jnp.array([0.0, 1.0]), 0.0)
+    assert float(dist.log_prob(1)) == 0.0
+    assert float(dist.log_prob(0)) == -np.inf
+    assert float(dist.entropy()) == 0.0
+
+
+def test_epsilon_greedy_under_jit_and_vmap_with_array_epsilon():
+    prefs = jnp.array([[1.0, 3.0, 2.0], [0.0, -1.0, 5.0]])
+    eps = jnp.array([0.0, 0.3])
+    keys = jax.random.split(jax.random.key(14), 2)
+    f = jax.jit(jax.vmap(lambda p, e, k: EpsilonGreedy(p, e).sample_and_log_prob(k)))
+    x, logp = f(prefs, eps, keys)
+    assert x.shape == (2,) and logp.shape == (2,)
+    assert int(x[0]) == 1 and float(logp[0]) == 0.0
+    dist = jax.jit(lambda p, e: EpsilonGreedy(p, e))(prefs, eps)
+    np.testing.assert_allclose(dist.probs[1], [0.1, 0.1, 0.8], rtol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------
+# Deterministic and pytree behaviour
+# ------------------------------------------------------------------------------------------------
+
+
+def test_deterministic():
+    value = jnp.arange(6.0).reshape(2, 3)
+    dist = Deterministic(value)
+    np.testing.assert_array_equal(dist.sample(jax.random.key(0)), value)
+    np.testing.assert_array_equal(dist.mode(), value)
+    np.testing.assert_array_equal(dist.log_prob(value), np.zeros(2))
+    x, logp = jax.jit(lambda d, k: d.sample_and_log_prob(k))(dist, jax.random.key(0))
+    np.testing.assert_array_equal(x, value)
+    assert logp.shape == (2,) and dist.entropy().shape == (2,)
+
+
+@pytest.mark.parametrize(
+    "dist",
+    [
+        Categorical(jnp.zeros((2, 3)), jnp.ones((2, 3), bool)),
+        Categorical(jnp.zeros((2, 3))),
+        DiagNormal(jnp.zeros((2, 3)), jnp.ones((2, 3))),
+        TanhNormal(jnp.zeros((2, 3)), jnp.ones((2, 3))),
+        EpsilonGreedy(jnp.zeros((2, 3)), 0.1),
+        Deterministic(jnp.zeros((2, 3))),
+    ],
+    ids=lambda d: type(d).__name__,
+)
+def test_distributions_are_pytrees(dist):
+    leaves, treedef = jax.tree_util.tree_flatten(dist)
+    assert leaves
+    rebuilt = jax.tree_util.tree_unflatten(treedef, leaves)
+    assert type(rebuilt) is type(dist)
+    out = jax.jit(lambda d: d)(dist)
+    assert type(out) is type(dist)
+    mode = jax.jit(lambda d: d.mode())(dist)
+    np.testing.assert_array_equal(mode, dist.mode())
+    assert math.isfinite(float(jnp.sum(jax.jit(lambda d: d.entropy())(dist))))

@@ -1,0 +1,345 @@
+"""Tests of kitae.modules: encoders, heads, factories and init_params."""
+
+import flax.linen as nn
+import gymnasium as gym
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kitae.distributions import Categorical, DiagNormal, TanhNormal
+from kitae.modules.encoders import MLP, DictEncoder, DiscreteEncoder, NatureCNN, encoder_factory, space_input_shape
+from kitae.modules.modules import init_params
+from kitae.modules.policy import (
+    CategoricalHead,
+    DeterministicHead,
+    NormalHead,
+    TanhNormalHead,
+    policy_factory,
+    scale_action,
+    unscale_action,
+)
+from kitae.modules.qvalue import qvalue_factory
+from kitae.modules.value import ValueHead, value_factory
+
+BATCH = 5
+KEY = jax.random.key(0)
+
+OBS_SPACES = {
+    "box": gym.spaces.Box(-1.0, 1.0, (4,), np.float32),
+    "discrete": gym.spaces.Discrete(3),
+    "image": gym.spaces.Box(0, 255, (84, 84, 4), np.uint8),
+    "dict": gym.spaces.Dict({"pos": gym.spaces.Box(-1.0, 1.0, (4,), np.float32), "cell": gym.spaces.Discrete(3)}),
+}
+DISCRETE_ACTIONS = gym.spaces.Discrete(3)
+BOX_ACTIONS = gym.spaces.Box(-2.0, 2.0, (2,), np.float32)
+
+
+def batch_obs(space, batch=(BATCH,), seed=0):
+    """A batch of valid observations of ``space``, shape ``(*batch, *obs_shape)`` (dict for Dict)."""
+    rng = np.random.default_rng(seed)
+    if isinstance(space, gym.spaces.Dict):
+        return {k: batch_obs(s, batch, seed) for k, s in space.spaces.items()}
+    if isinstance(space, gym.spaces.Discrete):
+        return jnp.asarray(rng.integers(space.start, space.start + space.n, size=batch))
+    if space.dtype == np.uint8:
+        return jnp.asarray(rng.integers(0, 256, size=batch + space.shape, dtype=np.uint8))
+    return jnp.asarray(rng.uniform(-1, 1, size=batch + space.shape).astype(np.float32))
+
+
+def shapes(tree):
+    return jax.tree.map(jnp.shape, tree)
+
+
+# ------------------------------------------------------------------------------------------------
+# Encoders
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, cls, features",
+    [("box", MLP, 64), ("discrete", DiscreteEncoder, 64), ("image", NatureCNN, 512), ("dict", DictEncoder, 128)],
+)
+def test_encoder_factory(name, cls, features):
+    space = OBS_SPACES[name]
+    encoder = encoder_factory(space)
+    assert isinstance(encoder, cls)
+    params = init_params(KEY, encoder, [space_input_shape(space)])
+    out = encoder.apply(params, batch_obs(space))
+    assert out.shape == (BATCH, features)
+    assert np.all(np.isfinite(np.asarray(out)))
+
+
+def test_mlp_acts_on_last_axis_and_options():
+    mlp = MLP(hidden=(8, 16), activation="relu", layer_norm=True)
+    params = init_params(KEY, mlp, [(3,)])
+    assert shapes(params["params"]["Dense_0"]) == {"kernel": (3, 8), "bias": (8,)}
+    assert "LayerNorm_0" in params["params"]
+    assert mlp.apply(params, jnp.ones((2, 7, 3))).shape == (2, 7, 16)
+    custom = MLP(hidden=(4,), activation=nn.gelu, orthogonal=False)
+    assert custom.apply(init_params(KEY, custom, [(3,)]), jnp.ones((3,))).shape == (4,)
+    identity = MLP(hidden=())
+    x = jnp.arange(6.0).reshape(2, 3)
+    np.testing.assert_array_equal(identity.apply(init_params(KEY, identity, [(3,)]), x), x)
+    with pytest.raises(ValueError, match="bogus"):
+        MLP(activation="bogus").apply(params, jnp.ones((1, 3)))
+
+
+def test_nature_cnn_shapes_and_uint8_scaling():
+    cnn = NatureCNN()
+    params = init_params(KEY, cnn, [(84, 84, 4)])
+    p = params["params"]
+    assert p["Conv_0"]["kernel"].shape == (8, 8, 4, 32)
+    assert p["Conv_1"]["kernel"].shape == (4, 4, 32, 64)
+    assert p["Conv_2"]["kernel"].shape == (3, 3, 64, 64)
+    assert p["Dense_0"]["kernel"].shape == (7 * 7 * 64, 512)
+    frames = batch_obs(OBS_SPACES["image"], batch=(2, 3))
+    out = cnn.apply(params, frames)
+    assert out.shape == (2, 3, 512)
+    scaled = cnn.apply(params, frames.astype(jnp.float32) / 255.0)
+    np.testing.assert_allclose(out, scaled, rtol=1e-5, atol=1e-5)
+    assert cnn.apply(params, frames[0, 0]).shape == (512,)  # unbatched
+
+
+def test_dict_encoder_sorted_keys_and_concatenation():
+    space = OBS_SPACES["dict"]
+    encoder = encoder_factory(space, hidden=())
+    assert tuple(encoder.keys) == ("cell", "pos")
+    obs = {"pos": jnp.full((BATCH, 4), 0.5), "cell": jnp.array([0, 1, 2, 0, 1])}
+    out = encoder.apply(init_params(KEY, encoder, [space_input_shape(space)]), obs)
+    expected = np.concatenate([np.eye(3)[[0, 1, 2, 0, 1]], np.full((BATCH, 4), 0.5)], axis=-1)
+    np.testing.assert_allclose(out, expected)
+
+
+def test_discrete_encoder_respects_start():
+    encoder = encoder_factory(gym.spaces.Discrete(3, start=-1), hidden=())
+    out = encoder.apply({}, jnp.array([-1, 0, 1]))
+    np.testing.assert_array_equal(out, np.eye(3))
+
+
+@pytest.mark.parametrize(
+    "space",
+    [
+        gym.spaces.Box(-1, 1, (3, 4)),
+        gym.spaces.Box(0, 255, (10, 10, 3), np.uint8),
+        gym.spaces.MultiDiscrete([2, 3]),
+        gym.spaces.Tuple((gym.spaces.Discrete(2), gym.spaces.Discrete(3))),
+        gym.spaces.Dict({"bad": gym.spaces.MultiBinary(3)}),
+    ],
+    ids=str,
+)
+def test_encoder_factory_rejects_unsupported_spaces(space):
+    with pytest.raises(ValueError) as info:
+        encoder_factory(space)
+    message = str(info.value)
+    assert "accepted" in message
+    target = space["bad"] if isinstance(space, gym.spaces.Dict) else space
+    assert str(target) in message
+
+
+# ------------------------------------------------------------------------------------------------
+# Heads
+# ------------------------------------------------------------------------------------------------
+
+
+def test_categorical_head_with_mask():
+    head = CategoricalHead(4)
+    params = init_params(KEY, head, [(6,)])
+    feats = jax.random.normal(KEY, (BATCH, 6))
+    dist = head.apply(params, feats)
+    assert isinstance(dist, Categorical) and dist.logits.shape == (BATCH, 4)
+    mask = jnp.array([True, False, True, False])
+    masked = head.apply(params, feats, jnp.broadcast_to(mask, (BATCH, 4)))
+    assert np.all(np.isin(np.asarray(masked.mode()), [0, 2]))
+    assert np.all(np.isin(np.asarray(masked.sample(KEY)), [0, 2]))
+
+
+def test_normal_head_state_independent_and_dependent_std():
+    head = NormalHead(3, log_std_init=-0.5)
+    params = init_params(KEY, head, [(6,)])
+    assert params["params"]["log_std"].shape == (3,)
+    dist = head.apply(params, jnp.ones((BATCH, 6)))
+    assert isinstance(dist, DiagNormal)
+    assert dist.loc.shape == dist.scale.shape == (BATCH, 3)
+    np.testing.assert_allclose(dist.scale, np.exp(-0.5), rtol=1e-6)
+
+    dep = NormalHead(3, state_dependent_std=True)
+    dparams = init_params(KEY, dep, [(6,)])
+    assert dparams["params"]["log_std"]["kernel"].shape == (6, 3)
+    ddist = dep.apply(dparams, jax.random.normal(KEY, (BATCH, 6)))
+    assert ddist.scale.shape == (BATCH, 3)
+
+
+def test_tanh_normal_head_log_std_range():
+    head = TanhNormalHead(2, log_std_min=-5.0, log_std_max=2.0)
+    params = init_params(KEY, head, [(6,)])
+    dist = head.apply(params, 100.0 * jax.random.normal(KEY, (BATCH, 6)))
+    assert isinstance(dist, TanhNormal)
+    log_std = np.log(np.asarray(dist.scale))
+    assert np.all(log_std >= -5.0 - 1e-4) and np.all(log_std <= 2.0 + 1e-4)
+    x, logp = dist.sample_and_log_prob(KEY)
+    assert x.shape == (BATCH, 2) and logp.shape == (BATCH,)
+
+
+def test_deterministic_and_value_heads():
+    det = DeterministicHead(2)
+    a = det.apply(init_params(KEY, det, [(6,)]), 100.0 * jnp.ones((BATCH, 6)))
+    assert a.shape == (BATCH, 2) and np.all(np.abs(np.asarray(a)) <= 1.0)
+    vh = ValueHead()
+    assert vh.apply(init_params(KEY, vh, [(6,)]), jnp.ones((BATCH, 6))).shape == (BATCH,)
+
+
+def test_scale_unscale_action():
+    low, high = jnp.array([-2.0, 0.0]), jnp.array([2.0, 10.0])
+    a = jnp.array([[-1.0, -1.0], [0.0, 0.5], [1.0, 1.0]])
+    scaled = scale_action(a, low, high)
+    np.testing.assert_allclose(scaled, [[-2.0, 0.0], [0.0, 7.5], [2.0, 10.0]])
+    np.testing.assert_allclose(unscale_action(scaled, low, high), a, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------
+# Factories
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("obs_name", list(OBS_SPACES))
+def test_policy_factory_discrete(obs_name):
+    space = OBS_SPACES[obs_name]
+    policy = policy_factory(space, DISCRETE_ACTIONS)
+    params = init_params(KEY, policy, [space_input_shape(space)])
+    dist = policy.apply(params, batch_obs(space))
+    assert isinstance(dist, Categorical) and dist.logits.shape == (BATCH, 3)
+    mask = jnp.broadcast_to(jnp.array([False, True, False]), (BATCH, 3))
+    np.testing.assert_array_equal(policy.apply(params, batch_obs(space), mask).mode(), np.ones(BATCH))
+
+
+@pytest.mark.parametrize("obs_name", list(OBS_SPACES))
+@pytest.mark.parametrize("kind, cls", [(None, DiagNormal), ("normal", DiagNormal), ("tanh_normal", TanhNormal)])
+def test_policy_factory_box(obs_name, kind, cls):
+    space = OBS_SPACES[obs_name]
+    policy = policy_factory(space, BOX_ACTIONS, kind=kind, hidden=(32,))
+    params = init_params(KEY, policy, [space_input_shape(space)])
+    dist = jax.jit(policy.apply)(params, batch_obs(space))
+    assert isinstance(dist, cls)
+    x, logp = dist.sample_and_log_prob(KEY)
+    assert x.shape == (BATCH, 2) and logp.shape == (BATCH,)
+
+
+def test_policy_factory_deterministic():
+    space = OBS_SPACES["box"]
+    policy = policy_factory(space, BOX_ACTIONS, kind="deterministic")
+    actions = policy.apply(init_params(KEY, policy, [(4,)]), batch_obs(space))
+    assert actions.shape == (BATCH, 2) and np.all(np.abs(np.asarray(actions)) <= 1.0)
+    with pytest.raises(ValueError, match="mask"):
+        policy.apply(init_params(KEY, policy, [(4,)]), batch_obs(space), jnp.ones((BATCH, 2), bool))
+
+
+@pytest.mark.parametrize(
+    "action_space, kind",
+    [
+        (gym.spaces.MultiDiscrete([2, 3]), None),
+        (gym.spaces.Box(-1, 1, (2, 2)), None),
+        (gym.spaces.MultiBinary(3), None),
+        (DISCRETE_ACTIONS, "normal"),
+        (BOX_ACTIONS, "categorical"),
+        (BOX_ACTIONS, "beta"),
+        (gym.spaces.Box(-np.inf, np.inf, (2,)), "tanh_normal"),
+    ],
+    ids=str,
+)
+def test_policy_factory_rejects(action_space, kind):
+    with pytest.raises(ValueError) as info:
+        policy_factory(OBS_SPACES["box"], action_space, kind=kind)
+    assert str(action_space) in str(info.value)
+    assert "accepted" in str(info.value)
+
+
+@pytest.mark.parametrize("obs_name", list(OBS_SPACES))
+def test_value_factory(obs_name):
+    space = OBS_SPACES[obs_name]
+    value = value_factory(space)
+    params = init_params(KEY, value, [space_input_shape(space)])
+    assert value.apply(params, batch_obs(space)).shape == (BATCH,)
+
+
+@pytest.mark.parametrize("obs_name", list(OBS_SPACES))
+@pytest.mark.parametrize("n_critics", [1, 2])
+def test_qvalue_factory(obs_name, n_critics):
+    space = OBS_SPACES[obs_name]
+    obs = batch_obs(space)
+    lead = (n_critics,) if n_critics > 1 else ()
+
+    q_disc = qvalue_factory(space, DISCRETE_ACTIONS, hidden=(32,), n_critics=n_critics)
+    params = init_params(KEY, q_disc, [space_input_shape(space)])
+    assert q_disc.apply(params, obs).shape == lead + (BATCH, 3)
+
+    q_box = qvalue_factory(space, BOX_ACTIONS, hidden=(32, 32), n_critics=n_critics)
+    params = init_params(KEY, q_box, [space_input_shape(space), (2,)])
+    q = q_box.apply(params, obs, jnp.zeros((BATCH, 2)))
+    assert q.shape == lead + (BATCH,)
+    if n_critics > 1:
+        for leaf in jax.tree.leaves(params):
+            assert leaf.shape[0] == n_critics
+
+
+def test_qvalue_ensemble_critics_differ_and_sac_input_layout():
+    space = OBS_SPACES["box"]
+    q = qvalue_factory(space, BOX_ACTIONS, n_critics=3)
+    params = init_params(KEY, q, [(4,), (2,)])
+    # Default hidden (256, 256); observation (4) and action (2) concatenated at the input.
+    assert params["params"]["MLP_0"]["Dense_0"]["kernel"].shape == (3, 6, 256)
+    assert params["params"]["MLP_0"]["Dense_1"]["kernel"].shape == (3, 256, 256)
+    values = np.asarray(q.apply(params, batch_obs(space), jnp.ones((BATCH, 2))))
+    assert values.shape == (3, BATCH)
+    assert not np.allclose(values[0], values[1])
+    kernels = np.asarray(params["params"]["MLP_0"]["Dense_0"]["kernel"])
+    assert not np.allclose(kernels[0], kernels[1])
+
+
+@pytest.mark.parametrize(
+    "action_space", [gym.spaces.MultiDiscrete([2, 3]), gym.spaces.Box(-1, 1, (2, 2))], ids=str
+)
+def test_qvalue_factory_rejects(action_space):
+    with pytest.raises(ValueError) as info:
+        qvalue_factory(OBS_SPACES["box"], action_space)
+    assert str(action_space) in str(info.value)
+    with pytest.raises(ValueError, match="n_critics"):
+        qvalue_factory(OBS_SPACES["box"], BOX_ACTIONS, n_critics=0)
+
+
+# ------------------------------------------------------------------------------------------------
+# init_params
+# ------------------------------------------------------------------------------------------------
+
+
+def test_init_params_tabulate_prints(capsys):
+    policy = policy_factory(OBS_SPACES["box"], DISCRETE_ACTIONS)
+    params = init_params(KEY, policy, [(4,)], tabulate=True)
+    out = capsys.readouterr().out
+    assert "Dense" in out and "params" in out.lower()
+    assert "params" in params
+    init_params(KEY, policy, [(4,)])
+    assert capsys.readouterr().out == ""
+
+
+def test_init_params_deterministic_in_key():
+    space = OBS_SPACES["dict"]
+    value = value_factory(space)
+    p1 = init_params(jax.random.key(1), value, [space_input_shape(space)])
+    p2 = init_params(jax.random.key(1), value, [space_input_shape(space)])
+    p3 = init_params(jax.random.key(2), value, [space_input_shape(space)])
+    jax.tree.map(np.testing.assert_array_equal, p1, p2)
+    diffs = jax.tree.leaves(jax.tree.map(lambda a, b: bool(np.any(np.asarray(a) != np.asarray(b))), p1, p3))
+    assert any(diffs)
+    assert jax.tree.structure(p1) == jax.tree.structure(p3)
+
+
+def test_init_params_builds_batch_one_zeros():
+    class Recorder(nn.Module):
+        @nn.compact
+        def __call__(self, a, b):
+            self.sow("intermediates", "shapes", (a.shape, b.shape))
+            return nn.Dense(1)(a)
+
+    variables = init_params(KEY, Recorder(), [(3,), (2, 4)])
+    assert variables["intermediates"]["shapes"][0] == ((1, 3), (1, 2, 4))

@@ -82,7 +82,7 @@ def buffer_init(example: Any, capacity: int) -> BufferState:
     Returns:
         An empty ``BufferState`` with leaves ``(capacity, E, ...)``, dtypes those of ``example``.
     """
-    if not isinstance(capacity, int) or capacity < 1:
+    if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
         raise ValueError(f"capacity={capacity!r} is not allowed; allowed: an int >= 1")
     leaves = jax.tree_util.tree_leaves(example)
     if not leaves or any(jnp.ndim(x) < 1 for x in leaves):
@@ -126,9 +126,11 @@ def buffer_rollout(state: BufferState) -> Any:
 
     Meant for a full rollout buffer that is reset after each update (then ``position`` is 0 and
     the rows are already in order); for a buffer that wrapped around, the rows are rolled so the
-    oldest comes first.
+    oldest comes first. A buffer that is not full has never wrapped: its rows are returned as
+    they are, the ``size`` stored rows first (oldest first), then the unfilled rows.
     """
-    return jax.tree_util.tree_map(lambda buf: jnp.roll(buf, -state.position, axis=0), state.data)
+    shift = jnp.where(state.size == state.capacity, state.position, 0)
+    return jax.tree_util.tree_map(lambda buf: jnp.roll(buf, -shift, axis=0), state.data)
 
 
 def buffer_reset(state: BufferState) -> BufferState:
@@ -162,7 +164,7 @@ class _HostBuffer:
     """Holds a ``BufferState`` created on the first ``add``."""
 
     def __init__(self, capacity: int) -> None:
-        if not isinstance(capacity, int) or capacity < 1:
+        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
             raise ValueError(f"capacity={capacity!r} is not allowed; allowed: an int >= 1")
         self.capacity = capacity
         self.state: BufferState | None = None
@@ -205,7 +207,7 @@ class ReplayBuffer(_HostBuffer):
 
     def sample(self, key: jax.Array, batch_size: int) -> Any:
         """``batch_size`` transitions drawn uniformly, leaves ``(B, ...)``."""
-        if self.state is None:
+        if self.size == 0:  # never filled, or emptied by reset()
             raise RuntimeError("cannot sample from an empty ReplayBuffer")
         return _sample(self.state, key, batch_size)
 
@@ -229,6 +231,6 @@ class RolloutBuffer(_HostBuffer):
 
     def rollout(self) -> Any:
         """The collected rollout in time order, leaves ``(T, E, ...)``."""
-        if self.state is None:
+        if self.size == 0:  # never filled, or emptied by reset()
             raise RuntimeError("the RolloutBuffer is empty")
         return buffer_rollout(self.state)

@@ -59,6 +59,9 @@ def _coerce(field_path: str, value: Any, tp: Any) -> Any:
     if tp is type(None):
         if value is None:
             return None
+    elif tp is tuple or origin is tuple:  # YAML has no tuples: a loaded list becomes a tuple again
+        if isinstance(value, (list, tuple)):
+            return tuple(value)
     elif tp is bool:
         if isinstance(value, bool):
             return value
@@ -102,12 +105,15 @@ def _from_mapping(cls: type[T], data: Any, prefix: str) -> T:
         raise ValueError(
             f"unknown field {prefix}{unknown[0]} in {cls.__name__}; allowed fields: {', '.join(names)}"
         )
-    try:
-        return cls(**data)
-    except TypeError as error:
-        if "missing" in str(error):
-            raise TypeError(f"{prefix.rstrip('.') or cls.__name__}: {error}") from None
-        raise
+    required = [
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.init and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
+    missing = [name for name in required if name not in data]
+    if missing:
+        raise ValueError(f"{cls.__name__} is missing the field {prefix}{missing[0]}")
+    return cls(**data)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -362,13 +368,17 @@ class AlgoConfig:
             data = yaml.safe_load(text)
         except yaml.YAMLError as error:
             raise ValueError(f"malformed YAML config: {error}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"malformed YAML config: expected a mapping of fields, got {type(data).__name__}")
         return cls.from_dict(data, algo_params_type=algo_params_type)
 
 
 def _is_path(value: str | Path) -> bool:
     if isinstance(value, Path):
         return True
-    return "\n" not in value and Path(value).suffix in (".yaml", ".yml") and Path(value).exists()
+    # A one-line string ending in .yaml/.yml is a path (a missing file raises FileNotFoundError);
+    # YAML text written by to_yaml always ends with a newline.
+    return "\n" not in value and Path(value).suffix in (".yaml", ".yml")
 
 
 def _algo_params_to_dict(params: Any) -> dict[str, Any]:

@@ -35,9 +35,19 @@ def space_to_dict(space: gym.Space) -> dict[str, Any]:
             "dtype": np.dtype(space.dtype).name,
         }
     if isinstance(space, gym.spaces.Discrete):
-        return {"type": "Discrete", "n": int(space.n), "start": int(space.start)}
+        return {
+            "type": "Discrete",
+            "n": int(space.n),
+            "start": int(space.start),
+            "dtype": np.dtype(space.dtype).name,
+        }
     if isinstance(space, gym.spaces.MultiDiscrete):
-        return {"type": "MultiDiscrete", "nvec": np.asarray(space.nvec).tolist()}
+        return {
+            "type": "MultiDiscrete",
+            "nvec": np.asarray(space.nvec).tolist(),
+            "start": np.asarray(space.start).tolist(),
+            "dtype": np.dtype(space.dtype).name,
+        }
     if isinstance(space, gym.spaces.MultiBinary):
         return {"type": "MultiBinary", "n": np.asarray(space.n).tolist()}
     if isinstance(space, gym.spaces.Dict):
@@ -64,9 +74,13 @@ def space_from_dict(data: dict[str, Any]) -> gym.Space:
             high = np.broadcast_to(np.asarray(data["high"], dtype=dtype), shape)
             return gym.spaces.Box(low=low, high=high, shape=shape, dtype=dtype)
         if kind == "Discrete":
-            return gym.spaces.Discrete(int(data["n"]), start=int(data.get("start", 0)))
+            return gym.spaces.Discrete(
+                int(data["n"]), start=int(data.get("start", 0)), dtype=np.dtype(data.get("dtype", "int64"))
+            )
         if kind == "MultiDiscrete":
-            return gym.spaces.MultiDiscrete(data["nvec"])
+            return gym.spaces.MultiDiscrete(
+                data["nvec"], start=data.get("start"), dtype=np.dtype(data.get("dtype", "int64"))
+            )
         if kind == "MultiBinary":
             return gym.spaces.MultiBinary(data["n"])
         if kind == "Dict":

@@ -1,0 +1,179 @@
+"""Agents built from the four factories: construction, gating, updates, and learning on CartPole."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+import jax
+import numpy as np
+import pytest
+
+from _agents import TinyA2C, TinyA2CParams, TinyDQN, TinyDQNParams, make_config, tiny_dqn_explore_factory
+from kitae.base import BaseAgent, OffPolicyAgent
+from kitae.envs.make import make_vec_env
+from kitae.types import AlgoType
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _leaves_equal(a, b) -> bool:
+    return all(np.array_equal(x, y) for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
+
+
+@pytest.fixture
+def cartpole4():
+    env = make_vec_env("CartPole-v1", 4)
+    yield env
+    env.close()
+
+
+def test_off_policy_update_gating(cartpole4):
+    config = make_config(cartpole4, TinyDQNParams(start_step=100, skip_steps=8), batch_size=16)
+    agent = TinyDQN("gating", config, run_dir="unused")
+    obs, _ = cartpole4.reset(seed=0)
+    for _ in range(3):  # 12 transitions stored
+        actions, log_probs = agent.explore(obs)
+        next_obs, rewards, terms, truncs, _ = cartpole4.step(np.asarray(actions))
+        from kitae.buffer import Experience
+
+        agent.buffer.add(Experience(obs, actions, rewards, terms, next_obs, log_probs, truncs))
+        obs = next_obs
+    assert agent.buffer.n_transitions == 12
+    assert not agent.should_update(200, agent.buffer)  # fewer transitions than a batch
+    agent.buffer.add(Experience(obs, actions, rewards, terms, next_obs, log_probs, truncs))
+    assert agent.buffer.n_transitions == 16
+    assert not agent.should_update(96, agent.buffer)  # before start_step
+    assert agent.should_update(104, agent.buffer)  # crossed 104 = 13 * 8 in the last 4 steps
+    assert not agent.should_update(108, agent.buffer)  # 105..108 crosses no multiple of 8
+    assert agent.should_update(112, agent.buffer)
+
+
+def test_off_policy_update_changes_parameters_and_is_deterministic(cartpole4):
+    def one_update(seed):
+        config = make_config(cartpole4, TinyDQNParams(), seed=seed, batch_size=8, n_epochs=3)
+        agent = TinyDQN("upd", config, run_dir="unused")
+        obs, _ = cartpole4.reset(seed=0)
+        from kitae.buffer import Experience
+
+        for _ in range(4):
+            actions, log_probs = agent.explore(obs)
+            next_obs, rewards, terms, truncs, _ = cartpole4.step(np.asarray(actions))
+            agent.buffer.add(Experience(obs, actions, rewards, terms, next_obs, log_probs, truncs))
+            obs = next_obs
+        before = agent.state
+        info = agent.update(agent.buffer)
+        return before, agent.state, info
+
+    before, after, info = one_update(0)
+    assert set(info) == {"loss_qvalue"} and np.isfinite(info["loss_qvalue"])
+    assert not _leaves_equal(before.qvalue.params, after.qvalue.params)
+    assert not _leaves_equal(before.qvalue.target_params, after.qvalue.target_params)
+    _, again, _ = one_update(0)
+    assert _leaves_equal(after, again)
+
+
+def test_on_policy_agent_updates_once_per_full_rollout(cartpole4):
+    config = make_config(cartpole4, TinyA2CParams(), max_buffer_size=16, batch_size=16, n_epochs=2)
+    agent = TinyA2C("a2c", config, run_dir="unused")
+    before = agent.state
+    stats = agent.train(cartpole4, 16 * 4 * 3)  # three full rollouts
+    assert stats.n_updates == 3
+    assert agent.n_updates == 3
+    assert agent.buffer.size == 0  # emptied after the last update
+    assert not _leaves_equal(before.model.params, agent.state.model.params)
+    assert (Path("unused") / "logs").exists()
+
+
+def test_train_writes_tensorboard_logs(tmp_path, cartpole4):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    config = make_config(cartpole4, TinyDQNParams(start_step=0), batch_size=16)
+    agent = TinyDQN("logs", config, run_dir=tmp_path / "run")
+    agent.train(cartpole4, 400)
+    events = EventAccumulator(str(tmp_path / "run" / "logs"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"charts/episodic_return", "charts/episodic_length", "charts/SPS", "losses/loss_qvalue"} <= tags
+    steps = [e.step for e in events.Scalars("losses/loss_qvalue")]
+    assert steps[0] == 16 and steps == sorted(steps) and steps[-1] == 400
+
+
+def test_agent_construction_rejects_bad_inputs(cartpole4):
+    config = make_config(cartpole4, TinyDQNParams())
+    with pytest.raises(ValueError, match="run_name"):
+        TinyDQN("", config)
+    with pytest.raises(TypeError, match="config"):
+        TinyDQN("x", {"seed": 0})
+    class Concrete(OffPolicyAgent):
+        explore = select_action = None
+
+    with pytest.raises(TypeError, match="explore_factory"):
+        Concrete("x", config, lambda *a, **k: None, "not callable", lambda c: None, lambda c: None)
+    with pytest.raises(ValueError, match="experience_type"):
+        TinyDQN("x", config, experience_type=tuple)
+
+
+def test_train_rejects_bad_step_counts(cartpole4):
+    agent = TinyDQN("x", make_config(cartpole4, TinyDQNParams()), run_dir="unused")
+    with pytest.raises(ValueError, match="n_env_steps"):
+        agent.train(cartpole4, 0)
+
+
+def test_base_agent_is_abstract():
+    assert issubclass(OffPolicyAgent, BaseAgent)
+    assert OffPolicyAgent.algo_type is AlgoType.OFF_POLICY
+    with pytest.raises(TypeError):
+        BaseAgent("x", None, None, None, None, None)
+
+
+def test_interact_keys_per_agent_in_parallel_mode(cartpole4):
+    agent = TinyDQN("x", make_config(cartpole4, TinyDQNParams()), run_dir="unused")
+    key = agent.interact_keys(np.zeros((4, 4)))
+    assert key.shape == (2,)
+    agent.parallel = True
+    keys = agent.interact_keys({"a": np.zeros((4, 4)), "b": np.zeros((4, 4))})
+    assert set(keys) == {"a", "b"} and not np.array_equal(keys["a"], keys["b"])
+
+
+def test_a_dqn_shaped_agent_learns_cartpole():
+    """The guide's shape (16 environments, epsilon-greedy Q-learning) on CartPole-v1: returns rise."""
+    env = make_vec_env("CartPole-v1", 16)
+    config = make_config(env, TinyDQNParams(exploration=0.1, tau=0.05), learning_rate=1e-3,
+                         max_buffer_size=1000, batch_size=128, seed=0)
+    agent = TinyDQN("learn", config, run_dir="unused")
+    stats = agent.train(env, 40_000)
+    first = float(np.mean(stats.episode_returns[:20]))
+    last = stats.mean_return(20)
+    assert first < 30
+    assert last > 100, (first, last)
+
+
+@pytest.mark.slow
+def test_the_guide_example_runs_as_written(tmp_path):
+    """examples/custom_dqn.py is the custom-agent guide verbatim (plus flax's import)."""
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "custom_dqn.py"), "30000"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    line = result.stdout.strip().splitlines()[-1]
+    first = float(line.split("first 10 ")[1].split(",")[0])
+    last = float(line.split("last 10 ")[1])
+    assert last > 2 * first, line
+    assert (tmp_path / "runs" / "example-dqn" / "logs").is_dir()
+
+
+def test_explore_fn_is_lifted_for_single_observations():
+    from kitae.algos.factory import explore_general_factory
+
+    env = make_vec_env("CartPole-v1", 1)
+    config = make_config(env, TinyDQNParams())
+    agent = TinyDQN("x", config, run_dir="unused")
+    single = explore_general_factory(tiny_dqn_explore_factory(config), vectorized=False, parallel=False)
+    action, log_prob = single(agent.state, jax.random.PRNGKey(0), np.zeros(4, np.float32), exploration=0.0)
+    assert action.shape == () and log_prob.shape == ()
+    env.close()
+    assert isinstance(gym.spaces.Discrete(2), gym.Space)

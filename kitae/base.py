@@ -46,6 +46,10 @@ class IAgent(abc.ABC):
     algo_type: AlgoType
     buffer: Any
     state: Any
+    env_step: int
+    """Environment transitions so far (summed over environments); set by the training loop
+    before each ``explore`` call, so exploration can depend on it (random actions before
+    ``start_step``, epsilon schedules)."""
 
     @abc.abstractmethod
     def explore(self, observation: Any) -> tuple[jax.Array, jax.Array]:
@@ -150,6 +154,7 @@ class BaseAgent(IAgent):
         self.buffer = self._make_buffer()
         self._update_fn = jax.jit(self._make_update_fn())
         self.n_updates = 0
+        self.env_step = 0  # environment transitions so far; the training loop keeps it current
 
     # -- keys ---------------------------------------------------------------------------------
 

@@ -60,7 +60,9 @@ def make_vec_env(
     """Makes a Gymnasium vector environment that kitae's host loop can train in.
 
     The environments reset in ``AutoresetMode.SAME_STEP`` (the real final observation of each
-    episode is in ``infos["final_obs"]``) and record episode statistics.
+    episode is in ``infos["final_obs"]``) and record episode statistics. Continuous (``Box``)
+    actions are clipped to the action space's bounds before they reach the environment, so a
+    Gaussian policy's raw samples can be stored for its log-probabilities.
 
     Args:
         env_id: ``"CartPole-v1"`` or ``"gymnasium:CartPole-v1"``.
@@ -93,4 +95,6 @@ def make_vec_env(
     thunks = [_gymnasium_thunk(name, i, capture_video, video_dir, dict(env_kwargs or {})) for i in range(n_envs)]
     vector_cls = gym.vector.SyncVectorEnv if vectorization_mode == "sync" else gym.vector.AsyncVectorEnv
     env = vector_cls(thunks, autoreset_mode=AutoresetMode.SAME_STEP)
+    if isinstance(env.single_action_space, gym.spaces.Box):
+        env = gym.wrappers.vector.ClipAction(env)
     return gym.wrappers.vector.RecordEpisodeStatistics(env)

@@ -219,6 +219,7 @@ def vectorized_train(
         last_log_step = global_step
 
         while global_step < end_step:
+            agent.env_step = global_step
             actions, log_probs = agent.explore(observations)
             actions = np.asarray(actions)
             next_observations, rewards, terminations, truncations, infos = env.step(actions)
@@ -259,7 +260,7 @@ def vectorized_train(
                 writer.add_scalar("charts/SPS", (global_step - last_log_step) / (now - last_log_time), global_step)
                 last_log_time, last_log_step = now, global_step
 
-        stats.global_step = global_step
+        agent.env_step = stats.global_step = global_step
         stats.wall_seconds = time.perf_counter() - start_time
         if writer is not None and stats.wall_seconds > 0:
             writer.add_scalar("charts/SPS", (global_step - start_step + 1) / stats.wall_seconds, global_step)

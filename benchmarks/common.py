@@ -1,0 +1,97 @@
+"""Shared pieces of the learning benchmarks: train an agent for several seeds and record results.
+
+Each ``benchmarks/bench_<algo>.py`` names its tuned settings and calls ``run_learning``; results
+go to ``benchmarks/results/<name>.json`` and are summarised in BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+import kitae.config as cfg
+from kitae.envs.make import make_vec_env
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def build_config(env, algo_params: Any, update_cfg: cfg.UpdateConfig, *, seed: int, n_env_steps: int,
+                 env_id: str) -> cfg.AlgoConfig:
+    """An ``AlgoConfig`` for a vector environment made by ``make_vec_env``."""
+    return cfg.AlgoConfig(
+        seed=seed,
+        algo_params=algo_params,
+        update_cfg=update_cfg,
+        train_cfg=cfg.TrainConfig(n_env_steps=n_env_steps),
+        env_cfg=cfg.EnvConfig(
+            task_name=env_id,
+            observation_space=env.single_observation_space,
+            action_space=env.single_action_space,
+            n_envs=env.num_envs,
+        ),
+    )
+
+
+def run_learning(
+    name: str,
+    agent_cls: Callable,
+    algo_params: Any,
+    update_cfg: cfg.UpdateConfig,
+    *,
+    env_id: str,
+    n_envs: int,
+    n_env_steps: int,
+    seeds: list[int],
+    threshold: float,
+    last_episodes: int = 10,
+) -> dict:
+    """Trains one agent per seed (one after the other) and records the mean return of the last
+    ``last_episodes`` training episodes for each; passes if every seed reaches ``threshold``."""
+    runs = []
+    for seed in seeds:
+        env = make_vec_env(env_id, n_envs)
+        config = build_config(env, algo_params, update_cfg, seed=seed, n_env_steps=n_env_steps, env_id=env_id)
+        agent = agent_cls(f"bench-{name}-{seed}", config, run_dir=f"/tmp/kitae-bench/{name}-{seed}")
+        start = time.perf_counter()
+        stats = agent.train(env, n_env_steps)
+        wall = time.perf_counter() - start
+        final = stats.mean_return(last_episodes)
+        first_hit = next(
+            (step for step, _ in _rolling(stats, last_episodes) if _ >= threshold), None
+        )
+        runs.append({
+            "seed": seed, "final_return": final, "wall_seconds": wall, "sps": stats.global_step / wall,
+            "steps": stats.global_step, "episodes": len(stats.episode_returns), "first_step_at_threshold": first_hit,
+        })
+        print(f"[{name}] seed {seed}: final return {final:.1f} (threshold {threshold}), "
+              f"{stats.global_step} steps in {wall:.1f} s, first at threshold: {first_hit}", flush=True)
+    result = {
+        "name": name, "env_id": env_id, "n_envs": n_envs, "n_env_steps": n_env_steps, "threshold": threshold,
+        "passed": all(r["final_return"] >= threshold for r in runs),
+        "mean_final_return": float(np.mean([r["final_return"] for r in runs])),
+        "runs": runs, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "machine": f"{platform.machine()}, {platform.python_version()}",
+        "algo_params": repr(algo_params), "update_cfg": repr(update_cfg),
+    }
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+def _rolling(stats, window: int):
+    returns = stats.episode_returns
+    for i in range(window, len(returns) + 1):
+        yield stats.episode_steps[i - 1], float(np.mean(returns[i - window:i]))
+
+
+def seeds_argument(default: tuple[int, ...] = (0, 1, 2)) -> list[int]:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(default))
+    return parser.parse_args().seeds

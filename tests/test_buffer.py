@@ -322,6 +322,22 @@ def test_host_add_converts_64_bit_dtypes():
     np.testing.assert_allclose(buffer.state.data.reward[:2, 0], [1.0, 2.0])
 
 
+def test_host_add_converts_64_bit_dtypes_even_with_x64_enabled():
+    """With x64 off JAX would truncate anyway; with it on, only the host conversion keeps 32 bits."""
+    with jax.enable_x64(True):
+        buffer = ReplayBuffer(2)
+        buffer.add(_step(1.0)._replace(
+            observation=np.ones((N_ENVS, *OBS_SHAPE), np.float64),
+            reward=np.ones((N_ENVS,), np.float64),
+            action=np.ones((N_ENVS,), np.int64),
+        ))
+        data = buffer.state.data
+        assert data.observation.dtype == jnp.float32
+        assert data.reward.dtype == jnp.float32
+        assert data.action.dtype == jnp.int32
+        assert buffer.sample(jax.random.PRNGKey(0), 4).action.dtype == jnp.int32
+
+
 def test_host_size_and_n_transitions():
     buffer = ReplayBuffer(3)
     assert buffer.size == 0 and len(buffer) == 0 and buffer.n_transitions == 0

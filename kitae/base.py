@@ -95,6 +95,8 @@ class BaseAgent(IAgent):
         process_experience_pipeline: an ``ExperiencePipeline`` around ``process_fn``.
         update_step_fn: the user's one-minibatch update step.
         buffer: a ``ReplayBuffer`` (off-policy) or ``RolloutBuffer`` (on-policy).
+        update_fn: the pure whole update ``(state, key, data) -> (state, info)``: for on-policy
+            agents ``data`` is a rollout ``(T, E, ...)``, for off-policy agents a ``BufferState``.
     """
 
     algo_type: AlgoType
@@ -140,8 +142,8 @@ class BaseAgent(IAgent):
         self.parallel = config.env_cfg.n_agents > 1
         self.vectorized = True  # the host and compiled loops always hand over (E, ...) batches
 
-        self.key = jax.random.PRNGKey(config.seed)
-        self.state = train_state_factory(self.nextkey(), config, preprocess_fn=preprocess_fn, tabulate=tabulate)
+        self.train_state_factory = train_state_factory
+        self.key, self.state = self.initial_state(config.seed, tabulate=tabulate)
 
         self.explore_fn = explore_general_factory(explore_factory(config), self.vectorized, self.parallel)
         self.process_experience_fn = process_experience_factory(config)
@@ -152,9 +154,39 @@ class BaseAgent(IAgent):
             parallel=self.parallel,
         )
         self.buffer = self._make_buffer()
-        self._update_fn = jax.jit(self._make_update_fn())
+        self.update_fn = self._make_update_fn()
+        self._update_fn = jax.jit(self.update_fn)
         self.n_updates = 0
         self.env_step = 0  # environment transitions so far; the training loop keeps it current
+
+    def initial_state(self, seed: int | jax.Array, *, tabulate: bool = False) -> tuple[jax.Array, Any]:
+        """The host key and state a fresh agent made with ``seed`` starts from.
+
+        Pure and traceable (``seed`` may be a traced integer), so the compiled loop can build one
+        state per seed inside ``jax.vmap``; with ``config.seed`` it gives exactly ``agent.state``.
+        """
+        key, state_key = jax.random.split(jax.random.PRNGKey(seed))
+        state = self.train_state_factory(state_key, self.config, preprocess_fn=self.preprocess_fn, tabulate=tabulate)
+        return key, state
+
+    def explore_with(self, state: Any, key: jax.Array, observation: Any,
+                     env_step: int | jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Runs ``self.explore`` as a pure function of ``(state, key, observation, env_step)``.
+
+        The agent's ``state``, ``key`` and ``env_step`` are swapped for the given ones during the
+        call and restored afterwards, so any ``explore`` written against the agent's attributes
+        (as in the custom-agent guide) can be traced inside the compiled loop.
+
+        Returns:
+            ``(actions, log_probs, key)`` with ``key`` the agent key after the call.
+        """
+        saved = self.state, self.key, self.env_step
+        self.state, self.key, self.env_step = state, key, env_step
+        try:
+            actions, log_probs = self.explore(observation)
+            return actions, log_probs, self.key
+        finally:
+            self.state, self.key, self.env_step = saved
 
     # -- keys ---------------------------------------------------------------------------------
 
@@ -179,7 +211,8 @@ class BaseAgent(IAgent):
 
     @abc.abstractmethod
     def _make_update_fn(self) -> Callable:
-        """The pure ``(state, key, data) -> (state, info)`` function that ``update`` compiles."""
+        """The pure ``(state, key, data) -> (state, info)`` function that ``update`` compiles;
+        the compiled loop calls the same function inside its program."""
 
     @abc.abstractmethod
     def _update_data(self, buffer: Any) -> Any:

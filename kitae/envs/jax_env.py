@@ -1,0 +1,155 @@
+"""Environments written in JAX: one interface, adapters, and a vectorized wrapper.
+
+A ``JaxEnv`` is pure: ``reset(key, params) -> (obs, state)`` and
+``step(key, state, action, params) -> JaxTimeStep``. ``step`` resets an environment whose episode
+ended and hands back the episode's real final observation in ``JaxTimeStep.next_observation``,
+so a transition never pairs the end of one episode with the start of the next; ``terminated``
+and ``truncated`` are kept apart. ``VecJaxEnv`` vmaps an environment over ``n_envs`` copies.
+
+Any object with these methods and a ``observation_space`` / ``action_space`` (Gymnasium spaces of
+ONE environment) and ``default_params`` trains in kitae's compiled loop; ``GymnaxEnv`` adapts
+gymnax 1.x.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Protocol
+
+import gymnasium as gym
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+class JaxTimeStep(NamedTuple):
+    """What ``JaxEnv.step`` returns, for one environment (or batched ``(E, ...)`` by ``VecJaxEnv``).
+
+    Attributes:
+        observation: the observation to act on next: the first of a new episode where one ended.
+        state: the environment state after the step (after the reset where an episode ended).
+        reward: float32 scalar.
+        terminated: bool: the episode reached a terminal state (do not bootstrap).
+        truncated: bool: the episode was cut by a time limit (bootstrap from next_observation).
+        next_observation: the real next observation of this transition (the final observation
+            where an episode ended).
+    """
+
+    observation: Any
+    state: Any
+    reward: jax.Array
+    terminated: jax.Array
+    truncated: jax.Array
+    next_observation: Any
+
+
+class JaxEnv(Protocol):
+    """The interface of a single environment written in JAX."""
+
+    observation_space: gym.Space
+    action_space: gym.Space
+    default_params: Any
+
+    def reset(self, key: jax.Array, params: Any) -> tuple[Any, Any]: ...
+
+    def step(self, key: jax.Array, state: Any, action: Any, params: Any) -> JaxTimeStep: ...
+
+
+class GymnaxEnv:
+    """Adapts a gymnax 1.x environment to ``JaxEnv``.
+
+    gymnax's ``step`` auto-resets and returns ``(obs, state, reward, terminated, truncated, info)``
+    with the pre-reset observation in ``info["final_observation"]``.
+
+    Args:
+        name: a gymnax id, e.g. ``"CartPole-v1"`` (``gymnax.registered_envs`` lists them).
+        **env_kwargs: passed to ``gymnax.make``.
+    """
+
+    def __init__(self, name: str, **env_kwargs: Any) -> None:
+        import gymnax
+        from gymnax.environments.spaces import gymnax_space_to_gym_space
+
+        if name not in gymnax.registered_envs:
+            raise ValueError(
+                f"unknown gymnax environment {name!r}; registered: {', '.join(gymnax.registered_envs)}"
+            )
+        self.name = name
+        self.env, self.default_params = gymnax.make(name, **env_kwargs)
+        self.observation_space = _float32_box(gymnax_space_to_gym_space(self.env.observation_space(self.default_params)))
+        self.action_space = gymnax_space_to_gym_space(self.env.action_space(self.default_params))
+
+    def reset(self, key: jax.Array, params: Any) -> tuple[Any, Any]:
+        return self.env.reset(key, params)
+
+    def step(self, key: jax.Array, state: Any, action: Any, params: Any) -> JaxTimeStep:
+        obs, new_state, reward, terminated, truncated, info = self.env.step(key, state, action, params)
+        return JaxTimeStep(
+            observation=obs,
+            state=new_state,
+            reward=jnp.asarray(reward, jnp.float32),
+            terminated=jnp.asarray(terminated, bool),
+            truncated=jnp.logical_and(jnp.asarray(truncated, bool), jnp.logical_not(terminated)),
+            next_observation=info["final_observation"],
+        )
+
+    def __repr__(self) -> str:
+        return f"GymnaxEnv({self.name!r})"
+
+
+def _float32_box(space: gym.Space) -> gym.Space:
+    """gymnax reports some observation bounds in float64; keep observations float32."""
+    if isinstance(space, gym.spaces.Box) and space.dtype != np.float32 and np.issubdtype(space.dtype, np.floating):
+        return gym.spaces.Box(space.low.astype(np.float32), space.high.astype(np.float32), space.shape, np.float32)
+    return space
+
+
+class VecJaxEnv:
+    """``n_envs`` copies of a ``JaxEnv``, stepped together with ``jax.vmap``.
+
+    Args:
+        env: the single environment.
+        n_envs: number of copies (>= 1).
+        params: environment parameters (default: ``env.default_params``).
+
+    Attributes:
+        single_observation_space, single_action_space: the spaces of one copy.
+    """
+
+    def __init__(self, env: JaxEnv, n_envs: int, params: Any = None) -> None:
+        if not isinstance(n_envs, int) or isinstance(n_envs, bool) or n_envs < 1:
+            raise ValueError(f"n_envs={n_envs!r} is not allowed; allowed: an int >= 1")
+        self.env = env
+        self.num_envs = n_envs
+        self.params = env.default_params if params is None else params
+        self.single_observation_space = env.observation_space
+        self.single_action_space = env.action_space
+
+    def reset(self, key: jax.Array) -> tuple[Any, Any]:
+        """Resets every copy: observations ``(E, *obs_shape)`` and a batched state."""
+        keys = jax.random.split(key, self.num_envs)
+        return jax.vmap(self.env.reset, in_axes=(0, None))(keys, self.params)
+
+    def step(self, key: jax.Array, state: Any, actions: Any) -> JaxTimeStep:
+        """Steps every copy with ``actions`` ``(E, ...)``; every field of the result is ``(E, ...)``."""
+        keys = jax.random.split(key, self.num_envs)
+        return jax.vmap(self.env.step, in_axes=(0, 0, 0, None))(keys, state, actions, self.params)
+
+    def close(self) -> None:
+        """Nothing to release (for symmetry with Gymnasium vector environments)."""
+
+    def __repr__(self) -> str:
+        return f"VecJaxEnv({self.env!r}, n_envs={self.num_envs})"
+
+
+def make_jax_env(env_id: str, n_envs: int, **env_kwargs: Any) -> VecJaxEnv:
+    """Makes ``n_envs`` copies of a JAX environment from an id ``"gymnax:CartPole-v1"``.
+
+    Raises:
+        ValueError: for an id whose source is not a JAX source kitae supports here.
+    """
+    from kitae.envs.make import parse_env_id
+
+    source, name = parse_env_id(env_id)
+    if source == "gymnax":
+        return VecJaxEnv(GymnaxEnv(name, **env_kwargs), n_envs)
+    raise ValueError(f"{env_id!r} is not a JAX environment kitae can build; JAX sources here: gymnax")

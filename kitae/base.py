@@ -233,19 +233,27 @@ class BaseAgent(IAgent):
     def train(self, env: Any, n_env_steps: int | None = None, *, writer: Any = None,
               checkpointer: Any = None) -> Any:
         """Trains in ``env`` for ``n_env_steps`` environment transitions summed over all environments
-        (default: ``config.train_cfg.n_env_steps``), with the host loop
-        (``kitae.loops.train.vectorized_train``). Closes ``env`` at the end.
+        (default: ``config.train_cfg.n_env_steps``).
+
+        A Gymnasium environment trains in the host loop (``kitae.loops.train.vectorized_train``,
+        which closes ``env`` at the end); a JAX environment (``kitae.envs.jax_env.VecJaxEnv``,
+        e.g. ``make_jax_env("gymnax:CartPole-v1", 4)``) trains in the compiled loop
+        (``kitae.loops.compiled.compiled_train``): the whole run as one XLA program.
 
         Args:
-            env: a Gymnasium environment or vector environment (see ``check_env``).
+            env: a Gymnasium environment or vector environment (see ``check_env``), or a ``VecJaxEnv``.
             n_env_steps: transitions to train for, summed over environments.
             writer: a ``tensorboardX.SummaryWriter``; default: one writing to ``<run_dir>/logs``.
-            checkpointer: optional checkpointer with ``save(step, agent)``.
+            checkpointer: optional checkpointer with ``save(step, agent)`` (host loop).
 
         Returns:
-            ``kitae.loops.train.TrainStats`` (episode returns, lengths, steps, wall time).
+            ``kitae.loops.train.TrainStats`` (host loop: every episode's return and length) or
+            ``kitae.loops.compiled.CompiledRun`` (compiled loop: per-iteration metrics, compile
+            and train seconds).
         """
-        from kitae.loops.train import vectorized_train  # the loop imports this module
+        from kitae.envs.jax_env import VecJaxEnv
+        from kitae.loops.compiled import compiled_train, log_compiled_metrics
+        from kitae.loops.train import vectorized_train  # the loops import this module
 
         n_env_steps = self.config.train_cfg.n_env_steps if n_env_steps is None else n_env_steps
         if not isinstance(n_env_steps, int) or isinstance(n_env_steps, bool) or n_env_steps < 1:
@@ -256,6 +264,10 @@ class BaseAgent(IAgent):
 
             writer = SummaryWriter(str(self.run_dir / "logs"))
         try:
+            if isinstance(env, VecJaxEnv):
+                result = compiled_train(self, env, n_env_steps)
+                log_compiled_metrics(writer, result)
+                return result
             return vectorized_train(
                 self.config.seed, self, env, n_env_steps, self.algo_type,
                 checkpointer=checkpointer, writer=writer,

@@ -86,9 +86,15 @@ def a2c_setup():
 
 def test_on_policy_compiled_run(a2c_setup):
     env, config = a2c_setup
-    agent = TinyA2C("c", config, run_dir="unused")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    agent = TinyA2C("c", config, run_dir="run")
     initial = agent.state
-    result = compiled_train(agent, env, 4 * 16 * 10, use_cache=False)
+    result = agent.train(env, 4 * 16 * 10)  # a JAX environment: the compiled loop
+    events = EventAccumulator("run/logs")
+    events.Reload()
+    assert {"charts/episodic_return", "losses/loss_value", "charts/SPS"} <= set(events.Tags()["scalars"])
+    assert [e.step for e in events.Scalars("losses/loss_value")] == [64 * (i + 1) for i in range(10)]
     assert result.metrics.env_step.tolist() == [64 * (i + 1) for i in range(10)]
     assert result.metrics.updated.all()
     assert result.metrics.episodes.sum() > 0

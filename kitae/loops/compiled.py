@@ -366,3 +366,22 @@ def compiled_train(
         agent.env_step = int(final_state.env_step)
         agent.n_updates += int(np.sum(result.metrics.updated))
     return result
+
+
+def log_compiled_metrics(writer: Any, result: CompiledRun, seed_index: int = 0) -> None:
+    """Writes a compiled run's metrics to a TensorBoard writer, x axis = environment steps:
+    ``charts/episodic_return`` and ``charts/episodic_length`` (means over the episodes that ended
+    in each iteration), ``losses/<name>`` for each update, ``charts/SPS`` and
+    ``charts/compile_seconds``."""
+    m = jax.tree_util.tree_map(lambda x: x[seed_index] if result.batched else x, result.metrics)
+    for i in range(len(m.env_step)):
+        step = int(m.env_step[i])
+        if m.episodes[i] > 0:
+            writer.add_scalar("charts/episodic_return", float(m.return_sum[i] / m.episodes[i]), step)
+            writer.add_scalar("charts/episodic_length", float(m.length_sum[i] / m.episodes[i]), step)
+        if m.updated[i]:
+            for name, values in m.info.items():
+                writer.add_scalar(f"losses/{name}", float(values[i]), step)
+    last = int(m.env_step[-1]) if len(m.env_step) else 0
+    writer.add_scalar("charts/SPS", result.sps / len(result.seeds), last)
+    writer.add_scalar("charts/compile_seconds", result.compile_seconds, last)

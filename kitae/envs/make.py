@@ -96,5 +96,8 @@ def make_vec_env(
     vector_cls = gym.vector.SyncVectorEnv if vectorization_mode == "sync" else gym.vector.AsyncVectorEnv
     env = vector_cls(thunks, autoreset_mode=AutoresetMode.SAME_STEP)
     if isinstance(env.single_action_space, gym.spaces.Box):
+        single_space, batched_space = env.single_action_space, env.action_space
         env = gym.wrappers.vector.ClipAction(env)
+        # ClipAction reports Box(-inf, inf); keep the real bounds for agents that scale their actions
+        env.single_action_space, env.action_space = single_space, batched_space
     return gym.wrappers.vector.RecordEpisodeStatistics(env)

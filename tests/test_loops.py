@@ -269,3 +269,29 @@ def test_update_epoch_with_plain_tuples():
     total, _ = update_epoch(jax.random.PRNGKey(1), jnp.zeros(()), experience, batchify, step,
                             experience_type=tuple, batch_size=3)
     assert float(total) == 15.0
+
+
+def test_episode_returns_count_every_step_of_every_episode():
+    # gymnasium 1.3's vector RecordEpisodeStatistics drops the first reward of later episodes
+    # in SAME_STEP mode; kitae's own tracking must not
+    env = count_vec_env([(3, 100), (None, 5)])
+    config = make_config(env, TinyDQNParams(start_step=10_000), batch_size=8)
+    agent = TinyDQN("test", config, run_dir="unused")
+    stats = vectorized_train(0, agent, env, 2 * 30, AlgoType.OFF_POLICY)
+    by_length = sorted(set(zip(stats.episode_lengths, stats.episode_returns)))
+    assert by_length == [(3, 3.0), (5, 5.0)]
+    assert stats.episode_lengths.count(3) == 10 and stats.episode_lengths.count(5) == 6
+
+
+def test_track_episodes_numpy_and_jax_agree():
+    from kitae.loops.episodes import track_episodes
+
+    returns, lengths = np.array([1.0, 2.0]), np.array([1, 2])
+    rewards, ended = np.array([0.5, 1.0]), np.array([True, False])
+    r, n, er, el = track_episodes(np, returns, lengths, rewards, ended)
+    np.testing.assert_array_equal(r, [0.0, 3.0])
+    np.testing.assert_array_equal(n, [0, 3])
+    assert er[0] == 1.5 and el[0] == 2
+    jr, jn, jer, jel = jax.jit(lambda *a: track_episodes(jnp, *a))(returns, lengths, rewards, ended)
+    np.testing.assert_allclose(jr, r)
+    np.testing.assert_array_equal(jn, n)

@@ -60,7 +60,7 @@ def make_vec_env(
     """Makes a Gymnasium vector environment that kitae's host loop can train in.
 
     The environments reset in ``AutoresetMode.SAME_STEP`` (the real final observation of each
-    episode is in ``infos["final_obs"]``) and record episode statistics. Continuous (``Box``)
+    episode is in ``infos["final_obs"]``). Continuous (``Box``)
     actions are clipped to the action space's bounds before they reach the environment, so a
     Gaussian policy's raw samples can be stored for its log-probabilities.
 
@@ -100,4 +100,4 @@ def make_vec_env(
         env = gym.wrappers.vector.ClipAction(env)
         # ClipAction reports Box(-inf, inf); keep the real bounds for agents that scale their actions
         env.single_action_space, env.action_space = single_space, batched_space
-    return gym.wrappers.vector.RecordEpisodeStatistics(env)
+    return env

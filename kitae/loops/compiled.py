@@ -33,6 +33,7 @@ import numpy as np
 
 from kitae.buffer import BufferState, Experience, buffer_add, buffer_init, buffer_reset, buffer_rollout
 from kitae.envs.jax_env import VecJaxEnv
+from kitae.loops.episodes import track_episodes
 from kitae.types import AlgoType
 
 _CACHE_ENABLED = False
@@ -231,9 +232,10 @@ def make_loop_functions(agent: Any, env: VecJaxEnv, *, log_every: int = 0,
             log_prob=jnp.asarray(log_probs, jnp.float32),
             truncated=ts.truncated,
         ))
-        episode_return = state.episode_return + ts.reward
-        episode_length = state.episode_length + 1
         ended = jnp.logical_or(ts.terminated, ts.truncated)
+        running_return, running_length, episode_return, episode_length = track_episodes(
+            jnp, state.episode_return, state.episode_length, ts.reward, ended
+        )
         return_sum = return_sum + jnp.sum(jnp.where(ended, episode_return, 0.0))
         length_sum = length_sum + jnp.sum(jnp.where(ended, episode_length, 0))
         episodes = episodes + jnp.sum(ended)
@@ -244,8 +246,8 @@ def make_loop_functions(agent: Any, env: VecJaxEnv, *, log_every: int = 0,
             env_state=ts.state,
             observation=ts.observation,
             env_step=state.env_step + n_envs,
-            episode_return=jnp.where(ended, 0.0, episode_return),
-            episode_length=jnp.where(ended, 0, episode_length),
+            episode_return=running_return,
+            episode_length=running_length,
         )
         return (state, return_sum, length_sum, episodes), None
 

@@ -21,6 +21,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from kitae.buffer import Experience
+from kitae.loops.episodes import track_episodes
 from kitae.types import AlgoType
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -62,8 +63,7 @@ def check_env(env: EnvLike) -> EnvLike:
     """Checks if environment can be used for training.
 
     A single Gymnasium ``Env`` becomes a vector environment of one; a vector environment must
-    reset in ``AutoresetMode.SAME_STEP`` (what ``kitae.envs.make.make_vec_env`` builds). Episode
-    statistics are recorded (``RecordEpisodeStatistics``) if they are not already.
+    reset in ``AutoresetMode.SAME_STEP`` (what ``kitae.envs.make.make_vec_env`` builds).
 
     Args:
         env (EnvLike): An environment.
@@ -84,29 +84,19 @@ def check_env(env: EnvLike) -> EnvLike:
                 "with kitae.envs.make.make_vec_env(...) or gym.make_vec(..., vector_kwargs="
                 "{'autoreset_mode': gym.vector.AutoresetMode.SAME_STEP})"
             )
-        if not _has_wrapper(env, gym.wrappers.vector.RecordEpisodeStatistics):
-            env = gym.wrappers.vector.RecordEpisodeStatistics(env)
         return env
     if isinstance(env, gym.Env):
         single = env
-        vector = gym.vector.SyncVectorEnv([lambda: single], autoreset_mode=AutoresetMode.SAME_STEP)
-        return gym.wrappers.vector.RecordEpisodeStatistics(vector)
+        return gym.vector.SyncVectorEnv([lambda: single], autoreset_mode=AutoresetMode.SAME_STEP)
     raise TypeError(
         f"env={env!r} is not allowed; allowed: a gymnasium.Env or gymnasium.vector.VectorEnv "
         "(make one with kitae.envs.make.make_vec_env)"
     )
 
 
-def _has_wrapper(env: Any, wrapper_type: type) -> bool:
-    while env is not None:
-        if isinstance(env, wrapper_type):
-            return True
-        env = getattr(env, "env", None)
-    return False
-
-
 def episode_statistics(infos: dict) -> list[tuple[int, float, int]]:
-    """The episodes that ended in this step: ``(env_index, return, length)`` for each."""
+    """The episodes a ``RecordEpisodeStatistics`` wrapper reported in ``infos``:
+    ``(env_index, return, length)`` for each."""
     if "episode" not in infos:
         return []
     mask = infos.get("_episode", np.ones(len(infos["episode"]["r"]), dtype=bool))
@@ -121,6 +111,8 @@ def process_termination(
     next_observations: np.ndarray,
     infos: dict,
     writer: "SummaryWriter | None",
+    *,
+    episodes: list[tuple[int, float, int]] | None = None,
 ) -> np.ndarray:
     """Processes the termination part of the loop.
 
@@ -136,6 +128,9 @@ def process_termination(
         infos (dict): The info resulting from the last actions.
         writer (SummaryWriter): A writer to log metrics (``charts/episodic_return``,
             ``charts/episodic_length``), or ``None``.
+        episodes: the episodes that ended in this step as ``(env_index, return, length)``
+            (the host loop tracks them with ``kitae.loops.episodes.track_episodes``); if ``None``,
+            they are read from ``infos["episode"]`` where a wrapper recorded them.
 
     Returns:
         The next observations to store in the buffer, ``(E, ...)``.
@@ -146,7 +141,7 @@ def process_termination(
         for i in np.flatnonzero(infos["_final_obs"]):
             real_next[i] = infos["final_obs"][i]
     if writer is not None:
-        for _, episodic_return, length in episode_statistics(infos):
+        for _, episodic_return, length in (episode_statistics(infos) if episodes is None else episodes):
             writer.add_scalar("charts/episodic_return", episodic_return, global_step)
             writer.add_scalar("charts/episodic_length", length, global_step)
     return real_next
@@ -215,6 +210,8 @@ def vectorized_train(
         end_step = start_step - 1 + n_env_steps
         global_step = start_step - 1
         observations, _ = env.reset(seed=seed)
+        running_returns = np.zeros(n_envs, dtype=np.float64)
+        running_lengths = np.zeros(n_envs, dtype=np.int64)
         start_time = last_log_time = time.perf_counter()
         last_log_step = global_step
 
@@ -225,8 +222,13 @@ def vectorized_train(
             next_observations, rewards, terminations, truncations, infos = env.step(actions)
             global_step += n_envs
 
-            real_next = process_termination(global_step, next_observations, infos, writer)
-            for _, episodic_return, length in episode_statistics(infos):
+            ended = np.logical_or(terminations, truncations)
+            running_returns, running_lengths, finished_returns, finished_lengths = track_episodes(
+                np, running_returns, running_lengths, np.asarray(rewards, dtype=np.float64), ended
+            )
+            finished = [(int(i), float(finished_returns[i]), int(finished_lengths[i])) for i in np.flatnonzero(ended)]
+            real_next = process_termination(global_step, next_observations, infos, writer, episodes=finished)
+            for _, episodic_return, length in finished:
                 stats.episode_returns.append(episodic_return)
                 stats.episode_lengths.append(length)
                 stats.episode_steps.append(global_step)

@@ -47,6 +47,11 @@ def batch_obs(space, batch=(BATCH,), seed=0):
     return jnp.asarray(rng.uniform(-1, 1, size=batch + space.shape).astype(np.float32))
 
 
+# NatureCNN's orthogonal init of its 3136x512 dense kernel is a costly QR on CPU, so the
+# parametrised factory tests use the cheap spaces and ``test_image_factories`` covers images once.
+FAST_OBS = ["box", "discrete", "dict"]
+
+
 def shapes(tree):
     return jax.tree.map(jnp.shape, tree)
 
@@ -58,7 +63,7 @@ def shapes(tree):
 
 @pytest.mark.parametrize(
     "name, cls, features",
-    [("box", MLP, 64), ("discrete", DiscreteEncoder, 64), ("image", NatureCNN, 512), ("dict", DictEncoder, 128)],
+    [("box", MLP, 64), ("discrete", DiscreteEncoder, 64), ("dict", DictEncoder, 128)],
 )
 def test_encoder_factory(name, cls, features):
     space = OBS_SPACES[name]
@@ -86,7 +91,7 @@ def test_mlp_acts_on_last_axis_and_options():
 
 
 def test_nature_cnn_shapes_and_uint8_scaling():
-    cnn = NatureCNN()
+    cnn = NatureCNN(orthogonal=False)
     params = init_params(KEY, cnn, [(84, 84, 4)])
     p = params["params"]
     assert p["Conv_0"]["kernel"].shape == (8, 8, 4, 32)
@@ -202,7 +207,7 @@ def test_scale_unscale_action():
 # ------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("obs_name", list(OBS_SPACES))
+@pytest.mark.parametrize("obs_name", FAST_OBS)
 def test_policy_factory_discrete(obs_name):
     space = OBS_SPACES[obs_name]
     policy = policy_factory(space, DISCRETE_ACTIONS)
@@ -213,8 +218,8 @@ def test_policy_factory_discrete(obs_name):
     np.testing.assert_array_equal(policy.apply(params, batch_obs(space), mask).mode(), np.ones(BATCH))
 
 
-@pytest.mark.parametrize("obs_name", list(OBS_SPACES))
-@pytest.mark.parametrize("kind, cls", [(None, DiagNormal), ("normal", DiagNormal), ("tanh_normal", TanhNormal)])
+@pytest.mark.parametrize("obs_name", FAST_OBS)
+@pytest.mark.parametrize("kind, cls", [(None, DiagNormal), ("tanh_normal", TanhNormal)])
 def test_policy_factory_box(obs_name, kind, cls):
     space = OBS_SPACES[obs_name]
     policy = policy_factory(space, BOX_ACTIONS, kind=kind, hidden=(32,))
@@ -227,6 +232,7 @@ def test_policy_factory_box(obs_name, kind, cls):
 
 def test_policy_factory_deterministic():
     space = OBS_SPACES["box"]
+    assert isinstance(policy_factory(space, BOX_ACTIONS, kind="normal").head, NormalHead)
     policy = policy_factory(space, BOX_ACTIONS, kind="deterministic")
     actions = policy.apply(init_params(KEY, policy, [(4,)]), batch_obs(space))
     assert actions.shape == (BATCH, 2) and np.all(np.abs(np.asarray(actions)) <= 1.0)
@@ -254,7 +260,7 @@ def test_policy_factory_rejects(action_space, kind):
     assert "accepted" in str(info.value)
 
 
-@pytest.mark.parametrize("obs_name", list(OBS_SPACES))
+@pytest.mark.parametrize("obs_name", FAST_OBS)
 def test_value_factory(obs_name):
     space = OBS_SPACES[obs_name]
     value = value_factory(space)
@@ -262,8 +268,7 @@ def test_value_factory(obs_name):
     assert value.apply(params, batch_obs(space)).shape == (BATCH,)
 
 
-@pytest.mark.parametrize("obs_name", list(OBS_SPACES))
-@pytest.mark.parametrize("n_critics", [1, 2])
+@pytest.mark.parametrize("obs_name, n_critics", [("box", 1), ("box", 2), ("discrete", 1), ("dict", 2)])
 def test_qvalue_factory(obs_name, n_critics):
     space = OBS_SPACES[obs_name]
     obs = batch_obs(space)
@@ -280,6 +285,28 @@ def test_qvalue_factory(obs_name, n_critics):
     if n_critics > 1:
         for leaf in jax.tree.leaves(params):
             assert leaf.shape[0] == n_critics
+
+
+def test_image_factories():
+    space = OBS_SPACES["image"]
+    obs = batch_obs(space)
+    shape = space_input_shape(space)
+    assert shape == (84, 84, 4)
+    assert isinstance(encoder_factory(space), NatureCNN)
+
+    policy = policy_factory(space, DISCRETE_ACTIONS)
+    params = init_params(KEY, policy, [shape])
+    assert params["params"]["encoder"]["Dense_0"]["kernel"].shape == (3136, 512)
+    dist = policy.apply(params, obs)
+    assert isinstance(dist, Categorical) and dist.logits.shape == (BATCH, 3)
+
+    value = value_factory(space)
+    assert value.apply(init_params(KEY, value, [shape]), obs).shape == (BATCH,)
+
+    q_box = qvalue_factory(space, BOX_ACTIONS, hidden=(32,), n_critics=2)
+    params = init_params(KEY, q_box, [shape, (2,)])
+    assert params["params"]["encoder"]["Dense_0"]["kernel"].shape == (2, 3136, 512)
+    assert q_box.apply(params, obs, jnp.zeros((BATCH, 2))).shape == (2, BATCH)
 
 
 def test_qvalue_ensemble_critics_differ_and_sac_input_layout():

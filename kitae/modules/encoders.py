@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 Activation = str | Callable[[jax.Array], jax.Array]
+"""An activation: a name understood by ``get_activation`` or a callable ``(...) -> (...)``."""
 
 _ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "tanh": nn.tanh,

@@ -31,6 +31,7 @@ from kitae.modules.value import Value, ValueHead, value_factory  # noqa: F401
 from kitae.types import Params
 
 InputShape = tuple[int, ...] | dict[str, Any]
+"""One input's shape without the batch dim, or a (nested) dict of them for dict observations."""
 
 
 def _zeros(shape: InputShape) -> Any:

@@ -1,0 +1,193 @@
+"""Hyperparameter presets and overrides: from an algorithm name and an environment id to a config.
+
+Presets are YAML files in ``kitae/presets/<algo>.yaml`` (rl-zoo style): a ``default`` section and
+one section per environment id, each with any of ``n_envs``, ``n_env_steps``, ``algo_params``
+and ``update_cfg``. The environment's section is laid over ``default``; then a ``--config`` file
+(same keys) and ``--set KEY=VALUE`` overrides. A learning rate written ``lin_3e-4`` means 3e-4
+annealed linearly to 0.
+
+Override keys (``--set``) are dotted paths: ``seed``, ``n_envs``, ``n_env_steps``,
+``train_cfg.save_frequency``, ``update_cfg.<field>``, ``algo_params.<field>``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+import kitae.config as cfg
+from kitae.algos.collections import get_algorithm
+from kitae.envs.make import parse_env_id
+
+PRESETS_DIR = Path(__file__).resolve().parent / "presets"
+SECTION_KEYS = ("n_envs", "n_env_steps", "algo_params", "update_cfg", "train_cfg", "seed")
+
+
+def normalize_env_id(env_id: str) -> str:
+    """``"CartPole-v1"`` -> ``"gymnasium:CartPole-v1"``."""
+    source, name = parse_env_id(env_id)
+    return f"{source}:{name}"
+
+
+def _check_section(section: Any, where: str) -> dict:
+    if section is None:
+        return {}
+    if not isinstance(section, dict):
+        raise ValueError(f"{where} must be a mapping with keys among {', '.join(SECTION_KEYS)}, got {section!r}")
+    unknown = sorted(set(section) - set(SECTION_KEYS))
+    if unknown:
+        raise ValueError(f"unknown key {unknown[0]!r} in {where}; allowed: {', '.join(SECTION_KEYS)}")
+    return section
+
+
+def merge(base: dict, override: dict) -> dict:
+    """Deep-merges ``override`` into a copy of ``base`` (mappings merged, other values replaced)."""
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def load_preset(algo: str, env_id: str) -> dict:
+    """The preset for ``algo`` on ``env_id``: ``default`` with the environment's section over it."""
+    path = PRESETS_DIR / f"{algo.lower()}.yaml"
+    if not path.exists():
+        return {}
+    data = yaml.safe_load(path.read_text()) or {}
+    env_key = normalize_env_id(env_id)
+    sections = {normalize_env_id(k) if k != "default" else k: v for k, v in data.items()}
+    preset = _check_section(sections.get("default"), f"{path.name}: default")
+    return merge(preset, _check_section(sections.get(env_key), f"{path.name}: {env_key}"))
+
+
+def load_config_file(path: str | Path) -> dict:
+    """Reads a ``--config`` file (the keys of a preset section), refusing what it cannot use."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file {str(path)!r} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise ValueError(f"malformed YAML in {str(path)!r}: {error}".replace("\n", " ")) from None
+    return _check_section(data, str(path))
+
+
+def parse_value(text: str) -> Any:
+    """A ``--set`` value: YAML scalars (``true``, ``null``, ``[64, 64]``), with ``1e-3`` read as a float."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            pass
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    return value
+
+
+def parse_sets(items: list[str], params_cls: type) -> dict:
+    """``["update_cfg.learning_rate=1e-3", ...]`` -> a nested override mapping.
+
+    Raises:
+        ValueError: for an item without ``=`` or an unknown key, naming the allowed keys.
+    """
+    allowed = _allowed_keys(params_cls)
+    out: dict = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ValueError(f"--set {item!r} is not KEY=VALUE")
+        if key not in allowed:
+            raise ValueError(f"unknown --set key {key!r}; allowed keys: {', '.join(sorted(allowed))}")
+        path = key.split(".")
+        node = out
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = parse_value(text)
+    return out
+
+
+def _allowed_keys(params_cls: type) -> set[str]:
+    keys = {"seed", "n_envs", "n_env_steps", "train_cfg.save_frequency", "train_cfg.n_env_steps"}
+    keys |= {f"update_cfg.{f.name}" for f in dataclasses.fields(cfg.UpdateConfig)}
+    keys |= {f"algo_params.{f.name}" for f in dataclasses.fields(params_cls)}
+    return keys
+
+
+def _learning_rate(value: Any) -> tuple[Any, bool | None]:
+    """``"lin_3e-4"`` -> ``(3e-4, True)``; other values unchanged."""
+    if isinstance(value, str) and value.startswith("lin_"):
+        try:
+            return float(value[4:]), True
+        except ValueError:
+            raise ValueError(f"update_cfg.learning_rate={value!r} is not allowed; allowed: a float or 'lin_<float>'") from None
+    return value, None
+
+
+def build_config(algo: str, env_id: str, env: Any, resolved: dict) -> cfg.AlgoConfig:
+    """Builds the ``AlgoConfig`` from a resolved section and the environment's spaces."""
+    _, params_cls = get_algorithm(algo)
+    algo_params = cfg._from_mapping(params_cls, resolved.get("algo_params") or {}, "algo_params.")
+    update = dict(resolved.get("update_cfg") or {})
+    if "learning_rate" in update:
+        update["learning_rate"], annealing = _learning_rate(update["learning_rate"])
+        if annealing is not None:
+            update["learning_rate_annealing"] = annealing
+    train = dict(resolved.get("train_cfg") or {})
+    train.setdefault("n_env_steps", resolved["n_env_steps"])
+    return cfg.AlgoConfig(
+        seed=resolved["seed"],
+        algo_params=algo_params,
+        update_cfg=cfg.UpdateConfig.from_dict(update),
+        train_cfg=cfg.TrainConfig.from_dict(train),
+        env_cfg=cfg.EnvConfig(
+            task_name=normalize_env_id(env_id),
+            observation_space=env.single_observation_space,
+            action_space=env.single_action_space,
+            n_envs=env.num_envs,
+        ),
+    )
+
+
+def resolve(algo: str, env_id: str, *, config_file: str | None = None, sets: list[str] | None = None,
+            overrides: dict | None = None) -> dict:
+    """Preset, then config file, then ``overrides`` (from command-line flags), then ``--set``.
+
+    Returns:
+        A mapping with ``seed``, ``n_envs``, ``n_env_steps``, ``algo_params``, ``update_cfg``,
+        ``train_cfg``.
+    """
+    _, params_cls = get_algorithm(algo)
+    resolved = {"seed": 0, "n_envs": 1, "n_env_steps": 100_000, "algo_params": {}, "update_cfg": {}, "train_cfg": {}}
+    resolved = merge(resolved, load_preset(algo, env_id))
+    if config_file is not None:
+        resolved = merge(resolved, load_config_file(config_file))
+    resolved = merge(resolved, {k: v for k, v in (overrides or {}).items() if v is not None})
+    set_values = parse_sets(sets or [], params_cls)
+    if "n_env_steps" in set_values.get("train_cfg", {}):
+        set_values["n_env_steps"] = set_values["train_cfg"].pop("n_env_steps")
+    resolved = merge(resolved, set_values)
+    if "n_env_steps" in resolved.get("train_cfg", {}):
+        resolved["n_env_steps"] = resolved["train_cfg"].pop("n_env_steps")
+    for key in ("seed", "n_envs", "n_env_steps"):
+        value = resolved[key]
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"{key}={value!r} has type {type(value).__name__}; allowed: int")
+    if resolved["n_env_steps"] < 1:
+        raise ValueError(f"n_env_steps={resolved['n_env_steps']} is not allowed; allowed: an int >= 1")
+    if resolved["n_envs"] < 1:
+        raise ValueError(f"n_envs={resolved['n_envs']} is not allowed; allowed: an int >= 1")
+    return resolved

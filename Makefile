@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml requirements.lock
 install: $(STAMP)
 
 run: $(STAMP)
-	$(PY) examples/custom_dqn.py
+	$(VENV)/bin/kitae train
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import gymnasium as gym
 import numpy as np
@@ -44,6 +44,8 @@ class TrainStats:
         global_step: environment transitions done when training stopped.
         wall_seconds: wall-clock duration of the loop.
         n_updates: updates made.
+        compile_seconds: duration of the first explore call and the first update, which trace
+            and compile them (the rest of the loop runs compiled code).
     """
 
     episode_returns: list[float] = dataclasses.field(default_factory=list)
@@ -52,6 +54,7 @@ class TrainStats:
     global_step: int = 0
     wall_seconds: float = 0.0
     n_updates: int = 0
+    compile_seconds: float = 0.0
 
     def mean_return(self, last: int = 10) -> float:
         """Mean return of the last ``last`` finished episodes (nan if none finished)."""
@@ -161,6 +164,7 @@ def vectorized_train(
     start_step: int = 1,
     checkpointer: Any = None,
     writer: "SummaryWriter | None" = None,
+    progress_fn: Callable[[int, TrainStats], None] | None = None,
 ) -> TrainStats:
     """Trains an agent in a vectorized environment.
 
@@ -183,6 +187,8 @@ def vectorized_train(
         checkpointer: optional, with ``save(step, agent)``; called every
             ``agent.config.train_cfg.save_frequency`` steps (if not -1) and at the end.
         writer (SummaryWriter): optional TensorBoard writer; x axis = environment steps.
+        progress_fn: optional ``progress_fn(global_step, stats)``, called about twice a second
+            and at the end (progress display, live metrics).
 
     Returns:
         A ``TrainStats`` with every finished episode's return and length.
@@ -215,10 +221,15 @@ def vectorized_train(
         start_time = last_log_time = time.perf_counter()
         last_log_step = global_step
 
+        last_progress_time = start_time
         while global_step < end_step:
             agent.env_step = global_step
+            first_call = global_step == start_step - 1
+            call_start = time.perf_counter()
             actions, log_probs = agent.explore(observations)
             actions = np.asarray(actions)
+            if first_call:
+                stats.compile_seconds += time.perf_counter() - call_start
             next_observations, rewards, terminations, truncations, infos = env.step(actions)
             global_step += n_envs
 
@@ -246,7 +257,10 @@ def vectorized_train(
             observations = next_observations
 
             if agent.should_update(global_step, agent.buffer):
+                call_start = time.perf_counter()
                 info = agent.update(agent.buffer)
+                if stats.n_updates == 0:
+                    stats.compile_seconds += time.perf_counter() - call_start
                 stats.n_updates += 1
                 if writer is not None:
                     for name, value in info.items():
@@ -258,6 +272,10 @@ def vectorized_train(
                 checkpointer.save(global_step, agent)
 
             now = time.perf_counter()
+            if progress_fn is not None and now - last_progress_time >= 0.5:
+                stats.global_step, stats.wall_seconds = global_step, now - start_time
+                progress_fn(global_step, stats)
+                last_progress_time = now
             if writer is not None and now - last_log_time >= 5.0:
                 writer.add_scalar("charts/SPS", (global_step - last_log_step) / (now - last_log_time), global_step)
                 last_log_time, last_log_step = now, global_step
@@ -268,6 +286,8 @@ def vectorized_train(
             writer.add_scalar("charts/SPS", (global_step - start_step + 1) / stats.wall_seconds, global_step)
         if checkpointer is not None:
             checkpointer.save(global_step, agent)
+        if progress_fn is not None:
+            progress_fn(global_step, stats)
     finally:
         env.close()
     return stats

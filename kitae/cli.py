@@ -83,7 +83,10 @@ def _train(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # --help (0) or a usage error (2, already printed in one line)
+        return int(exit_.code or 0)
     if args.command is None:
         parser.print_help()
         return 2

@@ -136,7 +136,16 @@ def register_algo_params(cls: type[T]) -> type[T]:
 
 
 def algo_params_class(name: str) -> type:
-    """Returns the registered params class called ``name``."""
+    """Returns the registered params class called ``name`` (kitae's built-in algorithms' params
+    are registered when their modules are first imported; this imports them if needed)."""
+    if name not in _ALGO_PARAMS_REGISTRY:
+        import importlib
+
+        from kitae.algos.collections import ALGORITHMS
+
+        for module_name, _, params_name in ALGORITHMS.values():
+            if params_name == name:
+                importlib.import_module(module_name)
     try:
         return _ALGO_PARAMS_REGISTRY[name]
     except KeyError:

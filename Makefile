@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench install clean
+.PHONY: run test bench compare install clean
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -24,6 +24,12 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	for script in benchmarks/bench_*.py; do $(PY) $$script || exit 1; done
+
+compare: $(STAMP)
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -c requirements.lock -e ".[compare]"
+	$(PY) benchmarks/compare_sb3.py --task ppo-cartpole --repeats 3
+	$(PY) benchmarks/compare_sb3.py --task sac-pendulum --repeats 3
 
 clean:
 	rm -rf $(VENV)

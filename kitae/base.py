@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from kitae.algos.experience import ExperiencePipeline
 from kitae.algos.factory import explore_general_factory
@@ -33,6 +34,14 @@ from kitae.loops.update import batchify, update_epoch
 from kitae.types import AlgoType
 
 __all__ = ["AlgoType", "IAgent", "BaseAgent", "OffPolicyAgent", "OnPolicyAgent"]
+
+KEY_BLOCK = 256
+
+
+@jax.jit
+def _split_block(key: jax.Array) -> jax.Array:
+    """``KEY_BLOCK + 1`` keys: the next agent key first, then ``KEY_BLOCK`` keys to hand out."""
+    return jax.random.split(key, KEY_BLOCK + 1)
 
 
 class IAgent(abc.ABC):
@@ -144,6 +153,7 @@ class BaseAgent(IAgent):
 
         self.train_state_factory = train_state_factory
         self.key, self.state = self.initial_state(config.seed, tabulate=tabulate)
+        self._key_block, self._key_index = np.zeros((0, 2), np.uint32), 0
 
         self.explore_fn = explore_general_factory(explore_factory(config), self.vectorized, self.parallel)
         self.process_experience_fn = process_experience_factory(config)
@@ -191,8 +201,21 @@ class BaseAgent(IAgent):
     # -- keys ---------------------------------------------------------------------------------
 
     def nextkey(self) -> jax.Array:
-        """Splits the agent's key: returns a fresh key and keeps the other half."""
-        self.key, key = jax.random.split(self.key)
+        """Returns a fresh PRNG key derived from the agent's key.
+
+        On the host, keys are split from ``self.key`` a block of ``KEY_BLOCK`` at a time (one
+        compiled call per block instead of one dispatch per key: splitting a key costs about as
+        much as a whole explore call). Traced inside the compiled loop, ``self.key`` is split
+        directly. Both are deterministic functions of the seed.
+        """
+        if isinstance(self.key, jax.core.Tracer):
+            self.key, key = jax.random.split(self.key)
+            return key
+        if self._key_index >= len(self._key_block):
+            keys = np.asarray(_split_block(self.key))
+            self.key, self._key_block, self._key_index = keys[0], keys[1:], 0
+        key = self._key_block[self._key_index]
+        self._key_index += 1
         return key
 
     def interact_keys(self, observation: Any) -> jax.Array | dict[str, jax.Array]:

@@ -38,6 +38,15 @@ __all__ = ["AlgoType", "IAgent", "BaseAgent", "OffPolicyAgent", "OnPolicyAgent"]
 KEY_BLOCK = 256
 
 
+def step_array(env_step: int | jax.Array) -> np.ndarray | jax.Array:
+    """``agent.env_step`` as an int32 array for a jitted explore function: a numpy scalar on the
+    host (a Python int that changes would be a new static value; an array is not), the traced
+    value itself inside the compiled loop."""
+    if isinstance(env_step, jax.core.Tracer):
+        return env_step.astype(jnp.int32)
+    return np.asarray(env_step, np.int32)
+
+
 @jax.jit
 def _split_block(key: jax.Array) -> jax.Array:
     """``KEY_BLOCK + 1`` keys: the next agent key first, then ``KEY_BLOCK`` keys to hand out."""

@@ -64,7 +64,7 @@ import numpy as np
 
 import kitae.config as cfg
 from kitae.algos.gradients import update_step_from_gradients
-from kitae.base import OffPolicyAgent
+from kitae.base import OffPolicyAgent, step_array
 from kitae.buffer import Experience
 from kitae.config import AlgoParams, register_algo_params, validate_types
 from kitae.modules.encoders import space_input_shape
@@ -577,7 +577,7 @@ class TD3(OffPolicyAgent):
         """
         return self.explore_fn(
             self.state, self.interact_keys(observation), observation,
-            exploration_noise=self._exploration_noise, env_step=np.asarray(self.env_step, np.int32),
+            exploration_noise=self._exploration_noise, env_step=step_array(self.env_step),
         )
 
     def select_action(self, observation: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -161,41 +161,65 @@ def _as_experience_arrays(experience: Any) -> Any:
 
 
 class _HostBuffer:
-    """Holds a ``BufferState`` created on the first ``add``."""
+    """Holds a ``BufferState`` created on the first ``add``, and its counters on the host (so
+    asking for the size never waits for the device)."""
 
     def __init__(self, capacity: int) -> None:
         if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
             raise ValueError(f"capacity={capacity!r} is not allowed; allowed: an int >= 1")
         self.capacity = capacity
-        self.state: BufferState | None = None
+        self._state: BufferState | None = None
+        self._size = 0
+        self._position = 0
+        self._n_per_row = 0  # transitions per row: environments times agents
+
+    @property
+    def state(self) -> BufferState | None:
+        """The pure ``BufferState`` (``None`` before the first ``add``)."""
+        return self._state
+
+    @state.setter
+    def state(self, state: BufferState | None) -> None:
+        self._state = state
+        self._size = 0 if state is None else int(state.size)
+        self._position = 0 if state is None else int(state.position)
+        self._n_per_row = 0 if state is None else state.n_envs * _n_agents(state.data)
+
+    def _advance(self) -> None:
+        self._position = (self._position + 1) % self.capacity
+        self._size = min(self._size + 1, self.capacity)
 
     def add(self, experience: Any) -> None:
         """Stores one step of experience (leaves ``(E, ...)``)."""
         experience = _as_experience_arrays(experience)
-        if self.state is None:
+        if self._state is None:
             self.state = buffer_init(experience, self.capacity)
-        self.state = _add(self.state, experience)
+        self._state = _add(self._state, experience)
+        self._advance()
 
     @property
     def size(self) -> int:
         """Filled rows (vector steps)."""
-        return 0 if self.state is None else int(self.state.size)
+        return self._size
 
     @property
     def n_transitions(self) -> int:
         """Stored transitions: rows times environments (times agents for dict experience)."""
-        if self.state is None:
-            return 0
-        n_agents = len(self.state.data.observation) if isinstance(self.state.data.observation, dict) else 1
-        return self.size * self.state.n_envs * n_agents
+        return self._size * self._n_per_row
 
     def __len__(self) -> int:
         return self.size
 
     def reset(self) -> None:
         """Empties the buffer."""
-        if self.state is not None:
-            self.state = _reset(self.state)
+        if self._state is not None:
+            self._state = _reset(self._state)
+        self._size = self._position = 0
+
+
+def _n_agents(data: Any) -> int:
+    observation = getattr(data, "observation", None)
+    return len(observation) if isinstance(observation, dict) else 1
 
 
 class ReplayBuffer(_HostBuffer):
@@ -220,9 +244,47 @@ def _sample(state: BufferState, key: jax.Array, batch_size: int) -> Any:
 class RolloutBuffer(_HostBuffer):
     """Fixed-length rollout buffer (on-policy agents): filled, read whole, then reset.
 
+    The rows are staged in preallocated numpy arrays on the host and cross to JAX once per
+    rollout (one transfer instead of a compiled call per step); ``state`` gives the same
+    ``BufferState`` as the pure functions would hold.
+
     Args:
         capacity: rollout length in vector steps.
     """
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self._rows: Any = None  # the staged data: leaves (capacity, E, ...) numpy arrays
+
+    def add(self, experience: Any) -> None:
+        experience = _as_experience_arrays(experience)
+        if self._rows is None:
+            self._rows = jax.tree_util.tree_map(lambda x: np.zeros((self.capacity, *x.shape), x.dtype), experience)
+            leaves = jax.tree_util.tree_leaves(experience)
+            self._n_per_row = leaves[0].shape[0] * _n_agents(experience)
+        for row, x in zip(jax.tree_util.tree_leaves(self._rows), jax.tree_util.tree_leaves(experience)):
+            row[self._position] = x
+        self._advance()
+
+    @property
+    def state(self) -> BufferState | None:
+        if self._rows is None:
+            return None
+        return BufferState(
+            jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), self._rows),
+            jnp.asarray(self._position, jnp.int32),
+            jnp.asarray(self._size, jnp.int32),
+        )
+
+    @state.setter
+    def state(self, state: BufferState | None) -> None:
+        self._rows = None if state is None else jax.tree_util.tree_map(lambda x: np.array(x), state.data)
+        self._size = 0 if state is None else int(state.size)
+        self._position = 0 if state is None else int(state.position)
+        self._n_per_row = 0 if state is None else state.n_envs * _n_agents(state.data)
+
+    def reset(self) -> None:
+        self._size = self._position = 0
 
     @property
     def full(self) -> bool:

@@ -17,7 +17,8 @@ step may be a traced scalar):
 * the factories ``train_state_dqn_factory``, ``explore_factory``, ``process_experience_factory``,
   ``compute_gradients_factory``, ``apply_gradients_factory``, ``update_step_factory``.
 
-Usage (rl-zoo's tuned CartPole settings; about 50 k steps to a return of 500)::
+Usage (the CartPole benchmark's settings: rl-zoo's tuned ones with an ``l2`` loss, a final
+epsilon of 0.01 and an annealed learning rate; a return of 500 after about 50 k steps)::
 
     import kitae.config as cfg
     from kitae.algos.collections.dqn import DQN, DQNParams
@@ -27,13 +28,14 @@ Usage (rl-zoo's tuned CartPole settings; about 50 k steps to a return of 500)::
     config = cfg.AlgoConfig(
         seed=0,
         algo_params=DQNParams(
-            gamma=0.99, start_step=1000, skip_steps=256, target_update_interval=128,
-            exploration=1.0, exploration_final=0.04, exploration_fraction=0.16, hidden=(256, 256),
+            gamma=0.99, start_step=1000, skip_steps=256, target_update_interval=128, loss="l2",
+            exploration=1.0, exploration_final=0.01, exploration_fraction=0.08, hidden=(256, 256),
         ),
         update_cfg=cfg.UpdateConfig(
-            learning_rate=2.3e-3, max_grad_norm=10.0, max_buffer_size=100_000, batch_size=64, n_epochs=128,
+            learning_rate=1e-3, learning_rate_annealing=True, max_grad_norm=10.0,
+            max_buffer_size=100_000, batch_size=64, n_epochs=128,
         ),
-        train_cfg=cfg.TrainConfig(n_env_steps=50_000),
+        train_cfg=cfg.TrainConfig(n_env_steps=100_000),
         env_cfg=cfg.EnvConfig(
             task_name="CartPole-v1", observation_space=env.single_observation_space,
             action_space=env.single_action_space, n_envs=env.num_envs,
@@ -41,7 +43,7 @@ Usage (rl-zoo's tuned CartPole settings; about 50 k steps to a return of 500)::
     )
     agent = DQN("dqn-cartpole", config)
     stats = agent.train(env)
-    print(stats.mean_return())
+    print(stats.mean_return())  # mean return of the last 10 training episodes
 
 Step units: ``start_step``, ``skip_steps`` and the exploration horizon count environment
 transitions summed over all environments; ``target_update_interval`` counts gradient steps
@@ -56,11 +58,12 @@ from typing import Any, Callable, NamedTuple
 import gymnasium as gym
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 import kitae.config as cfg
 from kitae.algos.gradients import update_step_from_gradients
-from kitae.base import OffPolicyAgent
+from kitae.base import OffPolicyAgent, step_array
 from kitae.buffer import Experience
 from kitae.config import AlgoParams, register_algo_params
 from kitae.distributions import EpsilonGreedy
@@ -114,14 +117,19 @@ class DQNParams(AlgoParams):
     """DQN hyperparameters.
 
     The defaults are Stable-Baselines3's DQN defaults where SB3 has one (SB3 counts the target
-    update in environment steps; kitae counts gradient steps). rl-zoo's tuned settings for
-    ``CartPole-v1`` (``benchmarks/bench_dqn.py`` ships them) are ``gamma=0.99``,
+    update in environment steps; kitae counts gradient steps).
+
+    rl-zoo's tuned settings for ``CartPole-v1``, in kitae's units: ``gamma=0.99``,
     ``start_step=1000``, ``skip_steps=256`` with ``UpdateConfig(n_epochs=128)`` (128 gradient
     steps every 256 transitions), ``target_update_interval=128`` (SB3's "every 10 environment
     steps" with training every 256 steps copies the target once per update, i.e. every 128
-    gradient steps), ``exploration=1.0``, ``exploration_final=0.04``,
-    ``exploration_fraction=0.16``, ``hidden=(256, 256)``, and ``UpdateConfig(learning_rate=2.3e-3,
-    batch_size=64, max_buffer_size=100_000, max_grad_norm=10.0)``.
+    gradient steps), ``exploration=1.0``, ``exploration_final=0.04``, epsilon decaying over 8 k
+    transitions (``exploration_fraction=0.16`` of rl-zoo's 50 k), ``hidden=(256, 256)``,
+    ``loss="huber"`` and ``UpdateConfig(learning_rate=2.3e-3, batch_size=64,
+    max_buffer_size=100_000, max_grad_norm=10.0)``. ``benchmarks/bench_dqn.py`` starts from them
+    and, so that the LAST training episodes stay at 500, uses ``loss="l2"``,
+    ``exploration_final=0.01`` and a learning rate of 1e-3 annealed to 0 over 100 k steps
+    (its docstring says why).
 
     Attributes:
         gamma: discount factor in ``[0, 1]``.
@@ -146,8 +154,13 @@ class DQNParams(AlgoParams):
             is Polyak averaging after every gradient step.
         double_dqn: Double DQN targets: the online network picks the next action, the target
             network evaluates it.
-        loss: the TD loss, ``"huber"`` (delta 1, PyTorch's ``smooth_l1_loss`` as in SB3) or
-            ``"l2"`` (``0.5 * td_error**2``).
+        loss: the TD loss, ``"huber"`` (delta 1, PyTorch's ``smooth_l1_loss`` as in SB3 and the
+            Nature paper's error clipping) or ``"l2"`` (``0.5 * td_error**2``). Huber bounds each
+            transition's gradient, which suits clipped rewards (Atari) but can fail when values
+            are large and learning is slow: on CartPole (Q near 100) with a small learning rate
+            the rare terminal transitions barely pull the values down, they grow past any real
+            return and the greedy action stops depending on the state. ``"l2"`` is the safer
+            choice there (the CartPole benchmark uses it).
         hidden: hidden layer sizes of the Q-network's MLP (vector and discrete observations;
             image observations use ``NatureCNN``), a tuple of ints >= 1 (empty: linear Q).
         activation: activation of the MLP, a name known to ``kitae.modules.encoders.get_activation``.
@@ -593,9 +606,11 @@ class DQN(OffPolicyAgent):
         self.compute_gradients_fn = compute_gradients_factory(self.config)
         self.apply_gradients_fn = apply_gradients_factory(self.config)
         self.epsilon_fn = epsilon_schedule(self.algo_params, self.config.train_cfg.n_env_steps)
+        self._greedy = np.float32(0.0)  # epsilon of select_action (an array: no new static value)
 
     def explore(self, observation: Any) -> tuple[jax.Array, jax.Array]:
-        """Epsilon-greedy actions with epsilon from the schedule at ``self.env_step``.
+        """Epsilon-greedy actions with epsilon from the schedule at ``self.env_step`` (an int on
+        the host, a traced scalar inside the compiled loop).
 
         Args:
             observation: ``(E, *obs_shape)`` (dicts keyed by agent in multi-agent mode).
@@ -603,8 +618,12 @@ class DQN(OffPolicyAgent):
         Returns:
             ``(actions (E,), log_probs (E,))``.
         """
-        env_step = jnp.int32(min(int(self.env_step), _INT32_MAX))
-        return self.explore_fn(self.state, self.interact_keys(observation), observation, env_step=env_step)
+        env_step = self.env_step
+        if isinstance(env_step, int):  # on the host; traced inside the compiled loop
+            env_step = min(env_step, _INT32_MAX)
+        return self.explore_fn(
+            self.state, self.interact_keys(observation), observation, env_step=step_array(env_step)
+        )
 
     def select_action(self, observation: Any) -> tuple[jax.Array, jax.Array]:
         """Greedy actions ``argmax_a Q(s, a)`` (deterministic).
@@ -612,4 +631,6 @@ class DQN(OffPolicyAgent):
         Returns:
             ``(actions (E,), log_probs (E,))``, the log-probabilities being 0.
         """
-        return self.explore_fn(self.state, self.interact_keys(observation), observation, exploration=0.0)
+        return self.explore_fn(
+            self.state, self.interact_keys(observation), observation, exploration=self._greedy
+        )

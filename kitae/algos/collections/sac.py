@@ -657,12 +657,6 @@ class SAC(OffPolicyAgent):
         self.compute_gradients_fn = compute_gradients_factory(self.config)
         self.apply_gradients_fn = apply_gradients_factory(self.config)
 
-    def nextkey(self) -> jax.Array:
-        """Splits the agent's key (the same keys as ``BaseAgent.nextkey``) in one compiled call:
-        an eager ``jax.random.split`` and unpacking cost about twice as much, twice per step."""
-        self.key, key = _split_key(self.key)
-        return key
-
     def _acting_state(self) -> SACState:
         """The part of the state that acting reads: the policy without its optimizer state, so
         each explore call hands the compiled function a handful of arrays instead of ~60."""
@@ -688,9 +682,3 @@ class SAC(OffPolicyAgent):
             self._acting_state(), self.interact_keys(observation), observation,
             env_step=self.algo_params.start_step, deterministic=True,
         )
-
-
-@jax.jit
-def _split_key(key: jax.Array) -> tuple[jax.Array, jax.Array]:
-    new_key, key = jax.random.split(key)
-    return new_key, key

@@ -13,6 +13,7 @@ import dataclasses
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import optax
 from flax.training import train_state as flax_train_state
 
@@ -52,6 +53,14 @@ class TrainState(flax_train_state.TrainState):
     """
 
     target_params: Params = None
+
+    @classmethod
+    def create(cls, *, apply_fn: Any, params: Params, tx: optax.GradientTransformation, **kwargs: Any) -> "TrainState":
+        """flax's ``create``, with ``step`` an int32 array from the start (flax starts it as the
+        Python int 0, which becomes an array after the first update and makes every jitted
+        function that takes the state compile twice)."""
+        state = super().create(apply_fn=apply_fn, params=params, tx=tx, **kwargs)
+        return state.replace(step=jnp.zeros((), jnp.int32))
 
     def soft_update_target(self, tau: float | jax.Array) -> "TrainState":
         """Polyak averaging: ``target <- tau * params + (1 - tau) * target``."""

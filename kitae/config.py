@@ -95,6 +95,12 @@ def _require(condition: bool, field_path: str, value: Any, allowed: str) -> None
         raise ValueError(f"{field_path}={value!r} is not allowed; allowed: {allowed}")
 
 
+def check_algo_param(condition: bool, field: str, value: Any, allowed: str) -> None:
+    """For params dataclasses' ``__post_init__``: raises ``ValueError`` naming
+    ``algo_params.<field>``, the value and what is allowed, unless ``condition`` holds."""
+    _require(condition, f"algo_params.{field}", value, allowed)
+
+
 def _from_mapping(cls: type[T], data: Any, prefix: str) -> T:
     """Builds a dataclass from a mapping, rejecting unknown keys by name."""
     if not isinstance(data, dict):

@@ -114,9 +114,7 @@ Attributes:
 # ---------------------------------------------------------------------------------------------
 
 
-def _require(condition: bool, field: str, value: Any, allowed: str) -> None:
-    if not condition:
-        raise ValueError(f"algo_params.{field}={value!r} is not allowed; allowed: {allowed}")
+_require = cfg.check_algo_param
 
 
 @register_algo_params

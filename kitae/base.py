@@ -276,7 +276,9 @@ class BaseAgent(IAgent):
             env: a Gymnasium environment or vector environment (see ``check_env``), or a ``VecJaxEnv``.
             n_env_steps: transitions to train for, summed over environments.
             writer: a ``tensorboardX.SummaryWriter``; default: one writing to ``<run_dir>/logs``.
-            checkpointer: optional checkpointer with ``save(step, agent)`` (host loop).
+            checkpointer: optional ``kitae.checkpoint.Checkpointer`` (or any object with
+                ``save(step, agent)`` for the host loop): saves every ``train_cfg.save_frequency``
+                steps and at the end; the compiled loop then runs in segments and saves its loop state.
 
         Returns:
             ``kitae.loops.train.TrainStats`` (host loop: every episode's return and length) or
@@ -297,7 +299,7 @@ class BaseAgent(IAgent):
             writer = SummaryWriter(str(self.run_dir / "logs"))
         try:
             if isinstance(env, VecJaxEnv):
-                result = compiled_train(self, env, n_env_steps)
+                result = compiled_train(self, env, n_env_steps, checkpointer=checkpointer)
                 log_compiled_metrics(writer, result)
                 return result
             return vectorized_train(
@@ -307,6 +309,34 @@ class BaseAgent(IAgent):
         finally:
             if owns_writer:
                 writer.close()
+
+    # -- checkpoints ----------------------------------------------------------------------------
+
+    def save(self, step: int | None = None, directory: str | Path | None = None) -> Path:
+        """Saves the agent's whole state (``kitae.checkpoint``) to ``<directory>/<step>/``
+        (default ``<run_dir>/checkpoints/<env_step>/``); returns the checkpoint folder."""
+        from kitae.checkpoint import Checkpointer
+
+        with Checkpointer(directory or self.run_dir / "checkpoints") as checkpointer:
+            return checkpointer.save(self.env_step if step is None else step, self)
+
+    def resume(self, env: Any, n_env_steps: int | None = None, *, writer: Any = None,
+               checkpointer: Any = None) -> Any:
+        """Restores the newest readable checkpoint of ``<run_dir>/checkpoints`` and trains on until
+        ``n_env_steps`` transitions IN ALL (default ``config.train_cfg.n_env_steps``), as ``train``
+        does (``kitae.runner.resume_agent``)."""
+        from kitae.runner import resume_agent
+
+        return resume_agent(self, env, n_env_steps, writer=writer, checkpointer=checkpointer)
+
+    @classmethod
+    def unserialize(cls, run_dir: str | Path, seed_index: int = 0) -> "BaseAgent":
+        """Rebuilds an agent of this class from a run directory: ``config.yaml`` and the newest
+        readable checkpoint (``kitae.runner.load_agent``)."""
+        from kitae.runner import load_agent
+
+        agent_cls = None if cls in (BaseAgent, OffPolicyAgent, OnPolicyAgent) else cls
+        return load_agent(run_dir, seed_index, agent_cls=agent_cls)
 
 
 def _mean_over_steps(infos: dict[str, jax.Array]) -> dict[str, jax.Array]:

@@ -2,9 +2,14 @@
 
     kitae train [ALGO] [ENV] [--steps N] [--seed S] [--seeds K] [--n-envs E]
                 [--config FILE.yaml] [--set KEY=VALUE ...] [--run-dir DIR] [--quiet]
+    kitae resume RUN_DIR [--steps N] [--quiet]
+    kitae eval RUN_DIR [--episodes N] [--video] [--seed S]
+    kitae plot RUN_DIR [RUN_DIR ...] [-o FILE.png]
 
 A mistake in the input prints one line (``kitae: error: ...``) that says what is wrong and what
-is accepted, and exits with status 2, without a Python traceback.
+is accepted, and exits with status 2, without a Python traceback and without changing the run
+directory. Ctrl-C or SIGTERM during ``train`` / ``resume`` finishes the current step, saves a
+checkpoint and exits with status 130 / 143 after saying how to resume.
 """
 
 from __future__ import annotations
@@ -12,12 +17,46 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 
 EXAMPLES_TRAIN = """examples:
   kitae train                                   # PPO on gymnax:CartPole-v1, compiled, well under a minute
   kitae train dqn CartPole-v1 --steps 50000     # DQN on Gymnasium's CartPole in the host loop
   kitae train ppo gymnax:CartPole-v1 --seeds 8  # 8 seeds in one compiled program
   kitae train sac Pendulum-v1 --set update_cfg.learning_rate=1e-3 --set algo_params.gamma=0.98
+  kitae train ppo --set train_cfg.save_frequency=50000 --run-dir runs/ppo   # checkpoint every 50k steps
+
+Checkpoints go to RUN_DIR/checkpoints/<step>/ every train_cfg.save_frequency steps (-1: only at
+the end), at the end, and on Ctrl-C / SIGTERM, which stop the run cleanly; kitae resume goes on.
+"""
+
+EXAMPLES_RESUME = """examples:
+  kitae resume runs/ppo                 # finish an interrupted run (its own n_env_steps)
+  kitae resume runs/ppo --steps 1000000 # train on to 1,000,000 steps in all
+
+--steps N is the run's new TOTAL of environment steps (not steps to add); config.yaml is updated.
+metrics.jsonl and the TensorBoard logs continue from the checkpoint's step: what was logged after
+it is dropped. A compiled (JAX environment) run resumes bit for bit; a host (Gymnasium) run
+resets its environments, whose state cannot be saved, and marks the interrupted episodes
+truncated.
+"""
+
+EXAMPLES_EVAL = """examples:
+  kitae eval runs/ppo                        # 10 episodes, mean and std of the raw returns
+  kitae eval runs/ppo --episodes 100 --video # and an MP4 of one episode in runs/ppo/videos/
+
+Acts with the deterministic policy (agent.select_action) of the newest checkpoint and writes
+eval_return into summary.json. gymnax environments are evaluated in JAX (all episodes vmapped);
+their videos are rendered through the Gymnasium environment of the same name (gymnax has no
+renderer): gymnax:CartPole-v1 -> CartPole-v1.
+"""
+
+EXAMPLES_PLOT = """examples:
+  kitae plot runs/ppo                              # -> curves.png
+  kitae plot runs/ppo-a runs/ppo-b -o compare.png  # several runs on one figure
+
+Each run is a line (mean over its seeds of a rolling mean of 10 returns) with a band from the
+lowest to the highest seed.
 """
 
 
@@ -35,14 +74,23 @@ def _positive_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="kitae", description="Train, resume, evaluate and plot kitae agents.")
-    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+    parser = _Parser(
+        prog="kitae",
+        description="Train, resume, evaluate and plot kitae agents. Each run lives in a run directory "
+        "(runs/<name>/: config.yaml, checkpoints/, logs/ for TensorBoard, metrics.jsonl, summary.json, curve.png).",
+        epilog="examples:\n  kitae train\n  tensorboard --logdir runs\n  kitae resume runs/<name>\n"
+        "  kitae eval runs/<name> --video\n  kitae plot runs/<a> runs/<b> -o compare.png\n\n"
+        "kitae COMMAND --help tells more.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser, metavar="{train,resume,eval,plot}")
 
     train = sub.add_parser(
         "train",
         help="train an agent",
-        description="Train an agent; writes runs/<run_name>/ (config.yaml, logs/, metrics.jsonl, summary.json, "
-        "curve.png). JAX environments (gymnax:...) train as one compiled program, Gymnasium ones in a Python loop.",
+        description="Train an agent; writes runs/<run_name>/ (config.yaml, checkpoints/, logs/, metrics.jsonl, "
+        "summary.json, curve.png). JAX environments (gymnax:...) train as one compiled program, Gymnasium ones in "
+        "a Python loop.",
         epilog=EXAMPLES_TRAIN,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -53,11 +101,49 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--seed", type=_positive_int, help="the seed (default from the preset: 0)")
     train.add_argument("--seeds", type=_positive_int, help="train K seeds (seed, seed+1, ...): vmapped in one program for JAX environments")
     train.add_argument("--n-envs", type=_positive_int, help="number of environments")
-    train.add_argument("--config", help="a YAML file with n_envs, n_env_steps, algo_params, update_cfg")
+    train.add_argument("--config", help="a YAML file with n_envs, n_env_steps, algo_params, update_cfg, train_cfg")
     train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config value, e.g. update_cfg.learning_rate=1e-3 (repeatable)")
     train.add_argument("--run-dir", help="where to write the run (default runs/<algo>-<env>-s<seed>-<time>)")
     train.add_argument("--quiet", action="store_true", help="no progress bar (for scripts and CI)")
+
+    resume = sub.add_parser(
+        "resume",
+        help="continue a stopped run from its newest checkpoint",
+        description="Continue the run in RUN_DIR from its newest readable checkpoint (a damaged one is skipped "
+        "with a warning) and finish it: parameters, optimizer, buffer, keys and counters come back.",
+        epilog=EXAMPLES_RESUME,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    resume.add_argument("run_dir", metavar="RUN_DIR", help="the run directory, e.g. runs/ppo-CartPole-v1-s0-...")
+    resume.add_argument("--steps", type=_positive_int,
+                        help="the run's new TOTAL of environment steps (default: its n_env_steps)")
+    resume.add_argument("--quiet", action="store_true", help="no progress bar (for scripts and CI)")
+
+    evaluate = sub.add_parser(
+        "eval",
+        help="evaluate a run's agent (mean and std of episode returns, optional video)",
+        description="Evaluate the agent of RUN_DIR with its deterministic policy over N episodes; prints the mean "
+        "and std of the raw episode returns and writes eval_return into summary.json.",
+        epilog=EXAMPLES_EVAL,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    evaluate.add_argument("run_dir", metavar="RUN_DIR", help="the run directory")
+    evaluate.add_argument("--episodes", type=_positive_int, default=10, help="episodes to run (default: 10)")
+    evaluate.add_argument("--video", action="store_true", help="record one episode as an MP4 in RUN_DIR/videos/")
+    evaluate.add_argument("--seed", type=_positive_int, default=0,
+                          help="seed of the evaluation episodes (default: 0; episode i of a Gymnasium env uses seed+i)")
+
+    plot = sub.add_parser(
+        "plot",
+        help="plot the training curves of one or more runs on one figure",
+        description="Plot episodic return against environment steps for each RUN_DIR on one figure.",
+        epilog=EXAMPLES_PLOT,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories")
+    plot.add_argument("-o", "--output", default="curves.png", metavar="FILE.png",
+                      help="the image to write (.png, .pdf or .svg; default: curves.png)")
     return parser
 
 
@@ -68,7 +154,24 @@ def _train(args: argparse.Namespace) -> int:
         algo=args.algo, env_id=args.env, steps=args.steps, seed=args.seed, seeds=args.seeds,
         n_envs=args.n_envs, config_file=args.config, sets=args.set, run_dir=args.run_dir, quiet=args.quiet,
     )
-    summary = train_run(spec)
+    return _report(train_run(spec), args.quiet)
+
+
+def _resume(args: argparse.Namespace) -> int:
+    from kitae.runner import resume_run
+
+    return _report(resume_run(args.run_dir, args.steps, quiet=args.quiet), args.quiet)
+
+
+def _report(summary: dict, quiet: bool) -> int:
+    if summary.get("stopped"):
+        where = f"; checkpoint {summary['checkpoint']}" if summary.get("checkpoint") else ""
+        print(
+            f"kitae: stopped by {summary['signal']} at step {summary['steps']:,}{where}; "
+            f"continue with: kitae resume {summary['run_dir']}",
+            file=sys.stderr,
+        )
+        return 128 + int(summary["signum"])
     final = summary["final_return"]
     final_text = ", ".join(f"{v:.1f}" for v in final) if isinstance(final, list) else f"{final:.1f}"
     print(
@@ -76,9 +179,41 @@ def _train(args: argparse.Namespace) -> int:
         f"{summary['sps']:,.0f} steps/s, compile {summary['compile_seconds']:.1f} s, "
         f"wall {summary['wall_seconds']:.1f} s -> {summary['run_dir']}"
     )
-    if args.quiet:
-        print(json.dumps({k: summary[k] for k in ("run_dir", "final_return", "sps")}))
+    if quiet:
+        print(json.dumps({k: summary[k] for k in ("run_dir", "final_return", "sps", "state_fingerprint")}))
     return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from kitae.runner import eval_run
+
+    result = eval_run(args.run_dir, args.episodes, args.video, args.seed)
+    for i, (mean, std) in enumerate(zip(result["mean"], result["std"])):
+        who = f" seed {result['seeds'][i]}" if result["seeds"] else ""
+        print(f"{result['env']}{who}: return {mean:.2f} +- {std:.2f} over {result['episodes']} episodes "
+              f"(deterministic policy, checkpoint step {result['step']:,})")
+    if result["video"]:
+        print(f"video: {result['video']}")
+    return 0
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from kitae.runner import plot_runs
+
+    print(plot_runs(args.run_dirs, args.output))
+    return 0
+
+
+def _warnings_in_one_line(previous):  # noqa: ANN001, ANN202
+    from kitae.checkpoint import CheckpointWarning
+
+    def show(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001, ANN202
+        if issubclass(category, CheckpointWarning):
+            print(f"kitae: warning: {message}".replace("\n", " "), file=sys.stderr)
+        else:
+            previous(message, category, filename, lineno, file, line)
+
+    return show
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,18 +225,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    from kitae.checkpoint import CheckpointError
     from kitae.runner import RunError
 
-    try:
-        if args.command == "train":
-            return _train(args)
-    except (RunError, ValueError, TypeError, FileNotFoundError) as error:
-        print(f"kitae: error: {error}".replace("\n", " "), file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("kitae: interrupted", file=sys.stderr)
-        return 130
-    return 2
+    from kitae.checkpoint import CheckpointWarning
+
+    commands = {"train": _train, "resume": _resume, "eval": _eval, "plot": _plot}
+    with warnings.catch_warnings():  # restores the warning filters and display afterwards
+        warnings.simplefilter("always", CheckpointWarning)
+        warnings.showwarning = _warnings_in_one_line(warnings.showwarning)
+        try:
+            return commands[args.command](args)
+        except (RunError, CheckpointError, ValueError, TypeError, FileNotFoundError) as error:
+            print(f"kitae: error: {error}".replace("\n", " "), file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print("kitae: interrupted", file=sys.stderr)
+            return 130
 
 
 if __name__ == "__main__":

@@ -118,3 +118,122 @@ def test_presets_and_overrides_resolve_in_order(tmp_path):
     assert resolved["update_cfg"]["n_epochs"] == 5 and resolved["update_cfg"]["batch_size"] == 256
     assert resolved["algo_params"]["gamma"] == 0.9
     assert Path(file).exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# resume, eval, plot
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    """A finished compiled run with checkpoints at 2048 and 4096 steps (made once, copied per test)."""
+    run_dir = tmp_path_factory.mktemp("trained") / "run"
+    assert main(["train", "ppo", "gymnax:CartPole-v1", "--steps", "4096", "--run-dir", str(run_dir), "--quiet",
+                 "--set", "update_cfg.learning_rate=1e-3", "--set", "train_cfg.save_frequency=2048"]) == 0
+    return run_dir
+
+
+@pytest.fixture
+def run_copy(trained_run, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(trained_run, copy)
+    return copy
+
+
+def _snapshot(run_dir: Path) -> dict:
+    import hashlib
+
+    return {str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+def test_eval_reports_mean_and_std_and_records_a_video(capsys, run_copy):
+    assert main(["eval", str(run_copy), "--episodes", "7", "--video"]) == 0
+    out = capsys.readouterr().out
+    assert "gymnax:CartPole-v1: return" in out and "over 7 episodes" in out and "checkpoint step 4,096" in out
+    summary = json.loads((run_copy / "summary.json").read_text())
+    assert summary["eval_episodes"] == 7 and summary["eval_step"] == 4096
+    assert 8 <= summary["eval_return"] <= 500 and summary["eval_return_std"] >= 0
+    assert summary["state_fingerprint"]  # the training summary is kept
+    videos = list((run_copy / "videos").glob("*.mp4"))
+    assert len(videos) == 1 and videos[0].stat().st_size > 1000
+
+
+def test_plot_puts_several_runs_on_one_figure(capsys, run_copy, trained_run, tmp_path):
+    out = tmp_path / "both.png"
+    assert main(["plot", str(trained_run), str(run_copy), "-o", str(out)]) == 0
+    assert out.stat().st_size > 10_000 and capsys.readouterr().out.strip() == str(out)
+
+
+def test_resume_of_a_finished_run_says_so_and_changes_nothing(capsys, run_copy):
+    before = _snapshot(run_copy)
+    _bad(capsys, ["resume", str(run_copy)], "already reached step 4,096 of 4,096", "--steps")
+    _bad(capsys, ["resume", str(run_copy), "--steps", "3000"], "already reached step 4,096")
+    _bad(capsys, ["resume", str(run_copy), "--steps", "0"], "--steps 0 is not allowed")
+    assert _snapshot(run_copy) == before
+
+
+def test_bad_run_directories(capsys, run_copy, tmp_path):
+    for command in (["resume"], ["eval"], ["plot"]):
+        _bad(capsys, [*command, str(tmp_path / "missing")], "does not exist")
+        _bad(capsys, [*command, str(tmp_path)], "not a kitae run directory")
+    (run_copy / "config.yaml").write_text("seed: [1,\n")
+    before = _snapshot(run_copy)
+    for command in (["resume"], ["eval"], ["plot"]):
+        _bad(capsys, [*command, str(run_copy)], "config.yaml", "unusable")
+    assert _snapshot(run_copy) == before
+
+
+def test_missing_and_damaged_checkpoints(capsys, run_copy):
+    import shutil
+
+    shutil.rmtree(run_copy / "checkpoints")
+    _bad(capsys, ["resume", str(run_copy), "--steps", "8192"], "no checkpoint in", "before its first checkpoint")
+    _bad(capsys, ["eval", str(run_copy)], "no checkpoint in")
+
+
+def test_damaged_checkpoints_fall_back_or_fail_cleanly(capsys, run_copy):
+    def damage(step: int) -> None:
+        for path in (run_copy / "checkpoints" / str(step)).rglob("*"):
+            if path.is_file() and path.parent.name == "d":
+                path.write_bytes(path.read_bytes()[:10])
+
+    damage(4096)
+    assert main(["eval", str(run_copy), "--episodes", "2"]) == 0
+    captured = capsys.readouterr()
+    warning = [line for line in captured.err.splitlines() if line.strip()]
+    assert len(warning) == 1 and warning[0].startswith("kitae: warning: checkpoint step 4096"), captured.err
+    assert "using checkpoint step 2048" in warning[0] and "checkpoint step 2,048" in captured.out
+    damage(2048)
+    before = _snapshot(run_copy)
+    _bad(capsys, ["resume", str(run_copy), "--steps", "8192"], "no readable checkpoint", "step 4096", "step 2048")
+    assert _snapshot(run_copy) == before
+
+
+def test_bad_eval_and_plot_arguments(capsys, run_copy, tmp_path):
+    before = _snapshot(run_copy)
+    _bad(capsys, ["eval", str(run_copy), "--episodes", "0"], "--episodes 0 is not allowed")
+    _bad(capsys, ["eval", str(run_copy), "--episodes", "-3"], "--episodes -3 is not allowed")
+    _bad(capsys, ["eval", str(run_copy), "--episodes", "many"], "'many' is not an int")
+    _bad(capsys, ["plot", str(run_copy), "-o", str(tmp_path / "curve.txt")], ".png")
+    _bad(capsys, ["plot", str(run_copy), "-o", str(tmp_path / "nowhere" / "c.png")], "does not exist")
+    _bad(capsys, ["plot"], "RUN_DIR")
+    _bad(capsys, ["resume"], "RUN_DIR")
+    (run_copy / "metrics.jsonl").write_text("")
+    _bad(capsys, ["plot", str(run_copy)], "no finished episodes")
+    assert {k: v for k, v in _snapshot(run_copy).items() if k != "metrics.jsonl"} == \
+        {k: v for k, v in before.items() if k != "metrics.jsonl"}
+
+
+@pytest.mark.parametrize("command,example", [
+    (["resume", "--help"], "kitae resume runs/ppo --steps 1000000"),
+    (["eval", "--help"], "kitae eval runs/ppo --episodes 100 --video"),
+    (["plot", "--help"], "kitae plot runs/ppo-a runs/ppo-b -o compare.png"),
+])
+def test_every_command_has_help_with_an_example(capsys, command, example):
+    assert main(command) == 0
+    out = capsys.readouterr().out
+    assert "examples:" in out and example in out

@@ -14,7 +14,10 @@ is ``max(1, skip_steps // n_envs)`` vector steps. Several seeds train together w
 (one program, one compile), and their axis can be sharded across devices.
 
 The run state (``LoopState``: agent state and key, buffer, environment state, observations,
-counters) is a pytree, so a run can be cut into segments and checkpointed between them.
+counters) is a pytree, so a run can be cut into segments and checkpointed between them: with a
+checkpointer, ``compiled_train`` runs ONE compiled program whose iteration count is an argument
+(``run(state, n, first_index, length=L)``) segment after segment, saving the loop state between
+segments; the bits are those of the run in one piece. ``LoopStart`` resumes from a restored state.
 
 Step units: ``n_env_steps`` counts environment transitions summed over all environments.
 """
@@ -108,7 +111,12 @@ class CompiledRun:
         seeds: the seeds trained.
         compile_seconds: time spent tracing and compiling (or loading from the cache).
         train_seconds: time spent running the compiled program.
-        env_steps: transitions per seed.
+        env_steps: transitions per seed at the end (counted from the start of the run, also when
+            it was resumed).
+        start_step: transitions per seed when this call started (0 unless resumed).
+        first_iteration: index of the first iteration this call ran (0 unless resumed);
+            ``metrics`` hold the iterations from there on.
+        stopped: the run was stopped early (``should_stop``) at ``env_steps``.
     """
 
     state: LoopState
@@ -117,11 +125,15 @@ class CompiledRun:
     compile_seconds: float
     train_seconds: float
     env_steps: int
+    start_step: int = 0
+    first_iteration: int = 0
+    stopped: bool = False
 
     @property
     def sps(self) -> float:
-        """Environment transitions per second of training, summed over seeds."""
-        return self.env_steps * len(self.seeds) / self.train_seconds if self.train_seconds else float("nan")
+        """Environment transitions per second of training (this call's), summed over seeds."""
+        done = self.env_steps - self.start_step
+        return done * len(self.seeds) / self.train_seconds if self.train_seconds else float("nan")
 
     def episode_curve(self, seed_index: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """``(steps, mean return of the episodes that ended in each iteration)`` for one seed,
@@ -165,9 +177,11 @@ def n_iterations_for(agent: Any, env: VecJaxEnv, n_env_steps: int) -> int:
 
 def make_loop_functions(agent: Any, env: VecJaxEnv, *, log_every: int = 0,
                         log_fn: Callable | None = None) -> tuple[Callable, Callable]:
-    """Builds the pure ``init(seed) -> LoopState`` and ``run(state, n_iterations) -> (state, metrics)``.
+    """Builds the pure ``init(seed) -> LoopState`` and
+    ``run(state, n_iterations, first_index=0, *, length=None) -> (state, metrics)``.
 
-    ``run`` is a ``jax.lax.scan`` of iterations; both are pure functions of arrays, ready for
+    ``run`` is a ``jax.lax.scan`` of iterations (with ``length``, a loop over a traced number of
+    iterations, so that one program runs segments of any length); both are pure functions of arrays, ready for
     ``jax.jit``, ``jax.vmap`` (over seeds) and sharding. With ``log_every > 0``, every
     ``log_every`` iterations a host callback ``log_fn(env_step, return_sum, episodes)`` reports
     progress from inside the program.
@@ -282,9 +296,31 @@ def make_loop_functions(agent: Any, env: VecJaxEnv, *, log_every: int = 0,
             )
         return state, IterationMetrics(state.env_step, return_sum, length_sum, episodes, updated, info)
 
-    def run(state: LoopState, n_iterations: int, first_index: int | jax.Array = 0) -> tuple[LoopState, IterationMetrics]:
-        indices = first_index + jnp.arange(n_iterations)
-        return jax.lax.scan(iteration, state, indices)
+    def run(state: LoopState, n_iterations: int | jax.Array, first_index: int | jax.Array = 0, *,
+            length: int | None = None) -> tuple[LoopState, IterationMetrics]:
+        """Runs ``n_iterations`` iterations, numbered from ``first_index``.
+
+        With ``length=None``, ``n_iterations`` is static (a Python int) and the metrics have a
+        leading axis of ``n_iterations``. With a static ``length``, ``n_iterations`` may be traced
+        (``<= length``): one compiled program then runs segments of any length up to ``length``,
+        and the metrics have a leading axis of ``length`` (rows past ``n_iterations`` are zeros).
+        Each iteration runs the same computation either way, so cutting a run into segments
+        gives the same bits as one program.
+        """
+        if length is None:
+            indices = first_index + jnp.arange(n_iterations)
+            return jax.lax.scan(iteration, state, indices)
+        index = jnp.asarray(first_index, jnp.int32)
+        metrics_shape = jax.eval_shape(iteration, state, index)[1]
+        rows = jax.tree_util.tree_map(lambda x: jnp.zeros((length, *x.shape), x.dtype), metrics_shape)
+
+        def body(i: jax.Array, carry: tuple[LoopState, IterationMetrics]) -> tuple[LoopState, IterationMetrics]:
+            state, rows = carry
+            state, metrics = iteration(state, index + i)
+            rows = jax.tree_util.tree_map(lambda r, x: r.at[i].set(x), rows, metrics)
+            return state, rows
+
+        return jax.lax.fori_loop(0, jnp.minimum(n_iterations, length), body, (state, rows))
 
     return init, run
 
@@ -292,6 +328,51 @@ def make_loop_functions(agent: Any, env: VecJaxEnv, *, log_every: int = 0,
 def _n_agents(buffer: BufferState) -> int:
     observation = buffer.data.observation
     return len(observation) if isinstance(observation, dict) else 1
+
+
+class LoopStart(NamedTuple):
+    """Where a resumed compiled run starts: a ``LoopState`` restored from a checkpoint (leading
+    seed axis when seeds train together), the index of its next iteration, and the updates made
+    so far."""
+
+    state: LoopState
+    iteration: int
+    n_updates: int = 0
+
+
+def loop_state_shape(agent: Any, env: VecJaxEnv, seeds: list[int] | None = None) -> LoopState:
+    """The abstract ``LoopState`` (``jax.ShapeDtypeStruct`` leaves) of a run of ``agent`` in
+    ``env``, with a leading seed axis when ``seeds`` are given: the target a checkpoint's loop
+    state is restored into."""
+    init, _ = make_loop_functions(agent, env)
+    if seeds is None:
+        return jax.eval_shape(init, jnp.asarray(agent.config.seed, jnp.uint32))
+    return jax.eval_shape(jax.vmap(init), jnp.asarray(seeds, jnp.uint32))
+
+
+def segment_plan(first: int, total: int, steps_per_iteration: int, save_frequency: int,
+                 max_length: int) -> list[tuple[int, int, bool]]:
+    """Cuts iterations ``first .. total - 1`` into segments of at most ``max_length``.
+
+    A segment ends where the run crosses a multiple of ``save_frequency`` environment steps
+    (iteration ``k`` ends at ``(k + 1) * steps_per_iteration`` steps), as the host loop's
+    checkpoints do, and at the end.
+
+    Returns:
+        ``[(first iteration, iterations, save after it), ...]``.
+    """
+    plan, start = [], first
+    while start < total:
+        end = min(start + max_length, total)
+        save = end == total
+        if save_frequency != -1:
+            next_multiple = (start * steps_per_iteration // save_frequency + 1) * save_frequency
+            boundary = -(-next_multiple // steps_per_iteration)  # first iteration end at or past it
+            if boundary <= end:
+                end, save = boundary, True
+        plan.append((start, end - start, save))
+        start = end
+    return plan
 
 
 def compiled_train(
@@ -304,14 +385,26 @@ def compiled_train(
     log_every: int = 0,
     log_fn: Callable | None = None,
     use_cache: bool = True,
+    checkpointer: Any = None,
+    segment_iterations: int | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    on_segment: Callable[[IterationMetrics, LoopState], None] | None = None,
+    start: LoopStart | None = None,
 ) -> CompiledRun:
     """Trains ``agent`` in a JAX environment as one compiled program.
+
+    Without checkpointing, the whole run is one call of one program. With a ``checkpointer``
+    (or ``segment_iterations``, ``should_stop``, ``on_segment`` or ``start``) the run is cut into
+    segments of whole iterations, all run by ONE compiled program (``run(..., length=L)``, whose
+    iteration count is an argument), and between segments the host may save the ``LoopState``,
+    report progress or stop. The bits are those of the single program: each iteration runs the
+    same computation on the same carried state and keys.
 
     Args:
         agent: a ``BaseAgent`` (any agent made from the four factories).
         env: a ``VecJaxEnv`` with ``num_envs == agent.config.env_cfg.n_envs``.
-        n_env_steps: transitions per seed, summed over environments (rounded up to whole
-            iterations: rollouts for on-policy agents).
+        n_env_steps: transitions per seed, summed over environments, counted from the start of the
+            run also when resuming (rounded up to whole iterations: rollouts for on-policy agents).
         seeds: train these seeds together (``jax.vmap``, one program); default
             ``[agent.config.seed]`` without a seed axis. The agent's attributes are set to the
             final state only for a single seed.
@@ -320,6 +413,15 @@ def compiled_train(
         log_every: report progress through a host callback every this many iterations (0: never).
         log_fn: ``log_fn(env_step, return_sum, episodes)`` called from inside the program.
         use_cache: enable JAX's persistent compilation cache (``enable_compilation_cache``).
+        checkpointer: a ``kitae.checkpoint.Checkpointer``; saves the loop state every
+            ``agent.config.train_cfg.save_frequency`` steps (if not -1), at the end, and when stopped.
+        segment_iterations: the longest segment, in iterations (default: the save period, at
+            most a twentieth of the run).
+        should_stop: checked after every segment; when it returns True the run saves (with a
+            checkpointer) and returns early with ``stopped=True``.
+        on_segment: ``on_segment(metrics, state)`` after every segment, before any save, with
+            that segment's metrics (numpy, ``(n,)`` or ``(K, n)``) and the loop state.
+        start: resume from a restored ``LoopStart`` instead of initialising from the seeds.
 
     Returns:
         A ``CompiledRun`` with the final state, per-iteration metrics, compile and train seconds.
@@ -328,54 +430,145 @@ def compiled_train(
         raise ValueError(f"n_env_steps={n_env_steps!r} is not allowed; allowed: an int >= 1")
     if use_cache and not _CACHE_ENABLED and not os.environ.get("KITAE_NO_COMPILATION_CACHE"):
         enable_compilation_cache()
-    init, run = make_loop_functions(agent, env, log_every=log_every, log_fn=log_fn)
+    segmented = any(x is not None for x in (checkpointer, segment_iterations, should_stop, on_segment, start))
+    init, run = make_loop_functions(agent, env, log_every=0 if segmented else log_every, log_fn=log_fn)
     n_iterations = n_iterations_for(agent, env, n_env_steps)
     batched = seeds is not None
     seeds = list(seeds) if batched else [agent.config.seed]
     for seed in seeds:
         if not isinstance(seed, int) or not 0 <= seed < 2**32:
             raise ValueError(f"seed={seed!r} is not allowed; allowed: an int in [0, 2**32)")
-
-    def program(seed_array: jax.Array) -> tuple[LoopState, IterationMetrics]:
-        if batched:
-            return jax.vmap(lambda s: run(init(s), n_iterations))(seed_array)
-        return run(init(seed_array), n_iterations)
+    steps_per_iteration = _iteration_layout(agent, env.num_envs)[0] * env.num_envs
 
     seed_array = jnp.asarray(seeds if batched else seeds[0], dtype=jnp.uint32)
+    sharding = None
     if batched and shard and jax.device_count() > 1 and len(seeds) % jax.device_count() == 0:
         mesh = jax.sharding.Mesh(np.array(jax.devices()), ("seeds",))
-        seed_array = jax.device_put(seed_array, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("seeds")))
+        sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("seeds"))
+        seed_array = jax.device_put(seed_array, sharding)
 
-    start = time.perf_counter()
-    compiled = jax.jit(program).lower(seed_array).compile()
-    compile_seconds = time.perf_counter() - start
-    start = time.perf_counter()
-    final_state, metrics = compiled(seed_array)
-    jax.block_until_ready(final_state)
-    train_seconds = time.perf_counter() - start
+    # The initial state is made by its own small program and handed to the training program, in
+    # one piece or in segments: both then compute the same bits (a vmapped init fused into the
+    # training program may round differently).
+    if not segmented:
+        def program(state: LoopState) -> tuple[LoopState, IterationMetrics]:
+            if batched:
+                return jax.vmap(lambda s: run(s, n_iterations))(state)
+            return run(state, n_iterations)
+
+        start_time = time.perf_counter()
+        state = jax.jit(_strongly_typed(jax.vmap(init) if batched else init))(seed_array)
+        compiled = jax.jit(program).lower(state).compile()
+        compile_seconds = time.perf_counter() - start_time
+        start_time = time.perf_counter()
+        final_state, metrics = compiled(state)
+        jax.block_until_ready(final_state)
+        train_seconds = time.perf_counter() - start_time
+        metrics = jax.tree_util.tree_map(np.asarray, metrics)
+        first, stopped, n_updates = 0, False, agent.n_updates + int(np.sum(metrics.updated))
+        done = n_iterations
+    else:
+        first = 0 if start is None else int(start.iteration)
+        if first > n_iterations:
+            raise ValueError(
+                f"the run is already at iteration {first} (step {first * steps_per_iteration}); "
+                f"n_env_steps={n_env_steps} needs only {n_iterations}"
+            )
+        save_frequency = agent.config.train_cfg.save_frequency if checkpointer is not None else -1
+        if segment_iterations is None:
+            segment_iterations = max(1, -(-n_iterations // 20))
+            if save_frequency != -1:
+                segment_iterations = min(segment_iterations, max(1, -(-save_frequency // steps_per_iteration)))
+        if not isinstance(segment_iterations, int) or segment_iterations < 1:
+            raise ValueError(f"segment_iterations={segment_iterations!r} is not allowed; allowed: an int >= 1")
+        length = segment_iterations
+
+        def segment(state: LoopState, n: jax.Array, index: jax.Array) -> tuple[LoopState, IterationMetrics]:
+            if batched:
+                return jax.vmap(lambda s: run(s, n, index, length=length))(state)
+            return run(state, n, index, length=length)
+
+        start_time = time.perf_counter()
+        if start is None:
+            state = jax.jit(_strongly_typed(jax.vmap(init) if batched else init))(seed_array)
+        else:
+            state = start.state if sharding is None else jax.device_put(start.state, sharding)
+            expected = first * steps_per_iteration
+            if int(np.max(np.asarray(state.env_step))) != expected:
+                raise ValueError(
+                    f"the loop state is at step {int(np.max(np.asarray(state.env_step)))}, but iteration "
+                    f"{first} starts at step {expected}"
+                )
+        compiled = jax.jit(segment).lower(state, jnp.int32(0), jnp.int32(0)).compile()
+        compile_seconds = time.perf_counter() - start_time
+        n_updates = agent.n_updates if start is None else int(start.n_updates)
+        chunks, train_seconds, stopped, done = [], 0.0, False, first
+        for index, n, save in segment_plan(first, n_iterations, steps_per_iteration, save_frequency, length):
+            start_time = time.perf_counter()
+            state, rows = compiled(state, jnp.int32(n), jnp.int32(index))
+            rows = jax.tree_util.tree_map(lambda x: np.asarray(x)[:, :n] if batched else np.asarray(x)[:n], rows)
+            train_seconds += time.perf_counter() - start_time
+            chunks.append(rows)
+            done = index + n
+            n_updates += int(np.sum(rows.updated[0] if batched else rows.updated))
+            if not batched:
+                _set_agent(agent, state, n_updates)
+            if on_segment is not None:
+                on_segment(rows, state)
+            stopped = should_stop is not None and bool(should_stop()) and done < n_iterations
+            if checkpointer is not None and (save or stopped):
+                checkpointer.save(done * steps_per_iteration, agent, loop_state=state, iteration=done,
+                                  seeds=seeds if batched else None, extra={"n_updates": n_updates})
+            if stopped:
+                break
+        final_state = state
+        if chunks:
+            metrics = jax.tree_util.tree_map(lambda *xs: np.concatenate(xs, axis=1 if batched else 0), *chunks)
+        else:  # nothing left to run
+            shapes = jax.eval_shape(segment, state, jnp.int32(0), jnp.int32(0))[1]
+            metrics = jax.tree_util.tree_map(
+                lambda x: np.zeros((*x.shape[:-1], 0) if batched else (0,), x.dtype), shapes)
 
     result = CompiledRun(
         state=final_state,
-        metrics=jax.tree_util.tree_map(np.asarray, metrics),
+        metrics=metrics,
         seeds=seeds,
         compile_seconds=compile_seconds,
         train_seconds=train_seconds,
-        env_steps=int(n_iterations * _iteration_layout(agent, env.num_envs)[0] * env.num_envs),
+        env_steps=int(done * steps_per_iteration),
+        start_step=int(first * steps_per_iteration),
+        first_iteration=first,
+        stopped=stopped,
     )
     if not batched:
-        agent.state = final_state.agent_state
-        agent.key = final_state.agent_key
-        agent.env_step = int(final_state.env_step)
-        agent.n_updates += int(np.sum(result.metrics.updated))
+        _set_agent(agent, final_state, n_updates)
     return result
 
 
-def log_compiled_metrics(writer: Any, result: CompiledRun, seed_index: int = 0) -> None:
-    """Writes a compiled run's metrics to a TensorBoard writer, x axis = environment steps:
+def _strongly_typed(init: Callable) -> Callable:
+    """``init`` whose weakly typed leaves (Python scalars turned arrays) are made strongly typed,
+    as arrays restored from a checkpoint are: a fresh and a resumed run then trace, compile and
+    compute the same program."""
+
+    def typed(seed: jax.Array) -> LoopState:
+        return jax.tree_util.tree_map(lambda x: x.astype(x.dtype) if getattr(x, "weak_type", False) else x, init(seed))
+
+    return typed
+
+
+def _set_agent(agent: Any, state: LoopState, n_updates: int) -> None:
+    agent.state = state.agent_state
+    agent.key = state.agent_key
+    agent.env_step = int(state.env_step)
+    agent.n_updates = n_updates
+
+
+def log_iteration_metrics(writer: Any, metrics: IterationMetrics, seed_index: int | None = None) -> None:
+    """Writes per-iteration metrics to a TensorBoard writer, x axis = environment steps:
     ``charts/episodic_return`` and ``charts/episodic_length`` (means over the episodes that ended
-    in each iteration), ``losses/<name>`` for each update, ``charts/SPS`` and
-    ``charts/compile_seconds``."""
-    m = jax.tree_util.tree_map(lambda x: x[seed_index] if result.batched else x, result.metrics)
+    in each iteration) and ``losses/<name>`` for each update. ``seed_index`` picks one seed of
+    batched metrics ``(K, n)``."""
+    m = metrics if seed_index is None else jax.tree_util.tree_map(lambda x: x[seed_index], metrics)
     for i in range(len(m.env_step)):
         step = int(m.env_step[i])
         if m.episodes[i] > 0:
@@ -384,6 +577,17 @@ def log_compiled_metrics(writer: Any, result: CompiledRun, seed_index: int = 0) 
         if m.updated[i]:
             for name, values in m.info.items():
                 writer.add_scalar(f"losses/{name}", float(values[i]), step)
-    last = int(m.env_step[-1]) if len(m.env_step) else 0
-    writer.add_scalar("charts/SPS", result.sps / len(result.seeds), last)
-    writer.add_scalar("charts/compile_seconds", result.compile_seconds, last)
+
+
+def log_compiled_metrics(writer: Any, result: CompiledRun, seed_index: int = 0) -> None:
+    """Writes a compiled run's metrics to a TensorBoard writer, x axis = environment steps:
+    ``charts/episodic_return``, ``charts/episodic_length``, ``losses/<name>``
+    (``log_iteration_metrics``), ``charts/SPS`` and ``charts/compile_seconds``."""
+    log_iteration_metrics(writer, result.metrics, seed_index if result.batched else None)
+    log_run_speed(writer, result)
+
+
+def log_run_speed(writer: Any, result: CompiledRun) -> None:
+    """Writes ``charts/SPS`` (per seed) and ``charts/compile_seconds`` at the run's last step."""
+    writer.add_scalar("charts/SPS", result.sps / len(result.seeds), result.env_steps)
+    writer.add_scalar("charts/compile_seconds", result.compile_seconds, result.env_steps)

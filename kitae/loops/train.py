@@ -165,6 +165,7 @@ def vectorized_train(
     checkpointer: Any = None,
     writer: "SummaryWriter | None" = None,
     progress_fn: Callable[[int, TrainStats], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> TrainStats:
     """Trains an agent in a vectorized environment.
 
@@ -187,8 +188,11 @@ def vectorized_train(
         checkpointer: optional, with ``save(step, agent)``; called every
             ``agent.config.train_cfg.save_frequency`` steps (if not -1) and at the end.
         writer (SummaryWriter): optional TensorBoard writer; x axis = environment steps.
-        progress_fn: optional ``progress_fn(global_step, stats)``, called about twice a second
-            and at the end (progress display, live metrics).
+        progress_fn: optional ``progress_fn(global_step, stats)``, called about twice a second,
+            before each checkpoint and at the end (progress display, live metrics).
+        should_stop: optional, checked after every vector step; when it returns True (Ctrl-C or
+            SIGTERM caught by the caller) training stops there, saving a checkpoint as at the end.
+            ``stats.global_step`` then tells where it stopped.
 
     Returns:
         A ``TrainStats`` with every finished episode's return and length.
@@ -266,10 +270,17 @@ def vectorized_train(
                     for name, value in info.items():
                         writer.add_scalar(f"losses/{name}", value, global_step)
 
+            stopping = should_stop is not None and global_step < end_step and bool(should_stop())
             if checkpointer is not None and save_frequency != -1 and (
                 global_step // save_frequency > (global_step - n_envs) // save_frequency
-            ):
+            ) and not stopping:
+                agent.env_step = global_step
+                if progress_fn is not None:  # the metrics a checkpoint has seen are written first
+                    stats.global_step, stats.wall_seconds = global_step, time.perf_counter() - start_time
+                    progress_fn(global_step, stats)
                 checkpointer.save(global_step, agent)
+            if stopping:
+                break
 
             now = time.perf_counter()
             if progress_fn is not None and now - last_progress_time >= 0.5:
@@ -284,10 +295,10 @@ def vectorized_train(
         stats.wall_seconds = time.perf_counter() - start_time
         if writer is not None and stats.wall_seconds > 0:
             writer.add_scalar("charts/SPS", (global_step - start_step + 1) / stats.wall_seconds, global_step)
-        if checkpointer is not None:
-            checkpointer.save(global_step, agent)
         if progress_fn is not None:
             progress_fn(global_step, stats)
+        if checkpointer is not None:
+            checkpointer.save(global_step, agent)
     finally:
         env.close()
     return stats

@@ -1,0 +1,534 @@
+"""Checkpoints: the whole training state under ``<run_dir>/checkpoints/<step>/``, on orbax.
+
+A checkpoint holds everything a run needs to go on as if it had never stopped:
+
+- host loop: the agent's state (parameters, target parameters, optimizer states, running
+  normalisation statistics: all of ``agent.state``), its host PRNG key and key block
+  (``agent.key``, ``agent._key_block``, ``agent._key_index``), ``agent.env_step``,
+  ``agent.n_updates`` and the replay / rollout buffer (``agent.buffer.state``);
+- compiled loop: the whole ``kitae.loops.compiled.LoopState`` (agent state and key, buffer,
+  environment state, observations, counters; a leading seed axis when seeds train together) and
+  the index of the next iteration.
+
+Layout of one checkpoint (written by ``orbax.checkpoint.CheckpointManager``, which writes into a
+temporary folder ``<step>.orbax-checkpoint-tmp-*`` and renames it when complete, so a
+checkpoint folder either is whole or does not exist)::
+
+    checkpoints/<step>/state/   the arrays (orbax's OCDBT / zarr array format)
+    checkpoints/<step>/meta/    JSON: counters, seeds, and for every array its tree path,
+                                shape, dtype and SHA-256
+
+Nothing is pickled: arrays in orbax's array format, everything else JSON. Restoring never
+builds Python objects from the file: the arrays are poured into the tree structure of an agent
+rebuilt from ``config.yaml`` (``restore(step, target)``), after their paths, shapes and dtypes
+were checked against it. Every array's SHA-256 is checked on restore, so a checkpoint truncated
+or damaged on disk is detected (``CheckpointCorrupt``); ``restore_latest`` then warns
+(``CheckpointWarning``, naming the bad step) and falls back to the previous checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import logging
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import jax
+import numpy as np
+
+FORMAT = "kitae-checkpoint/1"
+
+__all__ = [
+    "Checkpointer",
+    "CheckpointError",
+    "CheckpointCorrupt",
+    "CheckpointMismatch",
+    "CheckpointWarning",
+    "Restored",
+    "agent_items",
+    "apply_to_agent",
+    "host_target",
+    "mark_episodes_cut",
+]
+
+
+class CheckpointError(Exception):
+    """No usable checkpoint: missing, unreadable or not matching the agent."""
+
+
+class CheckpointCorrupt(CheckpointError):
+    """A checkpoint whose files are missing, truncated or damaged (the previous one may be used)."""
+
+
+class CheckpointMismatch(CheckpointError):
+    """A whole checkpoint that does not fit the agent it is restored into (another config)."""
+
+
+class CheckpointWarning(UserWarning):
+    """A damaged checkpoint was skipped in favour of an older one."""
+
+
+@dataclasses.dataclass
+class Restored:
+    """What ``Checkpointer.restore`` returns.
+
+    Attributes:
+        step: the checkpoint's step (environment transitions).
+        meta: the checkpoint's JSON metadata (``kind``, ``env_step``, ``n_updates``, ``seeds``...).
+        items: ``{name: tree}``: each restored item in the structure of the target given for it,
+            or as the flat list of its arrays where no target was given.
+        path: the checkpoint folder.
+    """
+
+    step: int
+    meta: dict
+    items: dict[str, Any]
+    path: Path
+
+
+# ---------------------------------------------------------------------------------------------
+# Trees <-> flat named arrays
+# ---------------------------------------------------------------------------------------------
+
+
+def _to_numpy(leaf: Any) -> np.ndarray:
+    if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+        leaf = jax.random.key_data(leaf)
+    return np.array(leaf, copy=True)  # a copy: host buffers are donated to the next update
+
+
+def _sha256(array: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(array).reshape(-1).view(np.uint8)).hexdigest()
+
+
+def _describe(paths: list[str], arrays: list[np.ndarray], *, checksums: bool = True) -> list[dict]:
+    return [
+        {"path": path, "shape": list(a.shape), "dtype": str(a.dtype), **({"sha256": _sha256(a)} if checksums else {})}
+        for path, a in zip(paths, arrays)
+    ]
+
+
+def _flatten(tree: Any) -> tuple[list[str], list[Any]]:
+    with_paths, _ = jax.tree_util.tree_flatten_with_path(tree)
+    return [jax.tree_util.keystr(path) for path, _ in with_paths], [leaf for _, leaf in with_paths]
+
+
+def _unflatten_into(name: str, target: Any, arrays: list[np.ndarray], described: list[dict], step: int) -> Any:
+    """Pours ``arrays`` into ``target``'s tree structure after checking paths, shapes and dtypes."""
+    paths, leaves = _flatten(target)
+    if len(paths) != len(described):
+        raise CheckpointMismatch(
+            f"checkpoint step {step}: {name!r} holds {len(described)} arrays but the agent built from the "
+            f"config has {len(paths)}; the checkpoint was written by another configuration or version"
+        )
+    for path, leaf, entry in zip(paths, leaves, described):
+        shape, dtype = tuple(np.shape(leaf)), np.dtype(getattr(leaf, "dtype", np.asarray(leaf).dtype))
+        if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+            raise CheckpointMismatch(f"{name}{path}: typed PRNG keys are not supported; use raw uint32 keys")
+        # a Python scalar leaf (a fresh optimizer's step counter) takes the saved array's dtype
+        python_scalar = isinstance(leaf, (bool, int, float, complex))
+        if path != entry["path"] or shape != tuple(entry["shape"]) or (
+                str(dtype) != entry["dtype"] and not python_scalar):
+            raise CheckpointMismatch(
+                f"checkpoint step {step}: {name}{entry['path']} {tuple(entry['shape'])} {entry['dtype']} does not "
+                f"match the agent's {name}{path} {shape} {dtype}; the checkpoint was written by another "
+                "configuration"
+            )
+    treedef = jax.tree_util.tree_structure(target)
+    values = [  # a Python scalar leaf comes back as the same Python scalar; arrays as device arrays
+        type(leaf)(a.item()) if isinstance(leaf, (bool, int, float, complex)) else jax.device_put(a)
+        for leaf, a in zip(leaves, arrays)
+    ]
+    return jax.tree_util.tree_unflatten(treedef, values)
+
+
+def _drop_closed_loop_callbacks() -> None:
+    """When orbax fails to read a damaged checkpoint, tensorstore's pending reads still call back
+    into orbax's event loop after it closed; each callback reports ``RuntimeError('Event loop is
+    closed')`` as an unraisable exception (a traceback on stderr, long after the error was
+    raised and handled). Those reports, and only those, are dropped."""
+    previous = sys.unraisablehook
+    if getattr(previous, "_kitae_drops_closed_loop", False):
+        return
+
+    def hook(unraisable: Any) -> None:
+        error = unraisable.exc_value
+        if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
+            return
+        previous(unraisable)
+
+    hook._kitae_drops_closed_loop = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
+
+
+def _short(error: Exception, limit: int = 160) -> str:
+    """A one-line gist of an orbax / tensorstore error."""
+    import re
+
+    text = str(error).splitlines()[0] if str(error) else type(error).__name__
+    text = re.sub(r'Error opening "[^"]+" driver: ', "", text)
+    text = re.sub(r"\s*\[tensorstore_spec.*$", "", text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@contextlib.contextmanager
+def _quiet_orbax() -> Iterator[None]:
+    """orbax logs through absl; keep its INFO/WARNING/ERROR lines off the user's terminal (every
+    error it hits reaches us as an exception, reported in kitae's words)."""
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+# ---------------------------------------------------------------------------------------------
+# The checkpointer
+# ---------------------------------------------------------------------------------------------
+
+
+class Checkpointer:
+    """Saves and restores whole training states under ``directory/<step>/``.
+
+    Args:
+        directory: the checkpoint folder (``<run_dir>/checkpoints``); created on the first save.
+        max_to_keep: keep the newest this many checkpoints (older ones are deleted), >= 1.
+        before_save: optional callable run before every save (the runner flushes metrics and
+            TensorBoard files with it, so that what a checkpoint has seen is on disk first).
+        meta: JSON-able fields written into every checkpoint's metadata (the runner records a
+            run's seeds this way).
+
+    ``save(step, agent)`` is the hook the host loop calls; the compiled loop calls
+    ``save(step, agent, loop_state=state, iteration=i, seeds=seeds)``.
+    """
+
+    def __init__(self, directory: str | Path, max_to_keep: int = 3, *,
+                 before_save: Callable[[], None] | None = None, meta: dict | None = None) -> None:
+        if not isinstance(max_to_keep, int) or isinstance(max_to_keep, bool) or max_to_keep < 1:
+            raise ValueError(f"max_to_keep={max_to_keep!r} is not allowed; allowed: an int >= 1")
+        self.directory = Path(directory).absolute()
+        self.max_to_keep = max_to_keep
+        self.before_save = before_save
+        self.meta = dict(meta or {})
+        self.saved: list[int] = []  # steps saved by this checkpointer
+
+    # -- orbax ----------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _manager(self) -> Iterator[Any]:
+        """An orbax ``CheckpointManager`` for one operation (closed after it: nothing stays open
+        between saves, and a manager never works from a stale listing)."""
+        import orbax.checkpoint as ocp
+
+        options = ocp.CheckpointManagerOptions(max_to_keep=self.max_to_keep, enable_async_checkpointing=False,
+                                               create=True)
+        with _quiet_orbax():
+            manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "meta"))
+            try:
+                yield manager
+            finally:
+                manager.close()
+
+    def close(self) -> None:
+        """Nothing to release (kept so a ``Checkpointer`` can be used as a context manager)."""
+
+    def __enter__(self) -> "Checkpointer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- listing --------------------------------------------------------------------------------
+
+    def all_steps(self) -> list[int]:
+        """The steps of the checkpoints on disk, oldest first (unfinished writes are not listed)."""
+        if not self.directory.is_dir():
+            return []
+        return sorted(int(p.name) for p in self.directory.iterdir() if p.is_dir() and p.name.isdigit())
+
+    def latest_step(self) -> int | None:
+        """The newest checkpoint's step, or ``None`` when there is none."""
+        steps = self.all_steps()
+        return steps[-1] if steps else None
+
+    def path(self, step: int) -> Path:
+        return self.directory / str(step)
+
+    # -- saving ---------------------------------------------------------------------------------
+
+    def save(self, step: int, agent: Any, *, loop_state: Any = None, iteration: int | None = None,
+             seeds: list[int] | None = None, extra: dict | None = None) -> Path:
+        """Saves the whole training state at ``step`` (environment transitions).
+
+        Args:
+            step: the step, used as the folder name.
+            agent: the agent (host loop: its state, keys, counters and buffer are saved).
+            loop_state: the compiled loop's ``LoopState`` (then the agent's own attributes are not
+                saved: the loop state holds them).
+            iteration: the index of the next iteration of the compiled loop.
+            seeds: the seeds a vmapped compiled run trains (the loop state's leading axis).
+            extra: more JSON metadata to keep with the checkpoint.
+
+        Returns:
+            The checkpoint folder. Saving a step already on disk replaces it.
+        """
+        import orbax.checkpoint as ocp
+
+        step = int(step)
+        if self.saved and self.saved[-1] == step and step in self.all_steps():
+            return self.path(step)  # already saved at this step (a periodic save, then the final one)
+        if self.before_save is not None:
+            self.before_save()
+        items, meta = agent_items(agent, loop_state=loop_state, iteration=iteration, seeds=seeds)
+        meta.update({**self.meta, **{k: v for k, v in meta.items() if v is not None}})
+        meta.update(step=step, written_at=time.strftime("%Y-%m-%dT%H:%M:%S"), **(extra or {}))
+        named = {name: [_to_numpy(x) for x in leaves] for name, (paths, leaves) in items.items()}
+        meta["items"] = {name: _describe(items[name][0], arrays) for name, arrays in named.items()}
+        # orbax stores every non-empty array; zero-size ones are rebuilt from their shape in meta
+        stored = {name: {str(i): a for i, a in enumerate(arrays) if a.size} for name, arrays in named.items()}
+        stored = {name: arrays for name, arrays in stored.items() if arrays}
+        with self._manager() as manager:
+            if step in manager.all_steps():
+                manager.delete(step)
+            manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(stored),
+                                                       meta=ocp.args.JsonSave(meta)), force=True)
+            manager.wait_until_finished()
+        self.saved.append(step)
+        return self.path(step)
+
+    # -- restoring ------------------------------------------------------------------------------
+
+    def read_meta(self, step: int) -> dict:
+        """The JSON metadata of checkpoint ``step``; raises ``CheckpointCorrupt`` if unreadable."""
+        import json
+
+        path = self.path(step) / "meta" / "metadata"
+        try:
+            meta = json.loads(path.read_text())
+        except (OSError, ValueError) as error:
+            raise CheckpointCorrupt(f"checkpoint step {step} ({self.path(step)}): unreadable metadata: {error}") from None
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+            raise CheckpointCorrupt(
+                f"checkpoint step {step} ({self.path(step)}): not a {FORMAT} checkpoint"
+            )
+        return meta
+
+    def restore(self, step: int, target: dict[str, Any] | None = None) -> Restored:
+        """Restores checkpoint ``step``.
+
+        Args:
+            step: the step to restore.
+            target: ``{item name: tree}``: each named item is poured into that tree's structure
+                (its leaves, arrays or ``jax.ShapeDtypeStruct``, give the expected shapes and
+                dtypes; static parts such as optimizer functions are kept). Items without a target
+                come back as flat lists of arrays. Item names: ``agent_state``, ``agent_key``,
+                ``key_block``, ``buffer`` (host loop), ``loop_state`` (compiled loop).
+
+        Raises:
+            CheckpointCorrupt: the checkpoint is missing, truncated or damaged on disk.
+            CheckpointMismatch: it does not fit ``target`` (another configuration).
+        """
+        import orbax.checkpoint as ocp
+
+        step = int(step)
+        if not self.path(step).is_dir():
+            raise CheckpointCorrupt(f"checkpoint step {step} does not exist in {self.directory}")
+        meta = self.read_meta(step)
+        described = meta.get("items", {})
+        abstract = {
+            name: {str(i): np.zeros(entry["shape"], entry["dtype"]) for i, entry in enumerate(entries)
+                   if int(np.prod(entry["shape"])) > 0}
+            for name, entries in described.items()
+        }
+        abstract = {name: arrays for name, arrays in abstract.items() if arrays}
+        _drop_closed_loop_callbacks()
+        try:
+            with self._manager() as manager:
+                restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
+            stored = restored.state if abstract else {}
+        except Exception as error:  # orbax / tensorstore report damage with many exception types
+            raise CheckpointCorrupt(
+                f"checkpoint step {step} ({self.path(step)}) is damaged or incomplete: {_short(error)}"
+            ) from None
+        items: dict[str, Any] = {}
+        for name, entries in described.items():
+            arrays = []
+            for i, entry in enumerate(entries):
+                if int(np.prod(entry["shape"])) == 0:
+                    array = np.zeros(entry["shape"], entry["dtype"])
+                else:
+                    try:
+                        array = np.asarray(stored[name][str(i)])
+                    except (KeyError, TypeError):
+                        raise CheckpointCorrupt(f"checkpoint step {step}: array {name}{entry['path']} is missing") from None
+                if (list(array.shape) != entry["shape"] or str(array.dtype) != entry["dtype"]
+                        or _sha256(array) != entry["sha256"]):
+                    raise CheckpointCorrupt(
+                        f"checkpoint step {step} ({self.path(step)}) is damaged: array {name}{entry['path']} "
+                        "does not match its checksum"
+                    )
+                arrays.append(array)
+            if target is not None and target.get(name) is not None:
+                items[name] = _unflatten_into(name, target[name], arrays, entries, step)
+            else:
+                items[name] = arrays
+        if target is not None:
+            for name, tree in target.items():
+                if tree is not None and name not in items:
+                    raise CheckpointMismatch(f"checkpoint step {step} holds no {name!r} (it has {', '.join(items)})")
+        return Restored(step=step, meta=meta, items=items, path=self.path(step))
+
+    def restore_latest(self, target: dict[str, Any] | Callable[[dict], dict] | None = None, *,
+                       max_step: int | None = None) -> Restored:
+        """Restores the newest readable checkpoint, falling back to older ones.
+
+        Args:
+            target: as in ``restore``, or a function of the checkpoint's metadata returning it.
+            max_step: ignore checkpoints past this step.
+
+        A damaged checkpoint is skipped with a ``CheckpointWarning`` that names its step, once an
+        older one restored.
+
+        Raises:
+            CheckpointError: no checkpoint at all, or none readable (the message lists why).
+            CheckpointMismatch: a readable checkpoint does not fit the target.
+        """
+        steps = [s for s in self.all_steps() if max_step is None or s <= max_step]
+        if not steps:
+            raise CheckpointError(f"no checkpoint in {self.directory}")
+        failures = []
+        for step in reversed(steps):
+            try:
+                resolved = target(self.read_meta(step)) if callable(target) else target
+                restored = self.restore(step, resolved)
+            except CheckpointCorrupt as error:
+                failures.append(str(error))
+                continue
+            for failure in failures:
+                warnings.warn(f"{failure}; using checkpoint step {step} instead", CheckpointWarning, stacklevel=2)
+            return restored
+        raise CheckpointError(
+            f"no readable checkpoint in {self.directory}: " + "; ".join(failures)
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# What an agent's checkpoint holds
+# ---------------------------------------------------------------------------------------------
+
+
+def agent_items(agent: Any, *, loop_state: Any = None, iteration: int | None = None,
+                seeds: list[int] | None = None) -> tuple[dict[str, tuple[list[str], list[Any]]], dict]:
+    """The named array items and the JSON metadata of an agent's training state."""
+    meta: dict[str, Any] = {
+        "format": FORMAT,
+        "agent": type(agent).__name__,
+        "task_name": agent.config.env_cfg.task_name,
+        "seed": agent.config.seed,
+        "n_updates": int(getattr(agent, "n_updates", 0)),
+    }
+    if loop_state is not None:
+        env_step = np.asarray(loop_state.env_step)
+        meta.update(kind="compiled", iteration=int(iteration or 0), seeds=seeds,
+                    env_step=int(env_step.max()) if env_step.size else 0)
+        return {"loop_state": _flatten(loop_state)}, meta
+    meta.update(kind="host", env_step=int(getattr(agent, "env_step", 0)),
+                key_index=int(getattr(agent, "_key_index", 0)), seeds=seeds)
+    items = {
+        "agent_state": _flatten(agent.state),
+        "agent_key": (["key"], [agent.key]),
+        "key_block": (["key_block"], [np.asarray(getattr(agent, "_key_block", np.zeros((0, 2), np.uint32)))]),
+    }
+    buffer_state = getattr(getattr(agent, "buffer", None), "state", None)
+    if buffer_state is not None:
+        items["buffer"] = _flatten(buffer_state)
+    return items, meta
+
+
+def buffer_target(agent: Any, entries: list[dict]) -> Any:
+    """The ``BufferState`` structure a host agent's saved buffer is poured into, rebuilt from the
+    saved paths and the agent's experience type (the buffer is created on the first ``add``, so
+    a fresh agent has none to restore into)."""
+    from kitae.buffer import BufferState, Experience
+
+    experience_type = getattr(agent, "experience_type", Experience)
+    by_path = {entry["path"]: jax.ShapeDtypeStruct(tuple(entry["shape"]), np.dtype(entry["dtype"])) for entry in entries}
+    try:
+        data = experience_type(**{f: by_path[f".data.{f}"] for f in experience_type._fields})
+        target = BufferState(data=data, position=by_path[".position"], size=by_path[".size"])
+    except KeyError as error:
+        raise CheckpointMismatch(
+            f"the saved buffer does not hold the agent's experience fields {experience_type._fields} "
+            f"(missing {error}); multi-agent buffers cannot be restored yet"
+        ) from None
+    return target
+
+
+def host_target(agent: Any) -> Callable[[dict], dict]:
+    """``restore_latest`` target for a host-loop checkpoint of ``agent``."""
+
+    def target(meta: dict) -> dict:
+        if meta.get("kind") != "host":
+            raise CheckpointMismatch(f"checkpoint step {meta.get('step')} is a {meta.get('kind')} checkpoint, not host")
+        out = {"agent_state": agent.state}
+        if "buffer" in meta.get("items", {}):
+            out["buffer"] = buffer_target(agent, meta["items"]["buffer"])
+        return out
+
+    return target
+
+
+def apply_to_agent(agent: Any, restored: Restored, seed_index: int = 0) -> Any:
+    """Sets the agent's state, keys, counters (and for host checkpoints its buffer) from a
+    restored checkpoint. For a compiled checkpoint of several seeds, ``seed_index`` picks one."""
+    meta, items = restored.meta, restored.items
+    if meta["kind"] == "compiled":
+        loop_state = items["loop_state"]
+        if not hasattr(loop_state, "agent_state"):
+            raise CheckpointMismatch("restore the loop_state item into a LoopState target first")
+        if meta.get("seeds"):
+            loop_state = jax.tree_util.tree_map(lambda x: x[seed_index], loop_state)
+        agent.state = loop_state.agent_state
+        agent.key = loop_state.agent_key
+        agent._key_block, agent._key_index = np.zeros((0, 2), np.uint32), 0
+        agent.env_step = int(np.asarray(loop_state.env_step))
+    else:
+        agent.state = items["agent_state"]
+        agent.key = jax.device_put(np.asarray(items["agent_key"][0]))
+        agent._key_block = np.asarray(items["key_block"][0])
+        agent._key_index = int(meta.get("key_index", 0))
+        agent.env_step = int(meta.get("env_step", 0))
+        if "buffer" in items and hasattr(agent, "buffer"):
+            agent.buffer.state = items["buffer"]
+    agent.n_updates = int(meta.get("n_updates", 0))
+    return agent
+
+
+def mark_episodes_cut(agent: Any) -> None:
+    """Marks the newest transition of each environment in a host agent's buffer as truncated.
+
+    A resumed host run resets its Gymnasium environments (their state is not saved), so the
+    episodes that were running when the checkpoint was written end there: as truncated
+    episodes (bootstrap from the stored real next observation; no return is carried into the
+    next, unrelated, transition). Buffers without a ``truncated`` field are left as they are.
+    """
+    import jax.numpy as jnp
+
+    buffer = getattr(agent, "buffer", None)
+    state = getattr(buffer, "state", None)
+    if state is None or int(state.size) == 0 or "truncated" not in getattr(state.data, "_fields", ()):
+        return
+    last = (int(state.position) - 1) % state.capacity
+    truncated = state.data.truncated
+    if isinstance(truncated, dict):  # multi-agent: one array per agent
+        truncated = {k: jnp.asarray(v).at[last].set(True) for k, v in truncated.items()}
+    else:
+        truncated = jnp.asarray(truncated).at[last].set(True)
+    buffer.state = state._replace(data=state.data._replace(truncated=truncated))

@@ -1,0 +1,249 @@
+"""Checkpoints: the whole training state, written atomically, checked on restore, no pickle."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pickle
+import warnings
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from _agents import TinyA2C, TinyA2CParams, TinyDQN, TinyDQNParams, make_config
+from kitae.checkpoint import (
+    Checkpointer,
+    CheckpointCorrupt,
+    CheckpointError,
+    CheckpointMismatch,
+    CheckpointWarning,
+    apply_to_agent,
+    host_target,
+)
+from kitae.envs.jax_env import make_jax_env
+from kitae.envs.make import make_vec_env
+from kitae.loops.compiled import LoopStart, compiled_train, loop_state_shape
+from kitae.rundir import state_fingerprint
+
+
+def _equal(a, b) -> bool:
+    la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
+    return len(la) == len(lb) and all(
+        np.asarray(x).dtype == np.asarray(y).dtype and np.array_equal(x, y) for x, y in zip(la, lb)
+    )
+
+
+def _dqn_config(env, save_frequency=-1, **kwargs):
+    config = make_config(env, TinyDQNParams(start_step=32, skip_steps=2), max_buffer_size=64, batch_size=16, **kwargs)
+    return dataclasses.replace(config, train_cfg=dataclasses.replace(config.train_cfg, save_frequency=save_frequency))
+
+
+@pytest.fixture(scope="module")
+def trained_dqn(tmp_path_factory):
+    """A TinyDQN trained 200 steps in the host loop, checkpointing every 50 steps."""
+    directory = tmp_path_factory.mktemp("dqn") / "checkpoints"
+    env = make_vec_env("CartPole-v1", 2)
+    agent = TinyDQN("t", _dqn_config(env, save_frequency=50), run_dir=directory.parent)
+    checkpointer = Checkpointer(directory, max_to_keep=3)
+    agent.train(env, 200, checkpointer=checkpointer)
+    checkpointer.close()
+    return agent, directory
+
+
+def _fresh_dqn():
+    return TinyDQN("t", _dqn_config(make_vec_env("CartPole-v1", 2)), run_dir="unused")
+
+
+def test_host_checkpoint_holds_the_whole_training_state(trained_dqn):
+    agent, directory = trained_dqn
+    checkpointer = Checkpointer(directory)
+    assert checkpointer.all_steps() == [100, 150, 200]  # every 50 steps, the newest 3 kept
+    assert checkpointer.latest_step() == 200
+    fresh = _fresh_dqn()
+    assert not _equal(fresh.state, agent.state)
+    restored = checkpointer.restore(200, host_target(fresh)(checkpointer.read_meta(200)))
+    apply_to_agent(fresh, restored)
+    assert _equal(fresh.state, agent.state)  # params, target params, optimizer state
+    assert state_fingerprint(fresh.state) == state_fingerprint(agent.state)
+    assert _equal(fresh.buffer.state, agent.buffer.state)  # the replay buffer
+    np.testing.assert_array_equal(fresh.key, agent.key)
+    np.testing.assert_array_equal(fresh._key_block, agent._key_block)
+    assert fresh._key_index == agent._key_index
+    assert fresh.env_step == agent.env_step == 200 and fresh.n_updates == agent.n_updates > 0
+    # the restored agent goes on exactly as the original: same keys, same buffer, same update
+    assert _equal(fresh.nextkey(), agent.nextkey())
+    observations = np.zeros((2, 4), np.float32)
+    assert _equal(fresh.explore(observations), agent.explore(observations))
+    fresh.update(fresh.buffer)
+    agent.update(agent.buffer)
+    assert _equal(fresh.state, agent.state)
+
+
+def test_checkpoints_are_json_and_orbax_arrays_never_pickle(trained_dqn, monkeypatch):
+    _, directory = trained_dqn
+    step_dir = directory / "200"
+    meta = json.loads((step_dir / "meta" / "metadata").read_text())
+    assert meta["format"] == "kitae-checkpoint/1" and meta["kind"] == "host" and meta["env_step"] == 200
+    entry = meta["items"]["agent_state"][0]
+    assert set(entry) == {"path", "shape", "dtype", "sha256"} and entry["path"].startswith(".qvalue")
+    assert {".data.observation", ".position", ".size"} <= {e["path"] for e in meta["items"]["buffer"]}
+
+    def no_pickle(*args, **kwargs):
+        raise AssertionError("a checkpoint must never be unpickled")
+
+    monkeypatch.setattr(pickle, "load", no_pickle)
+    monkeypatch.setattr(pickle, "loads", no_pickle)
+    monkeypatch.setattr(pickle, "Unpickler", no_pickle)
+    fresh = _fresh_dqn()
+    Checkpointer(directory).restore(200, host_target(fresh)(meta))
+
+
+def test_writes_go_to_a_temporary_folder_renamed_when_complete(tmp_path, monkeypatch):
+    from orbax.checkpoint._src.path import async_path
+
+    renames = []
+    original = async_path.rename
+
+    async def spy(src, dst):
+        renames.append((Path(src).name, Path(dst).name))
+        return await original(src, dst)
+
+    monkeypatch.setattr(async_path, "rename", spy)
+    agent = _fresh_dqn()
+    checkpointer = Checkpointer(tmp_path / "checkpoints")
+    checkpointer.save(7, agent)
+    assert renames and renames[-1][1] == "7" and "tmp" in renames[-1][0], renames
+    # an unfinished write (a process killed while saving) is a temporary folder: never listed
+    (tmp_path / "checkpoints" / "9.orbax-checkpoint-tmp-123").mkdir()
+    (tmp_path / "checkpoints" / "9.orbax-checkpoint-tmp-123" / "junk").write_text("x")
+    assert checkpointer.all_steps() == [7] and checkpointer.latest_step() == 7
+    assert Checkpointer(tmp_path / "checkpoints").restore_latest(host_target(_fresh_dqn())).step == 7
+
+
+def _copy_checkpoints(directory: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    copy = tmp_path / "checkpoints"
+    shutil.copytree(directory, copy)
+    return copy
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "delete"])
+def test_a_damaged_checkpoint_is_detected_and_the_previous_one_used(trained_dqn, tmp_path, damage):
+    agent, directory = trained_dqn
+    copy = _copy_checkpoints(directory, tmp_path)
+    files = sorted(p for p in (copy / "200").rglob("*") if p.is_file() and p.stat().st_size > 0)
+    data_files = [p for p in files if p.parent.name == "d"]
+    for path in data_files:
+        if damage == "truncate":
+            path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+        elif damage == "flip":  # flip bits in the middle of each array file: only a checksum can tell
+            data = bytearray(path.read_bytes())
+            data[len(data) // 2] ^= 0x5A
+            path.write_bytes(bytes(data))
+        else:
+            path.unlink()
+    checkpointer = Checkpointer(copy)
+    fresh = _fresh_dqn()
+    with pytest.raises(CheckpointCorrupt, match="step 200"):
+        checkpointer.restore(200, host_target(fresh)(checkpointer.read_meta(200)))
+    with pytest.warns(CheckpointWarning, match=r"checkpoint step 200 .*using checkpoint step 150"):
+        restored = checkpointer.restore_latest(host_target(fresh))
+    assert restored.step == 150 and restored.meta["env_step"] == 150
+    # the damaged checkpoint is left on disk as it was (restoring changes nothing)
+    assert checkpointer.all_steps() == [100, 150, 200]
+
+
+def test_no_readable_checkpoint_is_one_clear_error(trained_dqn, tmp_path):
+    _, directory = trained_dqn
+    copy = _copy_checkpoints(directory, tmp_path)
+    for step in (100, 150, 200):
+        (copy / str(step) / "meta" / "metadata").write_text("{not json")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning when nothing could be restored
+        with pytest.raises(CheckpointError, match="no readable checkpoint.*step 200.*step 150.*step 100"):
+            Checkpointer(copy).restore_latest(host_target(_fresh_dqn()))
+    with pytest.raises(CheckpointError, match="no checkpoint in"):
+        Checkpointer(tmp_path / "empty").restore_latest(host_target(_fresh_dqn()))
+
+
+def test_a_checkpoint_of_another_configuration_is_a_mismatch_not_a_fallback(trained_dqn):
+    _, directory = trained_dqn
+    env = make_vec_env("Acrobot-v1", 2)  # 6 observations, 3 actions: other shapes
+    other = TinyDQN("t", _dqn_config(env), run_dir="unused")
+    with pytest.raises(CheckpointMismatch, match="does not match"):
+        Checkpointer(directory).restore_latest(host_target(other))
+
+
+def test_max_to_keep_and_replacing_a_step(tmp_path):
+    agent = _fresh_dqn()
+    checkpointer = Checkpointer(tmp_path / "c", max_to_keep=2)
+    for step in (1, 2, 3):
+        agent.env_step = step
+        checkpointer.save(step, agent)
+    assert checkpointer.all_steps() == [2, 3]
+    agent.env_step = 99
+    checkpointer.save(2, agent)  # a resumed run saving a step again replaces it
+    assert checkpointer.read_meta(2)["env_step"] == 99
+    with pytest.raises(ValueError, match="max_to_keep"):
+        Checkpointer(tmp_path / "c", max_to_keep=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The compiled loop: segments and loop states
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def a2c_setup():
+    env = make_jax_env("gymnax:CartPole-v1", 4)
+    config = make_config(env, TinyA2CParams(), max_buffer_size=16, batch_size=32, n_epochs=2)
+    config = dataclasses.replace(config, train_cfg=dataclasses.replace(config.train_cfg, save_frequency=128))
+    return env, config
+
+
+STEPS = 64 * 7  # 7 iterations of 16 vector steps of 4 environments
+
+
+@pytest.fixture(scope="module")
+def whole_run(a2c_setup):
+    env, config = a2c_setup
+    return compiled_train(TinyA2C("c", config, run_dir="unused"), env, STEPS)
+
+
+def test_segments_give_the_bits_of_one_program(a2c_setup, whole_run):
+    env, config = a2c_setup
+    cut = compiled_train(TinyA2C("c", config, run_dir="unused"), env, STEPS, segment_iterations=2)
+    assert state_fingerprint(whole_run.state) == state_fingerprint(cut.state)
+    assert _equal(whole_run.metrics, cut.metrics)
+    seeds = compiled_train(TinyA2C("c", config, run_dir="unused"), env, STEPS, seeds=[0, 1])
+    seeds_cut = compiled_train(TinyA2C("c", config, run_dir="unused"), env, STEPS, seeds=[0, 1], segment_iterations=3)
+    assert state_fingerprint(seeds.state) == state_fingerprint(seeds_cut.state)
+
+
+def test_a_compiled_run_restored_from_its_loop_state_ends_where_it_would_have(a2c_setup, whole_run, tmp_path):
+    env, config = a2c_setup
+    steps, full = STEPS, whole_run
+
+    stop_after = iter([False, True])  # stop after the second segment
+    agent = TinyA2C("c", config, run_dir="unused")
+    checkpointer = Checkpointer(tmp_path / "checkpoints")
+    part = compiled_train(agent, env, steps, checkpointer=checkpointer, segment_iterations=2,
+                          should_stop=lambda: next(stop_after, True))
+    assert part.stopped and part.env_steps == 256  # saves every 128 steps: segments of 2 iterations
+    assert checkpointer.all_steps() == [128, 256]
+
+    again = TinyA2C("c", config, run_dir="unused")
+    restored = checkpointer.restore_latest({"loop_state": loop_state_shape(again, env)})
+    assert restored.meta["kind"] == "compiled" and restored.meta["iteration"] == 4
+    assert _equal(restored.items["loop_state"], part.state)  # environment state, buffer, keys...
+    start = LoopStart(restored.items["loop_state"], restored.meta["iteration"], restored.meta["n_updates"])
+    rest = compiled_train(again, env, steps, checkpointer=checkpointer, start=start,
+                          segment_iterations=2)
+    assert rest.start_step == 256 and rest.env_steps == steps and not rest.stopped
+    assert state_fingerprint(rest.state) == state_fingerprint(full.state)
+    assert again.n_updates == 7 and again.env_step == steps
+    assert checkpointer.all_steps() == [256, 384, 448]
+    apply_to_agent(TinyA2C("c", config, run_dir="unused"), restored)  # a loaded agent takes its state

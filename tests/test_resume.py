@@ -1,0 +1,209 @@
+"""Stop, resume, reload: a run loses nothing it had learned, and its logs go on at the right step."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from _agents import TinyDQN, TinyDQNParams, make_config
+from kitae.checkpoint import Checkpointer, apply_to_agent, host_target, mark_episodes_cut
+from kitae.cli import main
+from kitae.envs.make import make_vec_env
+from kitae.rundir import read_metrics, state_fingerprint
+
+
+def _equal(a, b) -> bool:
+    la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
+    return len(la) == len(lb) and all(np.array_equal(x, y) for x, y in zip(la, lb))
+
+
+def _kitae(*args: str, timeout: int = 280) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kitae.cli", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def _scalar_steps(run_dir: Path, tag: str) -> list[int]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "logs"))
+    events.Reload()
+    return [e.step for e in events.Scalars(tag)]
+
+
+# ---------------------------------------------------------------------------------------------
+# The library: agent.resume and Agent.unserialize
+# ---------------------------------------------------------------------------------------------
+
+
+def _dqn(run_dir, save_frequency=50):
+    env = make_vec_env("CartPole-v1", 2)
+    config = make_config(env, TinyDQNParams(start_step=32, skip_steps=2), max_buffer_size=64, batch_size=16,
+                         n_env_steps=200)
+    config = dataclasses.replace(config, train_cfg=dataclasses.replace(config.train_cfg, save_frequency=save_frequency))
+    return TinyDQN("t", config, run_dir=run_dir), env
+
+
+def test_agent_resume_continues_a_host_run_from_its_checkpoint(tmp_path):
+    agent, env = _dqn(tmp_path / "run")
+    agent.train(env, 100, checkpointer=Checkpointer(tmp_path / "run" / "checkpoints"))
+    saved_state, saved_updates = agent.state, agent.n_updates
+
+    again, env = _dqn(tmp_path / "run")
+    restored = Checkpointer(tmp_path / "run" / "checkpoints").restore_latest(host_target(again))
+    assert restored.step == 100
+    apply_to_agent(again, restored)
+    assert _equal(again.state, saved_state) and again.n_updates == saved_updates
+    mark_episodes_cut(again)  # the environments restart: the running episodes end at the cut
+    last = (int(again.buffer.state.position) - 1) % again.buffer.state.capacity
+    truncated = np.asarray(again.buffer.state.data.truncated)
+    assert truncated[last].all()
+    np.testing.assert_array_equal(np.delete(truncated, last, 0), np.delete(np.asarray(agent.buffer.state.data.truncated), last, 0))
+
+    resumed, env = _dqn(tmp_path / "run")
+    stats = resumed.resume(env)  # to the config's 200 steps in all
+    assert stats.global_step == 200 and resumed.env_step == 200
+    assert resumed.n_updates == saved_updates + stats.n_updates and stats.n_updates == 50
+    assert Checkpointer(tmp_path / "run" / "checkpoints").all_steps() == [100, 150, 200]
+    with pytest.raises(ValueError, match="asks for no more"):
+        _dqn(tmp_path / "run")[0].resume(make_vec_env("CartPole-v1", 2), 200)
+
+
+@pytest.mark.parametrize("algo", ["ppo", "dqn"])
+def test_unserialize_gives_identical_parameters_and_actions(tmp_path, algo):
+    from kitae.algos.collections import get_algorithm
+    from kitae.presets import build_config, resolve
+
+    agent_cls, _ = get_algorithm(algo)
+    env = make_vec_env("CartPole-v1", 2)
+    resolved = resolve(algo, "CartPole-v1", overrides={"n_envs": 2, "n_env_steps": 256},
+                       sets=["update_cfg.max_buffer_size=32", "update_cfg.batch_size=32"])
+    config = build_config(algo, "CartPole-v1", env, resolved)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    config.to_yaml(run_dir / "config.yaml")
+    agent = agent_cls("run", config, run_dir=run_dir)
+    agent.train(env, 256)
+    path = agent.save()
+    assert path == run_dir / "checkpoints" / "256"
+
+    loaded = agent_cls.unserialize(run_dir)
+    assert type(loaded) is agent_cls and loaded.env_step == 256 and loaded.n_updates == agent.n_updates
+    assert state_fingerprint(loaded.state) == state_fingerprint(agent.state)
+    observations = np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32)
+    for _ in range(2):  # keys are restored too: the same actions call after call
+        np.testing.assert_array_equal(np.asarray(loaded.select_action(observations)[0]),
+                                      np.asarray(agent.select_action(observations)[0]))
+    from kitae.base import BaseAgent
+
+    assert state_fingerprint(BaseAgent.unserialize(run_dir).state) == state_fingerprint(agent.state)
+
+
+# ---------------------------------------------------------------------------------------------
+# The command line: kill, stop, resume
+# ---------------------------------------------------------------------------------------------
+
+COMPILED = ["train", "ppo", "gymnax:CartPole-v1", "--steps", "61440", "--quiet",
+            "--set", "train_cfg.save_frequency=4096"]
+
+
+@pytest.mark.slow
+def test_a_killed_compiled_run_resumes_to_the_bits_of_an_uninterrupted_one(tmp_path):
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    result = _kitae(*COMPILED, "--run-dir", str(whole))
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    process = subprocess.Popen([sys.executable, "-m", "kitae.cli", *COMPILED, "--run-dir", str(cut)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (cut / "checkpoints" / "4096").is_dir():
+            assert process.poll() is None, process.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "no checkpoint appeared"
+            time.sleep(0.02)
+        os.kill(process.pid, signal.SIGKILL)
+    finally:
+        process.wait(timeout=60)
+    assert process.returncode == -signal.SIGKILL
+    assert not (cut / "summary.json").exists()
+    killed_at = max(int(p.name) for p in (cut / "checkpoints").iterdir() if p.name.isdigit())
+    assert killed_at < 61440
+
+    result = _kitae("resume", str(cut), "--quiet")
+    assert result.returncode == 0, result.stderr[-3000:]
+    a, b = (json.loads((d / "summary.json").read_text()) for d in (whole, cut))
+    assert b["state_fingerprint"] == a["state_fingerprint"]
+    assert b["steps"] == a["steps"] == 61440 and b["resumed_from"] == killed_at
+    assert b["final_return"] == a["final_return"]
+    # the logs continue at the right step: the same rows, the same TensorBoard points
+    assert read_metrics(cut / "metrics.jsonl") == read_metrics(whole / "metrics.jsonl")
+    assert _scalar_steps(cut, "charts/episodic_return") == _scalar_steps(whole, "charts/episodic_return")
+    assert _scalar_steps(cut, "losses/loss_total") == _scalar_steps(whole, "losses/loss_total")
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_host_run_cleanly_and_resume_finishes_it(tmp_path):
+    run_dir = tmp_path / "run"
+    args = ["train", "ppo", "CartPole-v1", "--steps", "40000", "--quiet",
+            "--set", "train_cfg.save_frequency=512", "--set", "update_cfg.n_epochs=2", "--run-dir", str(run_dir)]
+    process = subprocess.Popen([sys.executable, "-m", "kitae.cli", *args], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (run_dir / "checkpoints" / "512").is_dir():
+            assert process.poll() is None, process.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "no checkpoint appeared"
+            time.sleep(0.02)
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "Traceback" not in err and "kitae: stopped by SIGTERM at step" in err and "kitae resume" in err
+    stopped_at = max(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
+    assert 512 <= stopped_at < 40000 and not (run_dir / "summary.json").exists()
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    assert rows and max(r["step"] for r in rows) <= stopped_at  # what was saved had been logged
+
+    assert main(["resume", str(run_dir), "--steps", "6000", "--quiet"]) == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 6000 and summary["resumed_from"] == stopped_at
+    steps = [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")]
+    assert steps == sorted(steps) and steps[-1] <= 6000 and any(s > stopped_at for s in steps)
+    tb = _scalar_steps(run_dir, "charts/episodic_return")
+    assert tb == sorted(tb)  # the events logged past the checkpoint were purged
+    from kitae.config import AlgoConfig
+
+    assert AlgoConfig.from_yaml(run_dir / "config.yaml").train_cfg.n_env_steps == 6000
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_a_compiled_run_at_a_segment_with_a_checkpoint(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+
+    def interrupt_after_first_checkpoint() -> None:
+        deadline = time.monotonic() + 240
+        while not (run_dir / "checkpoints" / "4096").is_dir() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    watcher = threading.Thread(target=interrupt_after_first_checkpoint, daemon=True)
+    watcher.start()
+    status = main([*COMPILED[:4], "409600", *COMPILED[5:], "--run-dir", str(run_dir)])
+    watcher.join(timeout=10)
+    err = capsys.readouterr().err
+    assert status == 128 + signal.SIGINT, err
+    assert "SIGINT received" in err and "kitae: stopped by SIGINT" in err
+    steps = [int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit()]
+    assert max(steps) < 409600 and not (run_dir / "summary.json").exists()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored

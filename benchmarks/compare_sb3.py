@@ -6,10 +6,18 @@ from the shared machine falls on all of them alike. Reports, per framework, the 
 time, environment steps per second and final return (mean of the last 10 training episodes),
 the peak resident memory, and kitae's speed ratio to each.
 
+kitae runs three ways: ``kitae`` is the host loop over the same Gymnasium vector environment as
+SB3 and SBX, with an empty compilation cache (every run compiles, as SB3/SBX's first run does);
+``kitae-warm`` is the same with kitae's persistent compilation cache warmed by one untimed run
+(what a user's second run of a configuration costs); ``kitae-compiled`` is the compiled loop over
+the gymnax port of the same environment (``gymnax:CartPole-v1`` / ``gymnax:Pendulum-v1``, same
+dynamics, same hyperparameters), cold cache, wall time including compilation.
+
 Needs the optional comparison dependencies: ``make compare`` installs them
 (``pip install torch==2.13.0`` for the CPU wheel on disk, then ``.[compare]``).
 
 Run: ``.venv/bin/python benchmarks/compare_sb3.py --task ppo-cartpole --repeats 3``
+     (``--frameworks sb3 kitae`` for a subset)
      ``.venv/bin/python benchmarks/compare_sb3.py --task sac-pendulum --repeats 3``
 """
 
@@ -17,10 +25,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -85,14 +95,18 @@ def _sb3_like(framework: str, task: str, seed: int) -> dict:
             "final_return": float(np.mean(returns[-10:])) if returns else float("nan")}
 
 
-def _kitae(task: str, seed: int) -> dict:
+def _kitae(task: str, seed: int, compiled: bool = False) -> dict:
     sys.path.insert(0, str(HERE))
     import kitae.config as cfg
     from common import build_config
+    from kitae.envs.jax_env import make_jax_env
     from kitae.envs.make import make_vec_env
 
     spec = TASKS[task]
-    env = make_vec_env(spec["env_id"], spec["n_envs"])
+    if compiled:
+        env = make_jax_env(f"gymnax:{spec['env_id']}", spec["n_envs"])
+    else:
+        env = make_vec_env(spec["env_id"], spec["n_envs"])
     if task.startswith("ppo"):
         from kitae.algos.collections.ppo import PPO as Agent, PPOParams
 
@@ -110,14 +124,20 @@ def _kitae(task: str, seed: int) -> dict:
     config = build_config(env, params, update, seed=seed, n_env_steps=spec["steps"], env_id=spec["env_id"])
     agent = Agent("compare", config, run_dir=f"/tmp/kitae-compare/{task}-{seed}")
     start = time.perf_counter()
-    stats = agent.train(env, spec["steps"])
+    result = agent.train(env, spec["steps"])
     wall = time.perf_counter() - start
-    return {"wall_seconds": wall, "sps": stats.global_step / wall, "final_return": stats.mean_return(10),
-            "compile_seconds": stats.compile_seconds}
+    if compiled:
+        return {"wall_seconds": wall, "sps": result.env_steps / wall, "final_return": result.final_return(),
+                "compile_seconds": result.compile_seconds, "train_seconds": result.train_seconds}
+    return {"wall_seconds": wall, "sps": result.global_step / wall, "final_return": result.mean_return(10),
+            "compile_seconds": result.compile_seconds}
 
 
 def worker(framework: str, task: str, seed: int) -> None:
-    result = _kitae(task, seed) if framework == "kitae" else _sb3_like(framework, task, seed)
+    if framework.startswith("kitae"):
+        result = _kitae(task, seed, compiled=framework == "kitae-compiled")
+    else:
+        result = _sb3_like(framework, task, seed)
     result["peak_rss_mb"] = _peak_mb()
     print("RESULT " + json.dumps(result), flush=True)
 
@@ -126,7 +146,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", choices=sorted(TASKS), default="ppo-cartpole")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--frameworks", nargs="+", default=["sb3", "sbx", "kitae"])
+    parser.add_argument("--frameworks", nargs="+", default=["sb3", "sbx", "kitae", "kitae-warm", "kitae-compiled"],
+                        choices=["sb3", "sbx", "kitae", "kitae-warm", "kitae-compiled"])
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -135,12 +156,20 @@ def main() -> None:
         return
 
     runs: dict[str, list[dict]] = {name: [] for name in args.frameworks}
+    warm_cache = tempfile.mkdtemp(prefix="kitae-compare-warm-")
+
+    def launch(name: str, seed: int) -> subprocess.CompletedProcess:
+        cache = warm_cache if name == "kitae-warm" else tempfile.mkdtemp(prefix="kitae-compare-cold-")
+        return subprocess.run(
+            [sys.executable, __file__, "--worker", name, "--task", args.task, "--seed", str(seed)],
+            capture_output=True, text=True, env={**os.environ, "KITAE_CACHE_DIR": cache},
+        )
+
+    if "kitae-warm" in args.frameworks:
+        launch("kitae-warm", 0)  # untimed: fills the cache the timed kitae-warm runs load from
     for repeat in range(args.repeats):
         for name in args.frameworks:
-            out = subprocess.run(
-                [sys.executable, __file__, "--worker", name, "--task", args.task, "--seed", str(repeat)],
-                capture_output=True, text=True,
-            )
+            out = launch(name, repeat)
             lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
             if out.returncode != 0 or not lines:
                 raise SystemExit(f"{name} failed:\n{out.stderr[-3000:]}")
@@ -159,10 +188,10 @@ def main() -> None:
         }
         for name, rs in runs.items()
     }
-    if "kitae" in summary:
-        for name in summary:
-            if name != "kitae":
-                summary["kitae"][f"speed_ratio_vs_{name}"] = summary["kitae"]["median_sps"] / summary[name]["median_sps"]
+    for ours in [name for name in summary if name.startswith("kitae")]:
+        for name in ("sb3", "sbx"):
+            if name in summary:
+                summary[ours][f"speed_ratio_vs_{name}"] = summary[ours]["median_sps"] / summary[name]["median_sps"]
     spec = TASKS[args.task]
     print(f"\n{args.task}: {spec['env_id']}, {spec['steps']:,} steps, {spec['n_envs']} env(s), "
           f"{args.repeats} rounds (medians)")
@@ -171,9 +200,10 @@ def main() -> None:
     for name, s in summary.items():
         print(f"| {name} | {s['median_wall_seconds']:.1f} | {s['median_sps']:,.0f} | "
               f"{s['median_final_return']:.1f} | {s['max_peak_rss_mb']:.0f} |")
-    for key, value in summary.get("kitae", {}).items():
-        if key.startswith("speed_ratio"):
-            print(f"kitae {key.replace('_', ' ')}: {value:.2f}x")
+    for ours in [name for name in summary if name.startswith("kitae")]:
+        for key, value in summary[ours].items():
+            if key.startswith("speed_ratio"):
+                print(f"{ours} {key.replace('_', ' ')}: {value:.2f}x")
     (HERE / "results").mkdir(exist_ok=True)
     (HERE / "results" / f"compare_{args.task}.json").write_text(json.dumps({"task": args.task, **spec, "summary": summary}, indent=2))
 

@@ -258,7 +258,7 @@ class BaseAgent(IAgent):
         """
         self.state, info = self._update_fn(self.state, self.nextkey(), self._update_data(buffer))
         self.n_updates += 1
-        return {name: float(value) for name, value in info.items()}
+        return {name: float(value) for name, value in jax.device_get(info).items()}  # one transfer
 
     # -- training -------------------------------------------------------------------------------
 

@@ -266,10 +266,14 @@ class TrainConfig:
         n_env_steps: environment transitions to train for, summed over all environments (>= 1).
         save_frequency: save a checkpoint every this many environment transitions (>= 1), or -1
             to save only at the end of training.
+        log_frequency: the host loop writes ``losses/<name>`` (the mean over the updates since the
+            last point) once every this many environment transitions, and at the end (>= 1).
+            Writing every update of an off-policy agent costs more than its acting does.
     """
 
     n_env_steps: int = 100_000
     save_frequency: int = -1
+    log_frequency: int = 1_000
 
     def __post_init__(self) -> None:
         validate_types(self, "train_cfg.")
@@ -278,6 +282,7 @@ class TrainConfig:
             self.save_frequency == -1 or self.save_frequency >= 1,
             "train_cfg.save_frequency", self.save_frequency, "-1 (only at the end) or an int >= 1",
         )
+        _require(self.log_frequency >= 1, "train_cfg.log_frequency", self.log_frequency, "an int >= 1")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

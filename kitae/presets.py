@@ -121,7 +121,8 @@ def parse_sets(items: list[str], params_cls: type) -> dict:
 
 
 def _allowed_keys(params_cls: type) -> set[str]:
-    keys = {"seed", "n_envs", "n_env_steps", "train_cfg.save_frequency", "train_cfg.n_env_steps"}
+    keys = {"seed", "n_envs", "n_env_steps"}
+    keys |= {f"train_cfg.{f.name}" for f in dataclasses.fields(cfg.TrainConfig)}
     keys |= {f"update_cfg.{f.name}" for f in dataclasses.fields(cfg.UpdateConfig)}
     keys |= {f"algo_params.{f.name}" for f in dataclasses.fields(params_cls)}
     return keys

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from _agents import TinyA2C, TinyA2CParams, TinyDQN, TinyDQNParams, make_config, tiny_dqn_explore_factory
+import kitae.config as cfg
 from kitae.base import BaseAgent, OffPolicyAgent
 from kitae.envs.make import make_vec_env
 from kitae.types import AlgoType
@@ -91,14 +92,35 @@ def test_train_writes_tensorboard_logs(tmp_path, cartpole4):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     config = make_config(cartpole4, TinyDQNParams(start_step=0), batch_size=16)
+    config.train_cfg = cfg.TrainConfig(n_env_steps=10_000, log_frequency=100)
     agent = TinyDQN("logs", config, run_dir=tmp_path / "run")
-    agent.train(cartpole4, 400)
+    agent.train(cartpole4, 402)  # 101 vector steps of 4: the last point is the end of training
     events = EventAccumulator(str(tmp_path / "run" / "logs"))
     events.Reload()
     tags = set(events.Tags()["scalars"])
     assert {"charts/episodic_return", "charts/episodic_length", "charts/SPS", "losses/loss_qvalue"} <= tags
     steps = [e.step for e in events.Scalars("losses/loss_qvalue")]
-    assert steps[0] == 16 and steps == sorted(steps) and steps[-1] == 400
+    assert steps == [100, 200, 300, 400, 404]
+
+
+def test_losses_are_logged_as_means_every_log_frequency_steps(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboardX import SummaryWriter
+
+    from kitae.loops.train import _LossLog
+
+    writer = SummaryWriter(str(tmp_path))
+    log = _LossLog(writer, 10)
+    log.add({"a": 1.0}, 4, 4)
+    log.add({"a": 3.0}, 8, 4)
+    log.add({"a": 5.0}, 12, 4)  # crosses 10: the mean of the three
+    log.flush(14)  # nothing since: no point
+    log.add({"a": 7.0}, 16, 4)
+    log.flush(16)  # the end of training writes what is left
+    writer.close()
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("losses/a")] == [(12, 3.0), (16, 7.0)]
 
 
 def test_agent_construction_rejects_bad_inputs(cartpole4):

@@ -555,3 +555,8 @@ def test_env_cfg_from_dict_rebuilds_spaces():
     rebuilt = EnvConfig.from_dict(cfg.to_dict())
     assert rebuilt == cfg
     assert isinstance(rebuilt.observation_space, gym.spaces.Box)
+
+
+def test_log_frequency_zero_rejected():
+    with pytest.raises(ValueError, match=r"train_cfg\.log_frequency.*0"):
+        TrainConfig(log_frequency=0)

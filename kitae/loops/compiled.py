@@ -25,43 +25,18 @@ Step units: ``n_env_steps`` counts environment transitions summed over all envir
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
-from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kitae.compilation_cache import use_compilation_cache
 from kitae.buffer import BufferState, Experience, buffer_add, buffer_init, buffer_reset, buffer_rollout
 from kitae.envs.jax_env import VecJaxEnv
 from kitae.loops.episodes import track_episodes
 from kitae.types import AlgoType
-
-_CACHE_ENABLED = False
-
-
-def enable_compilation_cache(directory: str | Path | None = None) -> Path:
-    """Turns on JAX's persistent compilation cache in a user-level folder.
-
-    The folder is ``directory``, else ``$KITAE_CACHE_DIR``, else ``$XDG_CACHE_HOME/kitae/jax``
-    (``~/.cache/kitae/jax``). A second run of the same configuration then loads its program from
-    disk instead of compiling it. Set ``KITAE_NO_COMPILATION_CACHE=1`` to leave it off.
-    """
-    global _CACHE_ENABLED
-    if directory is None:
-        directory = os.environ.get("KITAE_CACHE_DIR") or (
-            Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kitae" / "jax"
-        )
-    path = Path(directory)
-    path.mkdir(parents=True, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", str(path))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    _CACHE_ENABLED = True
-    return path
-
 
 class LoopState(NamedTuple):
     """Everything a compiled run carries from one iteration to the next (a pytree).
@@ -412,7 +387,7 @@ def compiled_train(
             seed axis across devices (``jax.sharding``).
         log_every: report progress through a host callback every this many iterations (0: never).
         log_fn: ``log_fn(env_step, return_sum, episodes)`` called from inside the program.
-        use_cache: enable JAX's persistent compilation cache (``enable_compilation_cache``).
+        use_cache: enable JAX's persistent compilation cache (``kitae.compilation_cache``).
         checkpointer: a ``kitae.checkpoint.Checkpointer``; saves the loop state every
             ``agent.config.train_cfg.save_frequency`` steps (if not -1), at the end, and when stopped.
         segment_iterations: the longest segment, in iterations (default: the save period, at
@@ -428,8 +403,8 @@ def compiled_train(
     """
     if not isinstance(n_env_steps, int) or isinstance(n_env_steps, bool) or n_env_steps < 1:
         raise ValueError(f"n_env_steps={n_env_steps!r} is not allowed; allowed: an int >= 1")
-    if use_cache and not _CACHE_ENABLED and not os.environ.get("KITAE_NO_COMPILATION_CACHE"):
-        enable_compilation_cache()
+    if use_cache:
+        use_compilation_cache()
     segmented = any(x is not None for x in (checkpointer, segment_iterations, should_stop, on_segment, start))
     init, run = make_loop_functions(agent, env, log_every=0 if segmented else log_every, log_fn=log_fn)
     n_iterations = n_iterations_for(agent, env, n_env_steps)

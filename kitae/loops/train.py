@@ -21,6 +21,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from kitae.buffer import Experience
+from kitae.compilation_cache import use_compilation_cache
 from kitae.loops.episodes import track_episodes
 from kitae.types import AlgoType
 
@@ -150,6 +151,32 @@ def process_termination(
     return real_next
 
 
+class _LossLog:
+    """Writes ``losses/<name>`` once every ``log_frequency`` environment steps: the mean of each
+    entry over the updates since the last point (one ``add_scalar`` per loss and update would cost
+    an off-policy agent more than acting does)."""
+
+    def __init__(self, writer: "SummaryWriter | None", log_frequency: int) -> None:
+        self.writer, self.log_frequency = writer, log_frequency
+        self.sums: dict[str, float] = {}
+        self.count = 0
+
+    def add(self, info: dict[str, float], global_step: int, per_step: int) -> None:
+        if self.writer is None:
+            return
+        for name, value in info.items():
+            self.sums[name] = self.sums.get(name, 0.0) + value
+        self.count += 1
+        if global_step // self.log_frequency > (global_step - per_step) // self.log_frequency:
+            self.flush(global_step)
+
+    def flush(self, global_step: int) -> None:
+        if self.writer is not None and self.count:
+            for name, total in self.sums.items():
+                self.writer.add_scalar(f"losses/{name}", total / self.count, global_step)
+        self.sums, self.count = {}, 0
+
+
 def _make_experience(experience_type: type, **fields: Any) -> Any:
     return experience_type(**{name: fields[name] for name in experience_type._fields})
 
@@ -166,6 +193,7 @@ def vectorized_train(
     writer: "SummaryWriter | None" = None,
     progress_fn: Callable[[int, TrainStats], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    use_cache: bool = True,
 ) -> TrainStats:
     """Trains an agent in a vectorized environment.
 
@@ -193,6 +221,8 @@ def vectorized_train(
         should_stop: optional, checked after every vector step; when it returns True (Ctrl-C or
             SIGTERM caught by the caller) training stops there, saving a checkpoint as at the end.
             ``stats.global_step`` then tells where it stopped.
+        use_cache: enable JAX's persistent compilation cache (``kitae.compilation_cache``), so a
+            second run of the same configuration loads its explore and update programs from disk.
 
     Returns:
         A ``TrainStats`` with every finished episode's return and length.
@@ -207,6 +237,8 @@ def vectorized_train(
         raise ValueError(f"start_step={start_step!r} is not allowed; allowed: an int >= 1")
 
     env = check_env(env)
+    if use_cache:
+        use_compilation_cache()
     stats = TrainStats(global_step=start_step - 1)
     try:
         n_envs = env.num_envs
@@ -216,6 +248,7 @@ def vectorized_train(
                 f"{agent.config.env_cfg.n_envs}; they must match"
             )
         save_frequency = agent.config.train_cfg.save_frequency
+        losses = _LossLog(writer, agent.config.train_cfg.log_frequency)
         experience_type = getattr(agent, "experience_type", Experience)
         end_step = start_step - 1 + n_env_steps
         global_step = start_step - 1
@@ -266,9 +299,7 @@ def vectorized_train(
                 if stats.n_updates == 0:
                     stats.compile_seconds += time.perf_counter() - call_start
                 stats.n_updates += 1
-                if writer is not None:
-                    for name, value in info.items():
-                        writer.add_scalar(f"losses/{name}", value, global_step)
+                losses.add(info, global_step, n_envs)
 
             stopping = should_stop is not None and global_step < end_step and bool(should_stop())
             if checkpointer is not None and save_frequency != -1 and (
@@ -292,6 +323,7 @@ def vectorized_train(
                 last_log_time, last_log_step = now, global_step
 
         agent.env_step = stats.global_step = global_step
+        losses.flush(global_step)
         stats.wall_seconds = time.perf_counter() - start_time
         if writer is not None and stats.wall_seconds > 0:
             writer.add_scalar("charts/SPS", (global_step - start_step + 1) / stats.wall_seconds, global_step)

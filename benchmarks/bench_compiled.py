@@ -7,7 +7,12 @@ Settings: the ``ppo`` preset for ``gymnax:CartPole-v1`` (4 environments x 128 st
 Each measurement runs in a fresh subprocess (so "cold" really has an empty in-memory and on-disk
 cache, and peak memory is the run's own); ``--repeats`` rounds, medians reported.
 
-Run: ``.venv/bin/python benchmarks/bench_compiled.py [--repeats 3] [--steps 500000]``
+``--cli`` runs, instead, the same comparison as a user makes it from the command line: one
+``kitae train ppo gymnax:CartPole-v1 --seeds 16`` against 16 ``kitae train ... --seed i``
+commands, each a new process (imports, agent set-up, compile from the warm cache, training, run
+directory), wall time of the commands.
+
+Run: ``.venv/bin/python benchmarks/bench_compiled.py [--repeats 3] [--steps 500000] [--cli]``
 """
 
 from __future__ import annotations
@@ -78,6 +83,28 @@ def _run(mode: str, steps: int, n_seeds: int, cache_dir: str) -> dict:
     return json.loads(lines[-1][7:])
 
 
+def _cli_seconds(args: list[str], cache_dir: str) -> float:
+    start = time.perf_counter()
+    out = subprocess.run(
+        [str(Path(sys.executable).with_name("kitae")), "train", "ppo", "gymnax:CartPole-v1", "--quiet", *args],
+        capture_output=True, text=True, env={**__import__("os").environ, "KITAE_CACHE_DIR": cache_dir},
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"kitae train {args} failed:\n{out.stderr[-3000:]}")
+    return time.perf_counter() - start
+
+
+def cli_comparison(steps: int, n_seeds: int, cache_dir: str, run_root: str) -> dict:
+    """Wall seconds of one ``--seeds n_seeds`` command and of ``n_seeds`` one-seed commands."""
+    common = ["--steps", str(steps)]
+    _cli_seconds([*common, "--run-dir", f"{run_root}/warmup"], cache_dir)  # fills the cache for one seed
+    _cli_seconds([*common, "--seeds", str(n_seeds), "--run-dir", f"{run_root}/warmup-k"], cache_dir)
+    one_call = _cli_seconds([*common, "--seeds", str(n_seeds), "--run-dir", f"{run_root}/k"], cache_dir)
+    separate = sum(_cli_seconds([*common, "--seed", str(i), "--run-dir", f"{run_root}/s{i}"], cache_dir)
+                   for i in range(n_seeds))
+    return {"one_call_seconds": one_call, "separate_seconds": separate, "ratio": one_call / separate}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
@@ -85,9 +112,27 @@ def main() -> None:
     parser.add_argument("--n-seeds", type=int, default=16)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--skip-seeds", action="store_true", help="only the cold / warm single runs")
+    parser.add_argument("--cli", action="store_true", help="only the comparison from the command line (see above)")
     args = parser.parse_args()
     if args.worker:
         print("RESULT " + json.dumps(worker(args.worker, args.steps, args.n_seeds)), flush=True)
+        return
+
+    if args.cli:
+        cli_rows = []
+        for repeat in range(args.repeats):
+            with tempfile.TemporaryDirectory(prefix="kitae-cache-") as cache, \
+                    tempfile.TemporaryDirectory(prefix="kitae-runs-") as runs:
+                cli_rows.append(cli_comparison(args.steps, args.n_seeds, cache, runs))
+            r = cli_rows[-1]
+            print(f"round {repeat + 1} cli: one command --seeds {args.n_seeds} {r['one_call_seconds']:.1f} s, "
+                  f"{args.n_seeds} commands {r['separate_seconds']:.1f} s, ratio {r['ratio']:.2f}", flush=True)
+        summary = {key: statistics.median(r[key] for r in cli_rows) for key in cli_rows[0]}
+        print(f"from the command line, 1 command with --seeds {args.n_seeds} / {args.n_seeds} commands: "
+              f"{summary['ratio']:.2f} (median)")
+        (HERE / "results").mkdir(exist_ok=True)
+        (HERE / "results" / "compiled_cli_seeds.json").write_text(json.dumps(
+            {"steps": args.steps, "n_seeds": args.n_seeds, "summary": summary, "rows": cli_rows}, indent=2))
         return
 
     rows: dict[str, list[dict]] = {"cold": [], "warm": [], "one_call": [], "separate": []}

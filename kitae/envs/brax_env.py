@@ -18,12 +18,15 @@ in the way kitae's compiled loop needs it:
 Written here rather than taken from Brax because Brax's wrappers hide the final observation and
 merge termination with truncation, which kitae's correctness rules forbid.
 
-The backend (``positional`` by default) is Brax's pipeline: ``positional`` and ``spring`` compile
-quickly on a CPU; ``generalized`` and ``mjx`` are more exact and compile more slowly.
+The backend is Brax's physics pipeline: ``generalized`` by default (Brax's own default for its
+MuJoCo-model environments, and with ``spring`` the quickest to compile on a CPU here: docs/brax.md
+has the measurements); ``positional``, ``spring`` and ``mjx`` can be asked for.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 from typing import Any
 
 import gymnasium as gym
@@ -34,8 +37,8 @@ from flax import struct
 
 from kitae.envs.jax_env import JaxTimeStep
 
-DEFAULT_BACKEND = "positional"
-BACKENDS = ("positional", "spring", "generalized", "mjx")
+DEFAULT_BACKEND = "generalized"
+BACKENDS = ("generalized", "positional", "spring", "mjx")
 DEFAULT_EPISODE_LENGTH = 1000
 
 
@@ -65,7 +68,10 @@ class BraxEnvState:
 
 def _import_brax_envs() -> Any:
     try:
-        from brax import envs
+        # mujoco's MJX (imported by brax) prints "Failed to import warp" when the optional NVIDIA
+        # Warp is absent; kitae does not use it, so keep that line out of the user's output.
+        with contextlib.redirect_stdout(io.StringIO()):
+            from brax import envs
     except ImportError as error:
         raise ImportError(
             f"Brax environments need the brax package ({error}); install it with pip install 'kitae[brax]'"
@@ -84,7 +90,7 @@ class BraxEnv:
 
     Args:
         name: a Brax registry name, e.g. ``"inverted_pendulum"``, ``"ant"`` (``brax_env_names()``).
-        backend: Brax's physics pipeline: one of ``BACKENDS`` (default ``"positional"``).
+        backend: Brax's physics pipeline: one of ``BACKENDS`` (default ``"generalized"``).
         episode_length: the default ``params.episode_length`` (time limit, >= 1).
         **env_kwargs: passed to the Brax environment's constructor.
 
@@ -111,7 +117,13 @@ class BraxEnv:
         self.backend = backend
         self.env = envs.get_environment(name, backend=backend, **env_kwargs)
         self.default_params = BraxParams(episode_length=episode_length)
-        n_obs = int(self.env.observation_size)
+        # Brax's observation_size runs a reset op by op (seconds); the shape alone is enough
+        obs_shape = jax.eval_shape(self.env.reset, jax.random.PRNGKey(0)).obs
+        if not hasattr(obs_shape, "shape") or len(obs_shape.shape) != 1:
+            raise ValueError(
+                f"Brax environment {name!r} has observations {obs_shape!r}; allowed: one flat vector"
+            )
+        n_obs = int(obs_shape.shape[0])
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (n_obs,), np.float32)
         low, high = _control_range(self.env)
         self.action_space = gym.spaces.Box(low, high, low.shape, np.float32)

@@ -17,6 +17,11 @@ import numpy as np
 import pytest
 
 pytest.importorskip("brax")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Brax System, piplines and environments are not actively"),
+    pytest.mark.filterwarnings("ignore:JAXopt is no longer maintained"),
+    pytest.mark.filterwarnings("ignore:Accessing `ncon` directly"),
+]
 
 from kitae.envs.brax_env import BraxEnv, BraxParams, brax_env_names  # noqa: E402
 from kitae.envs.jax_env import VecJaxEnv, make_jax_env  # noqa: E402
@@ -194,6 +199,11 @@ def test_kitae_train_on_a_brax_env(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["env"] == f"brax:{ENV}" and summary["steps"] == 64
+    evaluated = subprocess.run([sys.executable, "-m", "kitae.cli", "eval", str(run_dir), "--episodes", "2"],
+                               capture_output=True, text=True, timeout=280)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["eval_episodes"] == 2 and 1.0 <= summary["eval_return"] <= 1000.0
     bad = subprocess.run([sys.executable, "-m", "kitae.cli", "train", "ppo", "brax:not_an_env", "--steps", "10"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "unknown Brax environment 'not_an_env'; available:" in bad.stderr

@@ -44,10 +44,11 @@ DEFAULT_EPISODE_LENGTH = 1000
 
 @struct.dataclass
 class BraxParams:
-    """Parameters of a ``BraxEnv`` (a pytree; fields are static Python values by default).
+    """Parameters of a ``BraxEnv`` (a pytree: ``episode_length`` is a leaf, so a jitted ``step``
+    takes other lengths without compiling again).
 
     Attributes:
-        episode_length: steps after which an episode is truncated (>= 1).
+        episode_length: int scalar, steps after which an episode is truncated (>= 1).
     """
 
     episode_length: int = DEFAULT_EPISODE_LENGTH

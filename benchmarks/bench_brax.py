@@ -1,6 +1,6 @@
 """Learning on a Brax environment in the compiled loop, 3 seeds in one program.
 
-The case: an algorithm on ``brax:inverted_pendulum`` (positional backend, episodes truncated at
+The case: an algorithm on ``brax:inverted_pendulum`` (generalized backend, episodes truncated at
 1000 steps, so the best return is 1000), with the preset of ``kitae/presets/<algo>.yaml`` for
 that id; all seeds train together (``compiled_train(..., seeds=[0, 1, 2])``, one program).
 Recorded per case: compile seconds (cold: the persistent compilation cache is off unless

@@ -40,7 +40,7 @@ def evaluate(agent: SAC, episodes: int = 10, seed: int = 123) -> np.ndarray:
 def main() -> None:
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else 20_000
     resolved = resolve("sac", ENV_ID, overrides={"n_env_steps": steps})
-    env = make_jax_env(ENV_ID, resolved["n_envs"])  # BraxEnv("inverted_pendulum"), positional backend
+    env = make_jax_env(ENV_ID, resolved["n_envs"])  # BraxEnv("inverted_pendulum"), generalized backend
     print(f"{env}: observations {env.single_observation_space}, actions {env.single_action_space}")
     agent = SAC("example-brax-sac", build_config("sac", ENV_ID, env, resolved))
     run = agent.train(env, steps)  # a VecJaxEnv trains in the compiled loop

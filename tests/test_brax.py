@@ -165,6 +165,7 @@ SAC_SETS = ["algo_params.start_step=32", "algo_params.skip_steps=8", "update_cfg
             "update_cfg.max_buffer_size=512", "algo_params.policy_hidden=[16]", "algo_params.q_hidden=[16]"]
 
 
+@pytest.mark.slow  # compiles a whole training program with Brax physics: tens of seconds
 def test_ppo_trains_in_the_compiled_loop_and_one_seed_decides_the_run():
     from kitae.loops.compiled import compiled_train
 
@@ -179,6 +180,7 @@ def test_ppo_trains_in_the_compiled_loop_and_one_seed_decides_the_run():
     assert not _leaves_equal(pick(0), pick(2))
 
 
+@pytest.mark.slow  # compiles a whole training program with Brax physics: tens of seconds
 def test_sac_trains_in_the_compiled_loop():
     from kitae.loops.compiled import compiled_train
 
@@ -189,6 +191,7 @@ def test_sac_trains_in_the_compiled_loop():
     assert all(np.all(np.isfinite(v)) for v in result.metrics.info.values())
 
 
+@pytest.mark.slow  # compiles a whole training program with Brax physics: tens of seconds
 def test_kitae_train_on_a_brax_env(tmp_path):
     run_dir = tmp_path / "run"
     result = subprocess.run(

@@ -23,6 +23,7 @@ EXAMPLES_TRAIN = """examples:
   kitae train                                   # PPO on gymnax:CartPole-v1, compiled, well under a minute
   kitae train dqn CartPole-v1 --steps 50000     # DQN on Gymnasium's CartPole in the host loop
   kitae train ppo gymnax:CartPole-v1 --seeds 8  # 8 seeds in one compiled program
+  kitae train sac brax:inverted_pendulum        # a Brax environment, compiled (pip install 'kitae[brax]')
   kitae train sac Pendulum-v1 --set update_cfg.learning_rate=1e-3 --set algo_params.gamma=0.98
   kitae train ppo --set train_cfg.save_frequency=50000 --run-dir runs/ppo   # checkpoint every 50k steps
 
@@ -46,7 +47,7 @@ EXAMPLES_EVAL = """examples:
   kitae eval runs/ppo --episodes 100 --video # and an MP4 of one episode in runs/ppo/videos/
 
 Acts with the deterministic policy (agent.select_action) of the newest checkpoint and writes
-eval_return into summary.json. gymnax environments are evaluated in JAX (all episodes vmapped);
+eval_return into summary.json. gymnax and brax environments are evaluated in JAX (all episodes vmapped);
 their videos are rendered through the Gymnasium environment of the same name (gymnax has no
 renderer): gymnax:CartPole-v1 -> CartPole-v1.
 """
@@ -89,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
         "train",
         help="train an agent",
         description="Train an agent; writes runs/<run_name>/ (config.yaml, checkpoints/, logs/, metrics.jsonl, "
-        "summary.json, curve.png). JAX environments (gymnax:...) train as one compiled program, Gymnasium ones in "
+        "summary.json, curve.png). JAX environments (gymnax:..., brax:...) train as one compiled program, Gymnasium ones in "
         "a Python loop.",
         epilog=EXAMPLES_TRAIN,
         formatter_class=argparse.RawDescriptionHelpFormatter,

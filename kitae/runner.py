@@ -47,7 +47,7 @@ from kitae.presets import build_config, normalize_env_id, resolve
 from kitae.rundir import MetricsFile, curves_from_metrics, peak_rss_mb, plot_curves, read_metrics, state_fingerprint
 from kitae.rundir import write_summary
 
-JAX_SOURCES = ("gymnax",)
+JAX_SOURCES = ("gymnax", "brax")
 HOST_SOURCES = ("gymnasium",)
 
 
@@ -828,10 +828,10 @@ def _eval_gymnax(agent: Any, name: str, episodes: int, seed: int) -> np.ndarray:
     import jax
     import jax.numpy as jnp
 
-    from kitae.envs.jax_env import GymnaxEnv, VecJaxEnv
+    from kitae.envs.jax_env import make_jax_env
 
-    env = VecJaxEnv(GymnaxEnv(name), episodes)
-    limit = int(getattr(env.params, "max_steps_in_episode", 100_000)) + 1
+    env = make_jax_env(f"{parse_env_id(agent.config.env_cfg.task_name)[0]}:{name}", episodes)
+    limit = int(getattr(env.params, "max_steps_in_episode", getattr(env.params, "episode_length", 100_000))) + 1
     select = _pure_select(agent)
 
     def evaluate(state: Any, key: jax.Array) -> jax.Array:

@@ -144,6 +144,9 @@ class VecJaxEnv:
 def make_jax_env(env_id: str, n_envs: int, **env_kwargs: Any) -> VecJaxEnv:
     """Makes ``n_envs`` copies of a JAX environment from an id ``"gymnax:CartPole-v1"``.
 
+    ``"brax:inverted_pendulum"`` builds a ``kitae.envs.brax_env.BraxEnv`` (``env_kwargs``:
+    ``backend``, ``episode_length`` and the Brax environment's own arguments).
+
     Raises:
         ValueError: for an id whose source is not a JAX source kitae supports here.
     """
@@ -152,4 +155,8 @@ def make_jax_env(env_id: str, n_envs: int, **env_kwargs: Any) -> VecJaxEnv:
     source, name = parse_env_id(env_id)
     if source == "gymnax":
         return VecJaxEnv(GymnaxEnv(name, **env_kwargs), n_envs)
-    raise ValueError(f"{env_id!r} is not a JAX environment kitae can build; JAX sources here: gymnax")
+    if source == "brax":
+        from kitae.envs.brax_env import BraxEnv
+
+        return VecJaxEnv(BraxEnv(name, **env_kwargs), n_envs)
+    raise ValueError(f"{env_id!r} is not a JAX environment kitae can build; JAX sources here: gymnax, brax")

@@ -1,0 +1,171 @@
+"""Brax environments as kitae ``JaxEnv``s (``"brax:inverted_pendulum"``).
+
+``BraxEnv`` wraps a bare Brax environment (``brax.envs.get_environment``, none of Brax's own
+wrappers) and does the bookkeeping that Brax's ``EpisodeWrapper`` and ``AutoResetWrapper`` do,
+in the way kitae's compiled loop needs it:
+
+- **termination** is Brax's ``done`` from the physics (a fallen pole, a flipped ant);
+- **truncation** is kitae's own step counter reaching ``params.episode_length`` (Brax's
+  ``EpisodeWrapper`` folds both into one ``done`` and tells them apart only through
+  ``info["truncation"]``); a step that both terminates and reaches the limit is a termination;
+- **auto-reset** draws a fresh initial state from the step's key (Brax's ``AutoResetWrapper``
+  restarts every episode from the same cached first state, and overwrites ``obs`` with the
+  reset observation, so the real final observation of an episode is lost): the final
+  observation is ``JaxTimeStep.next_observation``, the reset one ``JaxTimeStep.observation``;
+- **actions** are clipped to the actuators' control range (the action space), as the host
+  loop's ``ClipAction`` does, so a Gaussian policy's raw samples can be stored.
+
+Written here rather than taken from Brax because Brax's wrappers hide the final observation and
+merge termination with truncation, which kitae's correctness rules forbid.
+
+The backend is Brax's physics pipeline: ``generalized`` by default (Brax's own default for its
+MuJoCo-model environments, and with ``spring`` the quickest to compile on a CPU here: docs/brax.md
+has the measurements); ``positional``, ``spring`` and ``mjx`` can be asked for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from typing import Any
+
+import gymnasium as gym
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from kitae.envs.jax_env import JaxTimeStep
+
+DEFAULT_BACKEND = "generalized"
+BACKENDS = ("generalized", "positional", "spring", "mjx")
+DEFAULT_EPISODE_LENGTH = 1000
+
+
+@struct.dataclass
+class BraxParams:
+    """Parameters of a ``BraxEnv`` (a pytree: ``episode_length`` is a leaf, so a jitted ``step``
+    takes other lengths without compiling again).
+
+    Attributes:
+        episode_length: int scalar, steps after which an episode is truncated (>= 1).
+    """
+
+    episode_length: int = DEFAULT_EPISODE_LENGTH
+
+
+@struct.dataclass
+class BraxEnvState:
+    """The state of one ``BraxEnv``.
+
+    Attributes:
+        brax_state: Brax's ``State`` (pipeline state, obs, reward, done, metrics, info).
+        time: int32 scalar, steps taken in the running episode.
+    """
+
+    brax_state: Any
+    time: jax.Array
+
+
+def _import_brax_envs() -> Any:
+    try:
+        # mujoco's MJX (imported by brax) prints "Failed to import warp" when the optional NVIDIA
+        # Warp is absent; kitae does not use it, so keep that line out of the user's output.
+        with contextlib.redirect_stdout(io.StringIO()):
+            from brax import envs
+    except ImportError as error:
+        raise ImportError(
+            f"Brax environments need the brax package ({error}); install it with pip install 'kitae[brax]'"
+        ) from None
+    return envs
+
+
+def brax_env_names() -> list[str]:
+    """The names Brax's registry knows (``brax.envs.get_environment`` accepts them), sorted."""
+    envs = _import_brax_envs()
+    return sorted(envs._envs)  # Brax has no public listing; its registry dict is the source of truth
+
+
+class BraxEnv:
+    """A Brax environment as a kitae ``JaxEnv``.
+
+    Args:
+        name: a Brax registry name, e.g. ``"inverted_pendulum"``, ``"ant"`` (``brax_env_names()``).
+        backend: Brax's physics pipeline: one of ``BACKENDS`` (default ``"generalized"``).
+        episode_length: the default ``params.episode_length`` (time limit, >= 1).
+        **env_kwargs: passed to the Brax environment's constructor.
+
+    Attributes:
+        observation_space: ``Box(-inf, inf, (observation_size,), float32)``.
+        action_space: ``Box(low, high, (action_size,), float32)`` from the actuators' control range.
+        default_params: ``BraxParams(episode_length)``.
+
+    Raises:
+        ValueError: for an unknown name (listing the known ones), backend or episode length.
+    """
+
+    def __init__(self, name: str, backend: str = DEFAULT_BACKEND,
+                 episode_length: int = DEFAULT_EPISODE_LENGTH, **env_kwargs: Any) -> None:
+        envs = _import_brax_envs()
+        names = brax_env_names()
+        if name not in names:
+            raise ValueError(f"unknown Brax environment {name!r}; available: {', '.join(names)}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend={backend!r} is not allowed; allowed: {', '.join(BACKENDS)}")
+        if not isinstance(episode_length, int) or isinstance(episode_length, bool) or episode_length < 1:
+            raise ValueError(f"episode_length={episode_length!r} is not allowed; allowed: an int >= 1")
+        self.name = name
+        self.backend = backend
+        self.env = envs.get_environment(name, backend=backend, **env_kwargs)
+        self.default_params = BraxParams(episode_length=episode_length)
+        # Brax's observation_size runs a reset op by op (seconds); the shape alone is enough
+        obs_shape = jax.eval_shape(self.env.reset, jax.random.PRNGKey(0)).obs
+        if not hasattr(obs_shape, "shape") or len(obs_shape.shape) != 1:
+            raise ValueError(
+                f"Brax environment {name!r} has observations {obs_shape!r}; allowed: one flat vector"
+            )
+        n_obs = int(obs_shape.shape[0])
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (n_obs,), np.float32)
+        low, high = _control_range(self.env)
+        self.action_space = gym.spaces.Box(low, high, low.shape, np.float32)
+        self._low, self._high = low, high
+
+    def reset(self, key: jax.Array, params: BraxParams) -> tuple[jax.Array, BraxEnvState]:
+        """A fresh episode: ``(observation (obs_size,), state)``."""
+        brax_state = self.env.reset(key)
+        return brax_state.obs, BraxEnvState(brax_state=brax_state, time=jnp.zeros((), jnp.int32))
+
+    def step(self, key: jax.Array, state: BraxEnvState, action: jax.Array, params: BraxParams) -> JaxTimeStep:
+        """One step; an episode that ended is reset from ``key`` (see the module docstring)."""
+        action = jnp.clip(jnp.asarray(action, jnp.float32), self._low, self._high)
+        stepped = self.env.step(state.brax_state, action)
+        time = state.time + 1
+        terminated = jnp.asarray(stepped.done, jnp.float32) > 0.5
+        truncated = jnp.logical_and(time >= params.episode_length, jnp.logical_not(terminated))
+        ended = jnp.logical_or(terminated, truncated)
+        reset_obs, reset_state = self.reset(key, params)
+        chosen = jax.tree_util.tree_map(
+            lambda fresh, old: jnp.where(ended, fresh, old), reset_state.brax_state, stepped
+        )
+        return JaxTimeStep(
+            observation=jnp.where(ended, reset_obs, stepped.obs),
+            state=BraxEnvState(brax_state=chosen, time=jnp.where(ended, 0, time).astype(jnp.int32)),
+            reward=jnp.asarray(stepped.reward, jnp.float32),
+            terminated=terminated,
+            truncated=truncated,
+            next_observation=stepped.obs,
+        )
+
+    def __repr__(self) -> str:
+        return f"BraxEnv({self.name!r}, backend={self.backend!r})"
+
+
+def _control_range(env: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``(low, high)`` float32 ``(action_size,)``: the actuators' ``ctrl_range`` (as Brax's own
+    Gym wrapper reports it), or ``[-1, 1]`` where the system has none."""
+    size = int(env.action_size)
+    ctrl_range = getattr(getattr(getattr(env, "sys", None), "actuator", None), "ctrl_range", None)
+    if ctrl_range is None:
+        return -np.ones(size, np.float32), np.ones(size, np.float32)
+    ctrl_range = np.asarray(ctrl_range, np.float32).reshape(size, 2)
+    return ctrl_range[:, 0].copy(), ctrl_range[:, 1].copy()

@@ -27,6 +27,7 @@ current critics, the temperature uses the actor's log-probabilities.
 Usage (Pendulum-v1, about 20k steps to a return near -150)::
 
     import kitae.config as cfg
+from kitae.action_masks import refuse_action_mask
     from kitae.algos.collections.sac import SAC, SACParams
     from kitae.envs.make import make_vec_env
 
@@ -403,6 +404,7 @@ def train_state_sac_factory(
     params = config.algo_params
     observation_space = config.env_cfg.observation_space
     action_space = check_action_space(config.env_cfg.action_space)
+    refuse_action_mask(observation_space, "SAC")
     action_dim = int(action_space.shape[0])
     policy_key, q_key = jax.random.split(key)
 

@@ -4,7 +4,7 @@
 observation with an ``"action_mask"`` key (the PettingZoo classic convention):
 ``{"observation": ..., "action_mask": (n_actions,) 0/1}``, ``1`` (or ``True``) marking an allowed
 action. Environments that put the mask in ``info["action_mask"]`` (Gymnasium's convention, e.g.
-``Taxi-v3``) are wrapped with ``kitae.envs.wrappers.ActionMaskObservation``, which moves it into
+``Taxi-v4``) are wrapped with ``kitae.envs.wrappers.ActionMaskObservation``, which moves it into
 the observation. The mask travels with the observation everywhere (buffers, the compiled loop,
 next observations), so TD targets can use the mask of the NEXT observation.
 

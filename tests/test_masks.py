@@ -1,6 +1,6 @@
 """Action masks (kitae.action_masks): masked categorical policies, masked argmax / epsilon-greedy /
 TD targets, the Gymnasium info-to-observation wrapper, refusals, and short training runs that
-never take an illegal action (host loop: Taxi-v3; compiled loop: a masked gymnax CartPole)."""
+never take an illegal action (host loop: Taxi-v4; compiled loop: a masked gymnax CartPole)."""
 
 from __future__ import annotations
 
@@ -213,7 +213,7 @@ def test_a_mask_of_the_wrong_size_or_for_continuous_ppo_is_refused():
 
 
 def test_action_mask_observation_moves_taxi_masks_into_observations():
-    env = ActionMaskObservation(gym.make("Taxi-v3"))
+    env = ActionMaskObservation(gym.make("Taxi-v4"))
     assert set(env.observation_space.spaces) == {"observation", "action_mask"}
     assert env.observation_space["action_mask"].shape == (6,)
     obs, info = env.reset(seed=0)
@@ -230,7 +230,7 @@ def test_action_mask_observation_rejects_envs_without_masks():
     with pytest.raises(ValueError, match="Discrete action space"):
         ActionMaskObservation(gym.make("Pendulum-v1"))
     with pytest.raises(ValueError, match="observation_key='action_mask'"):
-        ActionMaskObservation(gym.make("Taxi-v3"), observation_key="action_mask")
+        ActionMaskObservation(gym.make("Taxi-v4"), observation_key="action_mask")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -240,7 +240,7 @@ def test_action_mask_observation_rejects_envs_without_masks():
 
 def _taxi(n_envs: int):
     IllegalActionCounter.illegal = IllegalActionCounter.taken = 0
-    return make_vec_env("Taxi-v3", n_envs, wrappers=[IllegalActionCounter, ActionMaskObservation])
+    return make_vec_env("Taxi-v4", n_envs, wrappers=[IllegalActionCounter, ActionMaskObservation])
 
 
 def test_ppo_trains_on_taxi_with_masks_and_never_acts_illegally():

@@ -41,6 +41,8 @@ def test_encoder_factory_picks_the_cnn_by_image_size():
     assert isinstance(encoder_factory(gym.spaces.Box(0, 255, (36, 35, 3), np.uint8)), MinAtarCNN)
     with pytest.raises(ValueError, match=r"must be >= 3.*MinAtarCNN"):
         encoder_factory(gym.spaces.Box(0, 255, (2, 8, 3), np.uint8))
+    with pytest.raises(ValueError, match=r"looks channels-first.*transpose"):
+        encoder_factory(gym.spaces.Box(0, 255, (4, 84, 84), np.uint8))  # EnvPool's Atari layout
 
 
 def test_dict_encoder_never_encodes_the_action_mask():
@@ -125,7 +127,7 @@ def test_frame_stack_rejects_bad_inputs():
     with pytest.raises(ValueError, match="frame_stack=0 is not allowed"):
         frame_stack(_Counter((3,)), 0)
     with pytest.raises(ValueError, match="needs a Box observation space"):
-        frame_stack(gym.make("Taxi-v3"), 4)
+        frame_stack(gym.make("Taxi-v4"), 4)
     with pytest.raises(ValueError, match="frame_stack=0 is not allowed"):
         make_vec_env("CartPole-v1", 1, frame_stack=0)
     with pytest.raises(ValueError, match="wrappers contains 3"):

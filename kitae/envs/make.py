@@ -87,7 +87,7 @@ def make_vec_env(
             ``"async"`` (one process per environment).
         env_kwargs: keyword arguments for ``gymnasium.make``.
         wrappers: callables ``env -> env`` applied in order to each sub-environment, e.g.
-            ``[kitae.envs.wrappers.ActionMaskObservation]`` for ``Taxi-v3``'s action masks.
+            ``[kitae.envs.wrappers.ActionMaskObservation]`` for ``Taxi-v4``'s action masks.
         frame_stack: stack this many frames per observation, channels-last
             (``kitae.envs.wrappers.frame_stack``: ``(H, W, C)`` -> ``(H, W, n * C)``), after
             ``wrappers``; 1 (the default) stacks nothing.

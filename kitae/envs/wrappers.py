@@ -1,7 +1,7 @@
 """Gymnasium wrappers for kitae's observation conventions (see ``docs/observations.md``).
 
 * ``ActionMaskObservation``: moves ``info["action_mask"]`` (Gymnasium's convention, e.g.
-  ``Taxi-v3``) into a ``Dict`` observation ``{"observation": obs, "action_mask": mask}`` (the
+  ``Taxi-v4``) into a ``Dict`` observation ``{"observation": obs, "action_mask": mask}`` (the
   PettingZoo classic convention that every kitae algorithm reads, ``kitae.action_masks``).
 * ``frame_stack(env, n_frames)``: Gymnasium's ``FrameStackObservation`` with the frames laid out
   CHANNELS-LAST, as kitae's CNN encoders expect: ``(H, W, C)`` frames become ``(H, W, n * C)``.
@@ -33,7 +33,7 @@ class ActionMaskObservation(gym.Wrapper):
 
     Args:
         env: an environment with a ``Discrete`` action space whose ``reset`` and ``step`` infos
-            hold ``"action_mask"`` (shape ``(n,)``, 1 = allowed), such as ``Taxi-v3``.
+            hold ``"action_mask"`` (shape ``(n,)``, 1 = allowed), such as ``Taxi-v4``.
         observation_key: the key of the original observation in the dict.
 
     Raises:
@@ -118,14 +118,14 @@ def frame_stack(env: gym.Env, n_frames: int) -> gym.Env:
     """
     if not isinstance(n_frames, int) or isinstance(n_frames, bool) or n_frames < 1:
         raise ValueError(f"frame_stack={n_frames!r} is not allowed; allowed: an int >= 1")
+    if n_frames == 1:
+        return env
     space = env.observation_space
     if not isinstance(space, gym.spaces.Box) or not 1 <= len(space.shape) <= 3:
         raise ValueError(
             f"frame_stack={n_frames} needs a Box observation space of shape (D,), (H, W) or (H, W, C); "
             f"got {space}"
         )
-    if n_frames == 1:
-        return env
     stacked = gym.wrappers.FrameStackObservation(env, n_frames)
     to_layout = _channels_last(n_frames, tuple(space.shape))
     low, high = to_layout(stacked.observation_space.low), to_layout(stacked.observation_space.high)

@@ -247,8 +247,10 @@ def encoder_factory(
     * ``Box`` of shape ``(D,)`` -> ``MLP(hidden, activation)``: ``(..., D) -> (..., hidden[-1])``.
     * ``Box`` of shape ``(H, W, C)`` with ``H, W >= 36`` -> ``NatureCNN()``: ``(..., H, W, C) ->
       (..., 512)``; with ``3 <= min(H, W) < 36`` -> ``MinAtarCNN()``: ``(..., 128)``. The layout
-      must be channels-last; transpose channels-first ``(C, H, W)`` observations first. ``hidden``
-      and ``activation`` do not apply. ``uint8`` images are scaled to ``[0, 1]`` inside.
+      must be channels-last; transpose channels-first ``(C, H, W)`` observations first (a shape
+      with ``min(H, W) < 36`` and ``C >= 36``, such as ``(4, 84, 84)``, is refused as looking
+      channels-first). ``hidden`` and ``activation`` do not apply. ``uint8`` images are scaled to
+      ``[0, 1]`` inside.
     * ``Discrete(n, start)`` -> ``DiscreteEncoder``: ``(...)`` -> one-hot -> ``MLP``.
     * ``Dict`` -> ``DictEncoder`` with one encoder per key (keys sorted, built recursively with the
       same arguments), taking a dict of arrays and concatenating the features. The
@@ -271,6 +273,12 @@ def encoder_factory(
                     f"be >= {SMALL_CNN_MIN_SIZE} (layout (H, W, C)); {_accepted()}."
                 )
             if min(shape[0], shape[1]) < NATURE_CNN_MIN_SIZE:
+                if shape[2] >= NATURE_CNN_MIN_SIZE:  # e.g. (4, 84, 84): frames stacked channels-first
+                    raise ValueError(
+                        f"Unsupported observation space {observation_space}: it looks channels-first "
+                        f"(C, H, W) (a small height or width, {shape[2]} channels); kitae's CNNs read "
+                        f"(H, W, C): transpose the observations (np.moveaxis(obs, 0, -1)); {_accepted()}."
+                    )
                 return MinAtarCNN()
             return NatureCNN()
     elif isinstance(observation_space, gym.spaces.Discrete):

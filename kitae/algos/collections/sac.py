@@ -27,7 +27,6 @@ current critics, the temperature uses the actor's log-probabilities.
 Usage (Pendulum-v1, about 20k steps to a return near -150)::
 
     import kitae.config as cfg
-from kitae.action_masks import refuse_action_mask
     from kitae.algos.collections.sac import SAC, SACParams
     from kitae.envs.make import make_vec_env
 
@@ -58,6 +57,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import kitae.config as cfg
+from kitae.action_masks import refuse_action_mask
 from kitae.algos.gradients import update_step_from_gradients
 from kitae.base import OffPolicyAgent
 from kitae.config import AlgoParams, register_algo_params, validate_types

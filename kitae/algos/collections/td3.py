@@ -29,7 +29,6 @@ Usage (a runnable example; about a minute on a laptop CPU)::
     import numpy as np
 
     import kitae.config as cfg
-from kitae.action_masks import refuse_action_mask
     from kitae.algos.collections.td3 import TD3, TD3Params
     from kitae.envs.make import make_vec_env
 
@@ -64,6 +63,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import kitae.config as cfg
+from kitae.action_masks import refuse_action_mask
 from kitae.algos.gradients import update_step_from_gradients
 from kitae.base import OffPolicyAgent, step_array
 from kitae.buffer import Experience

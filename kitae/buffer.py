@@ -218,6 +218,13 @@ class _HostBuffer:
 
 
 def _n_agents(data: Any) -> int:
+    """Agents per environment in stored experience: in multi-agent experience EVERY field is a dict
+    keyed by agent, so the reward (or, failing that, the action or done) field tells; observations
+    alone cannot, since single-agent ``Dict`` observations are dicts too."""
+    for name in ("reward", "done", "action"):
+        field = getattr(data, name, None)
+        if field is not None:
+            return len(field) if isinstance(field, dict) else 1
     observation = getattr(data, "observation", None)
     return len(observation) if isinstance(observation, dict) else 1
 

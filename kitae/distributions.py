@@ -29,6 +29,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from kitae.action_masks import allowed_actions
+
 _LOG_2 = math.log(2.0)
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
@@ -85,6 +87,8 @@ class Categorical:
         mask: optional boolean array broadcastable to ``logits``; ``True`` marks an allowed class.
             Masked-out classes get a very negative (finite) logit, so they have probability zero,
             are never sampled, and are never the mode. ``None`` means every class is allowed.
+            A row that allows no class at all is treated as allowing every class
+            (``kitae.action_masks.allowed_actions``), so it never yields NaN.
 
     Samples and ``mode()`` are ``int32`` arrays of shape ``(...)``.
     """
@@ -98,7 +102,7 @@ class Categorical:
         logits = _float(self.logits)
         if self.mask is None:
             return logits
-        return jnp.where(jnp.asarray(self.mask, bool), logits, _very_negative(logits.dtype))
+        return jnp.where(allowed_actions(self.mask), logits, _very_negative(logits.dtype))
 
     @property
     def log_probs(self) -> jax.Array:
@@ -303,15 +307,22 @@ class EpsilonGreedy:
     With probability ``1 - epsilon`` the greedy class ``argmax(preferences)`` is chosen, otherwise
     a class uniformly at random, so ``probs = epsilon / N + (1 - epsilon) * onehot(argmax)``.
 
+    With a ``mask``, both the greedy class and the random class are drawn among the allowed
+    classes only: ``probs = epsilon / N_allowed * mask + (1 - epsilon) * onehot(masked argmax)``.
+
     Attributes:
         preferences: scores (e.g. Q-values), shape ``(..., N)``; batch shape ``(...)``.
         epsilon: exploration rate in ``[0, 1]``, a scalar or an array broadcastable to ``(...)``.
+        mask: optional boolean array broadcastable to ``preferences``, ``True`` = allowed; a row
+            allowing nothing allows everything (``kitae.action_masks.allowed_actions``).
+            ``None``: every class is allowed.
 
     Samples and ``mode()`` are ``int32`` arrays of shape ``(...)``.
     """
 
     preferences: jax.Array
     epsilon: jax.Array | float
+    mask: jax.Array | None = None
 
     @property
     def num_classes(self) -> int:
@@ -323,8 +334,19 @@ class EpsilonGreedy:
         """``broadcast(preferences.shape[:-1], epsilon.shape)``."""
         return jnp.broadcast_shapes(self.preferences.shape[:-1], jnp.shape(self.epsilon))
 
+    def _allowed(self) -> jax.Array | None:
+        """The allowed classes ``(..., N)`` as booleans, or ``None`` without a mask."""
+        if self.mask is None:
+            return None
+        shape = jnp.broadcast_shapes(self.batch_shape, jnp.shape(self.mask)[:-1]) + (self.num_classes,)
+        return jnp.broadcast_to(allowed_actions(self.mask), shape)
+
     def _greedy(self) -> jax.Array:
-        greedy = jnp.argmax(self.preferences, axis=-1).astype(jnp.int32)
+        preferences = self.preferences
+        allowed = self._allowed()
+        if allowed is not None:
+            preferences = jnp.where(allowed, preferences, jnp.finfo(_float(preferences).dtype).min)
+        greedy = jnp.argmax(preferences, axis=-1).astype(jnp.int32)
         return jnp.broadcast_to(greedy, self.batch_shape)
 
     @property
@@ -333,19 +355,28 @@ class EpsilonGreedy:
         n = self.num_classes
         eps = _float(self.epsilon)[..., None]
         onehot = jax.nn.one_hot(self._greedy(), n, dtype=eps.dtype)
-        return eps / n + (1.0 - eps) * onehot
+        allowed = self._allowed()
+        if allowed is None:
+            return eps / n + (1.0 - eps) * onehot
+        uniform = allowed.astype(eps.dtype) / jnp.sum(allowed, axis=-1, keepdims=True).astype(eps.dtype)
+        return eps * uniform + (1.0 - eps) * onehot
 
     def sample(self, key: jax.Array) -> jax.Array:
         """Greedy class with prob ``1 - epsilon``, else uniform: ``int32`` of shape ``batch_shape``."""
         explore_key, action_key = jax.random.split(key)
         shape = self.batch_shape
         explore = jax.random.uniform(explore_key, shape) < self.epsilon
-        random_action = jax.random.randint(action_key, shape, 0, self.num_classes, dtype=jnp.int32)
+        allowed = self._allowed()
+        if allowed is None:
+            random_action = jax.random.randint(action_key, shape, 0, self.num_classes, dtype=jnp.int32)
+        else:  # uniform among the allowed classes
+            logits = jnp.where(allowed, 0.0, -jnp.inf)
+            random_action = jax.random.categorical(action_key, logits, axis=-1).astype(jnp.int32)
         return jnp.where(explore, random_action, self._greedy())
 
     def log_prob(self, x: jax.Array) -> jax.Array:
         """``log probs[..., x]`` for integer classes ``x`` -> ``batch_shape``
-        (``-inf`` for non-greedy classes when ``epsilon == 0``)."""
+        (``-inf`` for non-greedy classes when ``epsilon == 0``, and for masked-out classes)."""
         return _gather_last(jnp.log(self.probs), x)
 
     def sample_and_log_prob(self, key: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -358,7 +389,7 @@ class EpsilonGreedy:
         return _entropy_from_log_probs(jnp.log(self.probs))
 
     def mode(self) -> jax.Array:
-        """The greedy class ``argmax(preferences)``, ``int32`` of shape ``batch_shape``."""
+        """The greedy (allowed) class ``argmax(preferences)``, ``int32`` of shape ``batch_shape``."""
         return self._greedy()
 
 

@@ -8,7 +8,7 @@ sources; JAX sources run in the compiled loop.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import gymnasium as gym
 from gymnasium.vector import AutoresetMode
@@ -36,16 +36,28 @@ def parse_env_id(env_id: str) -> tuple[str, str]:
 
 
 def _gymnasium_thunk(name: str, index: int, capture_video: bool, video_dir: Path | None,
-                     env_kwargs: dict[str, Any]) -> Callable[[], gym.Env]:
+                     env_kwargs: dict[str, Any], wrap: Callable[[gym.Env], gym.Env] | None = None,
+                     ) -> Callable[[], gym.Env]:
     def thunk() -> gym.Env:
         if capture_video and index == 0:
             env = gym.make(name, render_mode="rgb_array", **env_kwargs)
             env = gym.wrappers.RecordVideo(env, str(video_dir), disable_logger=True)
         else:
             env = gym.make(name, **env_kwargs)
-        return env
+        return env if wrap is None else wrap(env)
 
     return thunk
+
+
+def _wrap_fn(wrappers: tuple, n_frames: int) -> Callable[[gym.Env], gym.Env]:
+    from kitae.envs.wrappers import frame_stack
+
+    def wrap(env: gym.Env) -> gym.Env:
+        for wrapper in wrappers:
+            env = wrapper(env)
+        return frame_stack(env, n_frames)
+
+    return wrap
 
 
 def make_vec_env(
@@ -56,6 +68,8 @@ def make_vec_env(
     *,
     vectorization_mode: str = "sync",
     env_kwargs: dict[str, Any] | None = None,
+    wrappers: Sequence[Callable[[gym.Env], gym.Env]] = (),
+    frame_stack: int = 1,
 ) -> gym.vector.VectorEnv:
     """Makes a Gymnasium vector environment that kitae's host loop can train in.
 
@@ -72,6 +86,11 @@ def make_vec_env(
         vectorization_mode: ``"sync"`` (one process, fastest for cheap environments) or
             ``"async"`` (one process per environment).
         env_kwargs: keyword arguments for ``gymnasium.make``.
+        wrappers: callables ``env -> env`` applied in order to each sub-environment, e.g.
+            ``[kitae.envs.wrappers.ActionMaskObservation]`` for ``Taxi-v4``'s action masks.
+        frame_stack: stack this many frames per observation, channels-last
+            (``kitae.envs.wrappers.frame_stack``: ``(H, W, C)`` -> ``(H, W, n * C)``), after
+            ``wrappers``; 1 (the default) stacks nothing.
 
     Returns:
         A ``gymnasium.vector.VectorEnv`` with ``num_envs == n_envs``; ``single_observation_space``
@@ -91,8 +110,17 @@ def make_vec_env(
         raise ValueError("capture_video=True needs a run_name: videos go to runs/<run_name>/videos")
     if name not in gym.registry:
         raise ValueError(f"unknown Gymnasium environment {name!r}; see gymnasium.pprint_registry() for the ids")
+    if not isinstance(frame_stack, int) or isinstance(frame_stack, bool) or frame_stack < 1:
+        raise ValueError(f"frame_stack={frame_stack!r} is not allowed; allowed: an int >= 1")
+    wrappers = tuple(wrappers)
+    for wrapper in wrappers:
+        if not callable(wrapper):
+            raise ValueError(f"wrappers contains {wrapper!r}; allowed: callables env -> env")
+    wrap = _wrap_fn(wrappers, frame_stack) if wrappers or frame_stack > 1 else None
     video_dir = Path("runs") / run_name / "videos" if capture_video else None
-    thunks = [_gymnasium_thunk(name, i, capture_video, video_dir, dict(env_kwargs or {})) for i in range(n_envs)]
+    thunks = [
+        _gymnasium_thunk(name, i, capture_video, video_dir, dict(env_kwargs or {}), wrap) for i in range(n_envs)
+    ]
     vector_cls = gym.vector.SyncVectorEnv if vectorization_mode == "sync" else gym.vector.AsyncVectorEnv
     env = vector_cls(thunks, autoreset_mode=AutoresetMode.SAME_STEP)
     if isinstance(env.single_action_space, gym.spaces.Box):

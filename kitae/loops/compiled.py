@@ -34,6 +34,7 @@ import numpy as np
 
 from kitae.compilation_cache import use_compilation_cache
 from kitae.buffer import BufferState, Experience, buffer_add, buffer_init, buffer_reset, buffer_rollout
+from kitae.buffer import _n_agents as _n_agents_of
 from kitae.envs.jax_env import VecJaxEnv
 from kitae.loops.episodes import track_episodes
 from kitae.types import AlgoType
@@ -301,8 +302,7 @@ def make_loop_functions(agent: Any, env: VecJaxEnv, *, log_every: int = 0,
 
 
 def _n_agents(buffer: BufferState) -> int:
-    observation = buffer.data.observation
-    return len(observation) if isinstance(observation, dict) else 1
+    return _n_agents_of(buffer.data)
 
 
 class LoopStart(NamedTuple):

@@ -141,14 +141,27 @@ def process_termination(
     """
     real_next = next_observations
     if "_final_obs" in infos and np.any(infos["_final_obs"]):
-        real_next = np.array(next_observations, copy=True)
-        for i in np.flatnonzero(infos["_final_obs"]):
-            real_next[i] = infos["final_obs"][i]
+        ended = np.flatnonzero(infos["_final_obs"])
+        real_next = _with_final_observations(next_observations, [infos["final_obs"][i] for i in ended], ended)
     if writer is not None:
         for _, episodic_return, length in (episode_statistics(infos) if episodes is None else episodes):
             writer.add_scalar("charts/episodic_return", episodic_return, global_step)
             writer.add_scalar("charts/episodic_length", length, global_step)
     return real_next
+
+
+def _with_final_observations(observations: Any, finals: list, rows: np.ndarray) -> Any:
+    """A copy of the batch ``observations`` (``(E, ...)``, or a dict of them for ``Dict`` spaces,
+    nested) with row ``rows[j]`` replaced by the single observation ``finals[j]``."""
+    if isinstance(observations, dict):
+        return {
+            key: _with_final_observations(value, [final[key] for final in finals], rows)
+            for key, value in observations.items()
+        }
+    out = np.array(observations, copy=True)
+    for row, final in zip(rows, finals):
+        out[row] = final
+    return out
 
 
 class _LossLog:

@@ -1,10 +1,16 @@
 """Observation encoders: flax.linen modules mapping observations to feature vectors ``(..., F)``.
 
 * ``MLP`` acts on the last axis: ``(..., D) -> (..., hidden[-1])`` (identity when ``hidden=()``).
-* ``NatureCNN`` encodes images laid out as ``(..., H, W, C)`` into ``(..., 512)``.
+* ``NatureCNN`` encodes images laid out as ``(..., H, W, C)`` into ``(..., 512)`` (``H, W >= 36``).
+* ``MinAtarCNN`` encodes small images ``(..., H, W, C)`` (``H, W >= 3``, e.g. MinAtar's 10x10)
+  into ``(..., 128)``.
 * ``DiscreteEncoder`` one-hot encodes integer observations ``(...)`` and applies an ``MLP``.
 * ``DictEncoder`` encodes a dict of observations, one encoder per key, and concatenates.
 * ``encoder_factory`` picks one of the above from a gymnasium observation space.
+
+Images: ``uint8`` pixels are scaled to ``[0, 1]`` INSIDE the network (``image_to_float``), so
+buffers keep ``uint8`` observations (4x less memory than float32). An ``"action_mask"`` entry of
+a ``Dict`` observation is never encoded (see ``kitae.action_masks``).
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ import flax.linen as nn
 import gymnasium as gym
 import jax
 import jax.numpy as jnp
+
+from kitae.action_masks import ACTION_MASK_KEY
 
 Activation = str | Callable[[jax.Array], jax.Array]
 """An activation: a name understood by ``get_activation`` or a callable ``(...) -> (...)``."""
@@ -33,7 +41,22 @@ _ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
 }
 
 NATURE_CNN_MIN_SIZE = 36
-"""Smallest height / width ``NatureCNN`` accepts (its three VALID convolutions need >= 36 pixels)."""
+"""Smallest height / width ``NatureCNN`` accepts (its three VALID convolutions need >= 36 pixels).
+``encoder_factory`` picks ``MinAtarCNN`` for smaller images."""
+
+SMALL_CNN_MIN_SIZE = 3
+"""Smallest height / width ``MinAtarCNN`` accepts (its 3x3 VALID convolution)."""
+
+
+def image_to_float(x: jax.Array) -> jax.Array:
+    """Images to float32: ``uint8`` pixels are divided by 255 (to ``[0, 1]``); ``bool`` and other
+    integer images are cast as they are (0/1 planes stay 0/1); float images are unchanged."""
+    x = jnp.asarray(x)
+    if x.dtype == jnp.uint8:
+        return x.astype(jnp.float32) / 255.0
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        return x.astype(jnp.float32)
+    return x
 
 
 def get_activation(activation: Activation) -> Callable[[jax.Array], jax.Array]:
@@ -98,8 +121,8 @@ class NatureCNN(nn.Module):
     -> Dense(512)``, all VALID padding and ReLU.
 
     Input layout is channels-last: ``(..., H, W, C)`` with any number of leading batch dims (or
-    none); ``H, W >= 36``. Integer inputs (e.g. ``uint8`` frames) are cast to float and scaled by
-    1/255; float inputs are used as they are. Output: ``(..., features)``.
+    none); ``H, W >= 36``. ``uint8`` frames are cast to float and scaled by 1/255; other inputs
+    are cast to float as they are (``image_to_float``). Output: ``(..., features)``.
 
     Attributes:
         features: size of the final dense layer (512 in the paper).
@@ -112,15 +135,42 @@ class NatureCNN(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         """x: ``(..., H, W, C)`` -> ``(..., features)``."""
-        x = jnp.asarray(x)
-        if not jnp.issubdtype(x.dtype, jnp.floating):
-            x = x.astype(jnp.float32) / 255.0
+        x = image_to_float(x)
         kinit = dense_init(None, self.orthogonal)
         batch = x.shape[:-3]
         x = x.reshape((-1,) + x.shape[-3:])
         x = nn.relu(nn.Conv(32, (8, 8), strides=(4, 4), padding="VALID", kernel_init=kinit)(x))
         x = nn.relu(nn.Conv(64, (4, 4), strides=(2, 2), padding="VALID", kernel_init=kinit)(x))
         x = nn.relu(nn.Conv(64, (3, 3), strides=(1, 1), padding="VALID", kernel_init=kinit)(x))
+        x = x.reshape(batch + (-1,))
+        return nn.relu(nn.Dense(self.features, kernel_init=kinit)(x))
+
+
+class MinAtarCNN(nn.Module):
+    """The small convolutional torso of the MinAtar paper (Young & Tian, 2019), for small images.
+
+    ``Conv(16, 3x3, stride 1, VALID) -> ReLU -> flatten -> Dense(128) -> ReLU``.
+
+    Input layout is channels-last ``(..., H, W, C)`` with any number of leading batch dims, ``H, W
+    >= 3`` (MinAtar: ``(10, 10, C)``). Inputs go through ``image_to_float`` (``uint8`` scaled by
+    1/255, 0/1 planes kept). Output: ``(..., features)``.
+
+    Attributes:
+        features: size of the dense layer (128 in the paper).
+        orthogonal: orthogonal init with scale sqrt(2) and zero biases; ``False`` uses flax defaults.
+    """
+
+    features: int = 128
+    orthogonal: bool = True
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """x: ``(..., H, W, C)`` -> ``(..., features)``."""
+        x = image_to_float(x)
+        kinit = dense_init(None, self.orthogonal)
+        batch = x.shape[:-3]
+        x = x.reshape((-1,) + x.shape[-3:])
+        x = nn.relu(nn.Conv(16, (3, 3), strides=(1, 1), padding="VALID", kernel_init=kinit)(x))
         x = x.reshape(batch + (-1,))
         return nn.relu(nn.Dense(self.features, kernel_init=kinit)(x))
 
@@ -157,7 +207,8 @@ class DictEncoder(nn.Module):
     are concatenated along the last axis in the order of ``keys``.
 
     Every entry must share the same leading batch dims; each encoder maps its entry to ``(..., F_i)``,
-    and the output is ``(..., sum_i F_i)``.
+    and the output is ``(..., sum_i F_i)``. Entries of ``obs`` whose key is not in ``keys`` (such
+    as ``"action_mask"``) are ignored.
 
     Attributes:
         keys: the dict keys, in concatenation order (``encoder_factory`` sorts them).
@@ -179,8 +230,9 @@ class DictEncoder(nn.Module):
 def _accepted() -> str:
     return (
         "accepted observation spaces: Box with shape (D,) -> MLP, Box with shape (H, W, C) "
-        f"(channels last, H, W >= {NATURE_CNN_MIN_SIZE}) -> NatureCNN, Discrete -> one-hot + MLP, "
-        "Dict of these -> per-key encoders concatenated"
+        f"(channels last) -> NatureCNN when H, W >= {NATURE_CNN_MIN_SIZE}, MinAtarCNN when "
+        f"{SMALL_CNN_MIN_SIZE} <= min(H, W) < {NATURE_CNN_MIN_SIZE}, Discrete -> one-hot + MLP, "
+        f"Dict of these -> per-key encoders concatenated (its {ACTION_MASK_KEY!r} key is not encoded)"
     )
 
 
@@ -193,12 +245,16 @@ def encoder_factory(
     """Builds an encoder for a gymnasium observation space.
 
     * ``Box`` of shape ``(D,)`` -> ``MLP(hidden, activation)``: ``(..., D) -> (..., hidden[-1])``.
-    * ``Box`` of shape ``(H, W, C)`` -> ``NatureCNN()``: ``(..., H, W, C) -> (..., 512)``. The layout
-      must be channels-last; transpose channels-first ``(C, H, W)`` observations first. ``hidden``
-      and ``activation`` do not apply.
+    * ``Box`` of shape ``(H, W, C)`` with ``H, W >= 36`` -> ``NatureCNN()``: ``(..., H, W, C) ->
+      (..., 512)``; with ``3 <= min(H, W) < 36`` -> ``MinAtarCNN()``: ``(..., 128)``. The layout
+      must be channels-last; transpose channels-first ``(C, H, W)`` observations first (a shape
+      with ``min(H, W) < 36`` and ``C >= 36``, such as ``(4, 84, 84)``, is refused as looking
+      channels-first). ``hidden`` and ``activation`` do not apply. ``uint8`` images are scaled to
+      ``[0, 1]`` inside.
     * ``Discrete(n, start)`` -> ``DiscreteEncoder``: ``(...)`` -> one-hot -> ``MLP``.
     * ``Dict`` -> ``DictEncoder`` with one encoder per key (keys sorted, built recursively with the
-      same arguments), taking a dict of arrays and concatenating the features.
+      same arguments), taking a dict of arrays and concatenating the features. The
+      ``"action_mask"`` key (``kitae.action_masks``) is left out: masks are never encoded.
 
     With ``hidden=()`` the MLPs are the identity, so the encoder only preprocesses (one-hot, concat).
 
@@ -211,11 +267,19 @@ def encoder_factory(
         if len(shape) == 1:
             return MLP(hidden=hidden, activation=activation)
         if len(shape) == 3:
-            if min(shape[0], shape[1]) < NATURE_CNN_MIN_SIZE:
+            if min(shape[0], shape[1]) < SMALL_CNN_MIN_SIZE:
                 raise ValueError(
                     f"Unsupported observation space {observation_space}: image height and width must "
-                    f"be >= {NATURE_CNN_MIN_SIZE} for NatureCNN (layout (H, W, C)); {_accepted()}."
+                    f"be >= {SMALL_CNN_MIN_SIZE} (layout (H, W, C)); {_accepted()}."
                 )
+            if min(shape[0], shape[1]) < NATURE_CNN_MIN_SIZE:
+                if shape[2] >= NATURE_CNN_MIN_SIZE:  # e.g. (4, 84, 84): frames stacked channels-first
+                    raise ValueError(
+                        f"Unsupported observation space {observation_space}: it looks channels-first "
+                        f"(C, H, W) (a small height or width, {shape[2]} channels); kitae's CNNs read "
+                        f"(H, W, C): transpose the observations (np.moveaxis(obs, 0, -1)); {_accepted()}."
+                    )
+                return MinAtarCNN()
             return NatureCNN()
     elif isinstance(observation_space, gym.spaces.Discrete):
         return DiscreteEncoder(
@@ -223,9 +287,12 @@ def encoder_factory(
             activation=activation,
         )
     elif isinstance(observation_space, gym.spaces.Dict):
-        keys = sorted(observation_space.spaces)
+        keys = sorted(k for k in observation_space.spaces if k != ACTION_MASK_KEY)
         if not keys:
-            raise ValueError(f"Unsupported observation space {observation_space}: empty Dict; {_accepted()}.")
+            raise ValueError(
+                f"Unsupported observation space {observation_space}: a Dict with nothing to encode "
+                f"(empty, or only {ACTION_MASK_KEY!r}); {_accepted()}."
+            )
         encoders = tuple(
             encoder_factory(observation_space.spaces[k], hidden=hidden, activation=activation) for k in keys
         )
@@ -246,10 +313,12 @@ def space_input_shape(space: gym.Space):
 __all__ = [
     "MLP",
     "NatureCNN",
+    "MinAtarCNN",
     "DiscreteEncoder",
     "DictEncoder",
     "encoder_factory",
     "get_activation",
     "dense_init",
     "space_input_shape",
+    "image_to_float",
 ]

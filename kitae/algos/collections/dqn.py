@@ -8,6 +8,11 @@ Discrete action spaces only (``gymnasium.spaces.Discrete``). Observations go thr
 ``kitae.modules.qvalue.qvalue_factory``: an ``MLP`` for vectors, ``NatureCNN`` for images
 ``(H, W, C)``, one-hot for ``Discrete`` observations, per-key encoders for ``Dict`` spaces.
 
+Action masks (``kitae.action_masks``): with an ``"action_mask"`` entry in ``Dict`` observations,
+the greedy action and the epsilon-greedy random action are drawn among the allowed actions only,
+and the TD target's max over next actions (Double DQN: the online argmax) is taken over the
+actions the NEXT observation's mask allows.
+
 The pure pieces, each usable on its own (and inside one compiled program, where the environment
 step may be a traced scalar):
 
@@ -62,6 +67,7 @@ import numpy as np
 import optax
 
 import kitae.config as cfg
+from kitae.action_masks import check_action_mask_space, get_action_mask, masked_argmax, masked_max
 from kitae.algos.gradients import update_step_from_gradients
 from kitae.base import OffPolicyAgent, step_array
 from kitae.buffer import Experience
@@ -273,6 +279,7 @@ def train_state_dqn_factory(
         ValueError: for a non-``Discrete`` action space.
     """
     _check_action_space(config.env_cfg.action_space)
+    check_action_mask_space(config.env_cfg.observation_space, config.env_cfg.action_space, "DQN")
     params_cfg = config.algo_params
     module = qvalue_factory(
         config.env_cfg.observation_space,
@@ -366,6 +373,8 @@ def explore_factory(config: cfg.AlgoConfig) -> Callable:
       schedule (``0.0`` acts greedily).
     * returns actions ``(B,)`` int32 in the action space's units (``start`` added) and their
       log-probabilities under the epsilon-greedy distribution ``(B,)``.
+    * observations with an ``"action_mask"`` (``(B, n)``): greedy and random actions are both
+      drawn among the allowed actions (``EpsilonGreedy`` with ``mask``).
     """
     _check_action_space(config.env_cfg.action_space)
     schedule = epsilon_schedule(config.algo_params, config.train_cfg.n_env_steps)
@@ -381,7 +390,8 @@ def explore_factory(config: cfg.AlgoConfig) -> Callable:
     ) -> tuple[jax.Array, jax.Array]:
         qvalues = state.qvalue.apply_fn(state.qvalue.params, observations)
         epsilon = schedule(env_step) if exploration is None else exploration
-        actions, log_probs = EpsilonGreedy(qvalues, epsilon).sample_and_log_prob(key)
+        dist = EpsilonGreedy(qvalues, epsilon, get_action_mask(observations))
+        actions, log_probs = dist.sample_and_log_prob(key)
         return actions + action_start, log_probs
 
     return explore_fn
@@ -398,12 +408,15 @@ def dqn_targets(
     next_q_target: jax.Array,
     gamma: float | jax.Array,
     next_q_online: jax.Array | None = None,
+    next_mask: jax.Array | None = None,
 ) -> jax.Array:
     """One-step TD targets ``r + gamma * (1 - terminated) * V(s')``.
 
     Plain DQN (``next_q_online is None``): ``V(s') = max_a Q_target(s', a)``. Double DQN:
     ``V(s') = Q_target(s', argmax_a Q_online(s', a))``. Truncated transitions are not
-    ``terminated``: they bootstrap from the real next observation.
+    ``terminated``: they bootstrap from the real next observation. With ``next_mask`` the max
+    (or the argmax) runs over the actions allowed in ``s'`` only (a row allowing nothing counts
+    as allowing everything: ``kitae.action_masks.allowed_actions``).
 
     Args:
         rewards: ``(B,)``.
@@ -412,14 +425,15 @@ def dqn_targets(
         gamma: the discount.
         next_q_online: the online network's Q-values of the next observations, ``(B, N)``, for
             Double DQN; ``None`` for plain DQN.
+        next_mask: the next observations' action masks ``(B, N)`` (True / 1 = allowed), or ``None``.
 
     Returns:
         The targets ``(B,)``, with gradients stopped.
     """
     if next_q_online is None:
-        next_values = jnp.max(next_q_target, axis=-1)
+        next_values = masked_max(next_q_target, next_mask)
     else:
-        next_actions = jnp.argmax(next_q_online, axis=-1)
+        next_actions = masked_argmax(next_q_online, next_mask)
         next_values = jnp.take_along_axis(next_q_target, next_actions[..., None], axis=-1)[..., 0]
     discounts = gamma * (1.0 - jnp.asarray(terminated, next_values.dtype))
     targets = compute_td_targets(jnp.asarray(rewards, next_values.dtype), discounts, next_values)
@@ -488,7 +502,8 @@ def process_experience_factory(config: cfg.AlgoConfig) -> Callable:
 
     ``experience`` is an ``Experience`` whose leaves are ``(B, ...)``; the TD targets use the
     target network (and the online network for Double DQN) on ``next_observation`` and stop at
-    ``done`` (termination only). Actions are shifted to ``[0, n_actions)``.
+    ``done`` (termination only); with action masks, only the next observation's allowed actions
+    count. Actions are shifted to ``[0, n_actions)``.
     """
     p = config.algo_params
     action_start = int(config.env_cfg.action_space.start)
@@ -498,7 +513,8 @@ def process_experience_factory(config: cfg.AlgoConfig) -> Callable:
         qvalue = state.qvalue
         next_q_target = qvalue.apply_fn(qvalue.target_params, experience.next_observation)
         next_q_online = qvalue.apply_fn(qvalue.params, experience.next_observation) if p.double_dqn else None
-        targets = dqn_targets(experience.reward, experience.done, next_q_target, p.gamma, next_q_online)
+        next_mask = get_action_mask(experience.next_observation)
+        targets = dqn_targets(experience.reward, experience.done, next_q_target, p.gamma, next_q_online, next_mask)
         actions = jnp.asarray(experience.action, jnp.int32) - action_start
         return DQNBatch(experience.observation, actions, targets)
 

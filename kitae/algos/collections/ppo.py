@@ -6,6 +6,10 @@ factories (see the custom-agent guide) on ``kitae.base.OnPolicyAgent``:
 * **Policies**: a categorical policy for ``Discrete(n)`` actions and a diagonal Gaussian with a
   state-independent learned log-std for 1-D ``Box(D,)`` actions. Other action spaces are refused
   when the agent is made.
+* **Action masks** (``kitae.action_masks``): with an ``"action_mask"`` entry in ``Dict``
+  observations, the categorical policy's logits are masked: ``explore`` samples only allowed
+  actions, ``select_action`` picks the best allowed one, and the log-probabilities and entropy of
+  the update are over the allowed actions of each stored observation.
 * **Continuous actions**: the Gaussian works in ``[-1, 1]`` units; ``explore`` / ``select_action``
   return ``center + half_range * u`` in the environment's units (``center`` and ``half_range`` from
   the ``Box`` bounds; dimensions with an infinite bound are left unscaled). The raw sample is NOT
@@ -96,10 +100,12 @@ import jax.numpy as jnp
 import numpy as np
 
 import kitae.config as cfg
+from kitae.action_masks import check_action_mask_space, get_action_mask
 from kitae.algos.gradients import update_step_from_gradients
 from kitae.base import OnPolicyAgent
 from kitae.buffer import Experience
 from kitae.config import AlgoParams, register_algo_params, validate_types
+from kitae.distributions import Categorical
 from kitae.modules.encoders import encoder_factory, get_activation, space_input_shape
 from kitae.modules.modules import init_params
 from kitae.modules.optimizer import optimizer_from_config
@@ -127,6 +133,7 @@ __all__ = [
     "update_return_statistics",
     "update_observation_statistics",
     "check_spaces",
+    "apply_action_mask",
     "train_state_ppo_factory",
     "explore_factory",
     "process_experience_factory",
@@ -250,6 +257,7 @@ def check_spaces(config: cfg.AlgoConfig) -> None:
             "(categorical policy) or a one-dimensional Box of shape (D,) (diagonal Gaussian policy)"
         )
     observation_space = config.env_cfg.observation_space
+    check_action_mask_space(observation_space, action_space, "PPO")
     try:
         encoder_factory(observation_space, hidden=())
     except ValueError as error:
@@ -494,6 +502,16 @@ def train_state_ppo_factory(
     )
 
 
+def apply_action_mask(dist: Any, observations: Any) -> Any:
+    """The policy's distribution restricted to the allowed actions of ``observations``: a
+    ``Categorical`` with the mask of ``observations["action_mask"]`` (``(B, n)``) when the
+    observations carry one (``kitae.action_masks``), ``dist`` unchanged otherwise."""
+    mask = get_action_mask(observations)
+    if mask is None:
+        return dist
+    return Categorical(dist.logits, mask)
+
+
 def _observation_normalizer(config: cfg.AlgoConfig) -> Callable[[PPOState, Any], Any]:
     """``(state, observations) -> observations`` normalised with the state's statistics, or
     unchanged when ``normalize_observations`` is off."""
@@ -518,7 +536,8 @@ def explore_factory(config: cfg.AlgoConfig) -> Callable:
     space's ``start``) or ``(B, D)`` float32 in the environment's units (``Box``: ``center +
     half_range * u`` with ``u`` the Gaussian sample, not clipped), and the log-probabilities
     ``(B,)`` of the policy's own sample (of ``u`` for ``Box``). ``deterministic=True`` (static)
-    returns the mode (greedy action / Gaussian mean) and its log-probability.
+    returns the mode (greedy action / Gaussian mean) and its log-probability. Observations with
+    an ``"action_mask"`` restrict both to the allowed actions (``apply_action_mask``).
     """
     action_map = _action_map(config.env_cfg.action_space)
     normalize = _observation_normalizer(config)
@@ -527,6 +546,7 @@ def explore_factory(config: cfg.AlgoConfig) -> Callable:
                    deterministic: bool = False) -> tuple[jax.Array, jax.Array]:
         ac = state.actor_critic
         dist = ac.apply_fn(ac.params, normalize(state, observations), method="policy")
+        dist = apply_action_mask(dist, observations)
         if deterministic:
             raw = dist.mode()
             log_probs = dist.log_prob(raw)
@@ -680,6 +700,7 @@ def compute_gradients_factory(config: cfg.AlgoConfig) -> Callable:
 
         def loss_fn(params: Params) -> tuple[jax.Array, dict]:
             dist, values = ac.apply_fn(params, batch.observation)
+            dist = apply_action_mask(dist, batch.observation)
             log_probs = dist.log_prob(batch.action)
             policy_loss = ppo_policy_loss(log_probs, batch.log_prob, advantages, p.clip_coef)
             value_loss = ppo_value_loss(values, batch.value, batch.return_, value_clip)

@@ -57,6 +57,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import kitae.config as cfg
+from kitae.action_masks import refuse_action_mask
 from kitae.algos.gradients import update_step_from_gradients
 from kitae.base import OffPolicyAgent
 from kitae.config import AlgoParams, register_algo_params, validate_types
@@ -403,6 +404,7 @@ def train_state_sac_factory(
     params = config.algo_params
     observation_space = config.env_cfg.observation_space
     action_space = check_action_space(config.env_cfg.action_space)
+    refuse_action_mask(observation_space, "SAC")
     action_dim = int(action_space.shape[0])
     policy_key, q_key = jax.random.split(key)
 

@@ -63,6 +63,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import kitae.config as cfg
+from kitae.action_masks import refuse_action_mask
 from kitae.algos.gradients import update_step_from_gradients
 from kitae.base import OffPolicyAgent, step_array
 from kitae.buffer import Experience
@@ -256,6 +257,7 @@ def train_state_td3_factory(
     p = config.algo_params
     observation_space, action_space = config.env_cfg.observation_space, config.env_cfg.action_space
     check_action_space(action_space)
+    refuse_action_mask(observation_space, "TD3")
     action_dim = int(action_space.shape[0])
 
     actor = policy_factory(observation_space, action_space, hidden=p.actor_hidden, kind="deterministic",

@@ -47,17 +47,16 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import kitae.config as cfg  # noqa: E402
-from kitae.algos.collections.ppo import PPO, PPOParams  # noqa: E402
-from kitae.envs.make import make_vec_env  # noqa: E402
-from kitae.loops.train import vectorized_train  # noqa: E402
+from kitae.envs.make import make_vec_env  # noqa: E402  (no JAX: worker processes import this file)
 
 ENV_ID = "pettingzoo:mpe2.simple_spread_v3"
 RESULTS = Path(__file__).resolve().parent / "results"
-ALGO_PARAMS = PPOParams(gamma=0.99, gae_lambda=0.95, clip_coef=0.2, entropy_coef=0.01, value_coef=0.5)
+PPO_PARAMS = dict(gamma=0.99, gae_lambda=0.95, clip_coef=0.2, entropy_coef=0.01, value_coef=0.5)
 
 
-def update_cfg(n_envs: int, rollout: int) -> cfg.UpdateConfig:
+def update_cfg(n_envs: int, rollout: int):
+    import kitae.config as cfg
+
     return cfg.UpdateConfig(learning_rate=7e-4, learning_rate_annealing=True, max_grad_norm=0.5,
                             max_buffer_size=rollout, batch_size=n_envs * rollout * 3 // 4, n_epochs=10)
 
@@ -99,6 +98,12 @@ def throughput(mode: str, n_envs: int, steps: int = 2_000) -> float:
 
 
 def main() -> None:
+    # JAX and the agent are imported here, not at the top: SubProcVecParallelEnv's worker
+    # processes are spawned and import this file, and need none of it.
+    import kitae.config as cfg
+    from kitae.algos.collections.ppo import PPO, PPOParams
+    from kitae.loops.train import vectorized_train
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=300_000)
@@ -122,7 +127,7 @@ def main() -> None:
 
         env = make_vec_env(ENV_ID, args.n_envs, vectorization_mode=mode)
         config = cfg.AlgoConfig(
-            seed=seed, algo_params=ALGO_PARAMS, update_cfg=update_cfg(args.n_envs, args.rollout),
+            seed=seed, algo_params=PPOParams(**PPO_PARAMS), update_cfg=update_cfg(args.n_envs, args.rollout),
             train_cfg=cfg.TrainConfig(n_env_steps=args.steps),
             env_cfg=cfg.EnvConfig(task_name=ENV_ID, observation_space=env.single_observation_space,
                                   action_space=env.single_action_space, n_envs=env.num_envs,
@@ -172,7 +177,7 @@ def main() -> None:
         "passed": all(r["margin"] > 0 for r in runs),
         "runs": runs, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "machine": f"{platform.machine()}, {platform.python_version()}",
-        "algo_params": repr(ALGO_PARAMS), "update_cfg": repr(update_cfg(args.n_envs, args.rollout)),
+        "algo_params": repr(PPOParams(**PPO_PARAMS)), "update_cfg": repr(update_cfg(args.n_envs, args.rollout)),
     }
     RESULTS.mkdir(exist_ok=True)
     Path(args.output).write_text(json.dumps(result, indent=2))

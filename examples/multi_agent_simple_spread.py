@@ -19,13 +19,16 @@ import sys
 import numpy as np
 from mpe2 import simple_spread_v3
 
-import kitae.config as cfg
-from kitae.algos.collections.ppo import PPO, PPOParams
 from kitae.envs.parallel import SyncVecParallelEnv
 from kitae.envs.subproc import SubProcVecParallelEnv
 
 
 def main() -> None:
+    # The worker processes are spawned and import this file: JAX and the agent are imported here,
+    # where they do not slow every worker's start (the environments need none of it).
+    import kitae.config as cfg
+    from kitae.algos.collections.ppo import PPO, PPOParams
+
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     n_env_steps = int(args[0]) if args else 100_000
     vec_env_cls = SyncVecParallelEnv if "--in-process" in sys.argv else SubProcVecParallelEnv

@@ -4,6 +4,7 @@ processes), check_env, the env ids, and shared-parameter PPO, DQN, SAC and TD3."
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import multiprocessing
 import os
@@ -23,8 +24,10 @@ from kitae.envs.subproc import SubProcVecParallelEnv
 from kitae.loops.multi_agent import AgentEpisodes
 from kitae.loops.train import check_env, process_termination
 
-pytest.importorskip("pettingzoo")
-mpe2 = pytest.importorskip("mpe2")
+needs_mpe2 = pytest.mark.skipif(
+    importlib.util.find_spec("mpe2") is None or importlib.util.find_spec("pettingzoo") is None,
+    reason="needs the pettingzoo extra: pip install -e '.[pettingzoo]'",
+)
 
 TESTS = Path(__file__).resolve().parent
 VEC_CLASSES = [SyncVecParallelEnv, SubProcVecParallelEnv]
@@ -290,6 +293,7 @@ def test_check_env_wraps_a_single_parallel_env_in_process():
     vec.close()
 
 
+@needs_mpe2
 def test_check_env_refuses_aec_environments_and_others():
     from mpe2 import simple_spread_v3
 
@@ -301,6 +305,7 @@ def test_check_env_refuses_aec_environments_and_others():
         check_env(object())
 
 
+@needs_mpe2
 def test_check_parallel_env_on_simple_spread():
     from mpe2 import simple_spread_v3
 
@@ -346,6 +351,7 @@ def test_process_termination_with_dicts_keyed_by_agent():
 # ---------------------------------------------------------------------------------------------
 
 
+@needs_mpe2
 def test_make_vec_env_pettingzoo_ids():
     from kitae.envs.make import make_vec_env
 
@@ -361,6 +367,7 @@ def test_make_vec_env_pettingzoo_ids():
     env.close()
 
 
+@needs_mpe2
 @pytest.mark.parametrize("env_id, match", [
     ("pettingzoo:mpe2.simple_nothing_v1", r"unknown PettingZoo environment 'mpe2.simple_nothing_v1'.*simple_spread_v3"),
     ("pettingzoo:os.path", r"unknown PettingZoo environment 'os.path'; allowed: 'pettingzoo:mpe2.<env>'"),
@@ -423,6 +430,7 @@ SMOKE = [
 ]
 
 
+@needs_mpe2
 @pytest.mark.parametrize("algo, continuous, update", SMOKE, ids=[s[0] for s in SMOKE])
 def test_shared_parameter_training_smoke(algo, continuous, update, tmp_path):
     import jax
@@ -453,6 +461,7 @@ def test_shared_parameter_training_smoke(algo, continuous, update, tmp_path):
     assert {"charts/episodic_return", "charts/agent_0/episodic_return", "charts/agent_1/episodic_return"} <= set(tags)
 
 
+@needs_mpe2
 def test_shared_parameter_ppo_in_worker_processes_is_reproducible():
     from kitae.algos.collections.ppo import PPO
     from kitae.loops.train import vectorized_train
@@ -469,6 +478,7 @@ def test_shared_parameter_ppo_in_worker_processes_is_reproducible():
     assert fingerprints[0] == fingerprints[1]  # same seed: the same parameters, whichever vector env
 
 
+@needs_mpe2
 def test_vectorized_train_checks_n_agents():
     from kitae.algos.collections.ppo import PPO
     from kitae.loops.train import vectorized_train
@@ -483,13 +493,38 @@ def test_vectorized_train_checks_n_agents():
     assert env.closed
 
 
+@needs_mpe2
+def test_multi_agent_replay_buffer_survives_a_checkpoint(tmp_path):
+    import jax
+
+    from kitae.checkpoint import Checkpointer, apply_to_agent
+    from kitae.loops.train import vectorized_train
+    from kitae.runner import restore_host
+
+    env = _spread()
+    agent_cls, config = _config("dqn", env, 40, max_buffer_size=100, batch_size=16)
+    agent = agent_cls("ckpt", config)
+    vectorized_train(0, agent, env, 40, agent.algo_type)
+    assert isinstance(agent.buffer.state.data.observation, dict) and agent.buffer.size == 20
+    with Checkpointer(tmp_path / "checkpoints") as checkpointer:
+        checkpointer.save(40, agent)
+    fresh = agent_cls("ckpt", config)
+    apply_to_agent(fresh, restore_host(fresh, tmp_path / "checkpoints"))
+    for saved, restored in ((agent.buffer.state, fresh.buffer.state), (agent.state, fresh.state)):
+        assert jax.tree_util.tree_structure(saved) == jax.tree_util.tree_structure(restored)
+        for x, y in zip(jax.tree_util.tree_leaves(saved), jax.tree_util.tree_leaves(restored)):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    assert fresh.buffer.n_transitions == 20 * 2 * 2
+
+
 # ---------------------------------------------------------------------------------------------
 # kitae train / eval with a pettingzoo: id
 # ---------------------------------------------------------------------------------------------
 
 
+@needs_mpe2
 def test_kitae_train_and_eval_pettingzoo(tmp_path):
-    from kitae.runner import RunSpec, eval_run, train_run
+    from kitae.runner import RunSpec, eval_run, resume_run, train_run
 
     run_dir = tmp_path / "run"
     summary = train_run(RunSpec("ppo", "pettingzoo:mpe2.simple_spread_v3", steps=256, n_envs=2, quiet=True,
@@ -502,6 +537,8 @@ def test_kitae_train_and_eval_pettingzoo(tmp_path):
     assert rows and all(row["episodic_length"] == 25 for row in rows)
     result = eval_run(run_dir, episodes=3)
     assert len(result["returns"][0]) == 3 and np.isfinite(result["mean"][0])
+    resumed = resume_run(run_dir, steps=384, quiet=True)
+    assert resumed["steps"] == 384 and resumed["resumed_from"] == 256
 
 
 def test_vec_parallel_env_is_a_vec_parallel_env():

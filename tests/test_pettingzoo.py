@@ -372,7 +372,9 @@ def test_make_vec_env_pettingzoo_ids():
     ("pettingzoo:mpe2.simple_nothing_v1", r"unknown PettingZoo environment 'mpe2.simple_nothing_v1'.*simple_spread_v3"),
     ("pettingzoo:os.path", r"unknown PettingZoo environment 'os.path'; allowed: 'pettingzoo:mpe2.<env>'"),
     ("pettingzoo:simple_spread_v3", r"'simple_spread_v3' is not allowed; allowed: 'pettingzoo:mpe2.<env>'"),
-    ("pettingzoo:sisl.nothing_v0", r"unknown PettingZoo environment 'sisl.nothing_v0'.*pursuit_v4"),
+    ("pettingzoo:sisl.nothing_v0", r"unknown PettingZoo environment 'sisl.nothing_v0'.*pursuit_v5"),
+    ("pettingzoo:classic.connect_four_v3", r"'classic.connect_four_v3' has no parallel_env \(an AEC-only environment\)"),
+    ("pettingzoo:classic.chess_v6", r"'classic.chess_v6' needs the package 'chess'"),
 ])
 def test_make_vec_env_rejects_unknown_pettingzoo_ids(env_id, match):
     from kitae.envs.make import make_vec_env

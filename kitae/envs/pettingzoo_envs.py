@@ -5,9 +5,9 @@ imports do, without the ``pettingzoo.`` prefix for PettingZoo's families:
 
 * ``pettingzoo:mpe2.simple_spread_v3``: the Multi-Particle Environments, which moved from
   ``pettingzoo.mpe`` to the ``mpe2`` package (``from mpe2 import simple_spread_v3``);
-* ``pettingzoo:sisl.pursuit_v4``, ``pettingzoo:butterfly.cooperative_pong_v6``: PettingZoo's
+* ``pettingzoo:sisl.pursuit_v5``, ``pettingzoo:butterfly.cooperative_pong_v6``: PettingZoo's
   families ``sisl``, ``butterfly``, ``classic``, ``atari`` (``from pettingzoo.sisl import
-  pursuit_v4``); the long form ``pettingzoo:pettingzoo.sisl.pursuit_v4`` is accepted too.
+  pursuit_v5``); the long form ``pettingzoo:pettingzoo.sisl.pursuit_v5`` is accepted too.
 
 Only these packages are looked in (an id from a config file never imports an arbitrary module).
 The module must have a ``parallel_env`` function; keyword arguments for it (``N=3``,
@@ -32,12 +32,12 @@ _MODULE_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
 _FORMS = (
     "'pettingzoo:mpe2.<env>' (e.g. mpe2.simple_spread_v3) or 'pettingzoo:<family>.<env>' with family in "
     + ", ".join(PETTINGZOO_FAMILIES)
-    + " (e.g. sisl.pursuit_v4)"
+    + " (e.g. sisl.pursuit_v5)"
 )
 
 
 def _module_name(name: str) -> tuple[str, str]:
-    """``"sisl.pursuit_v4"`` -> ``("pettingzoo.sisl.pursuit_v4", "pettingzoo.sisl")``: the module
+    """``"sisl.pursuit_v5"`` -> ``("pettingzoo.sisl.pursuit_v5", "pettingzoo.sisl")``: the module
     to import and its package."""
     if not isinstance(name, str) or not _MODULE_PATH.match(name):
         raise ValueError(f"PettingZoo environment {name!r} is not allowed; allowed: {_FORMS}")
@@ -63,7 +63,7 @@ def parallel_env_maker(name: str) -> Callable[..., Any]:
     """The ``parallel_env`` function of a PettingZoo environment id's module.
 
     Args:
-        name: the id without ``pettingzoo:``, e.g. ``"mpe2.simple_spread_v3"`` or ``"sisl.pursuit_v4"``.
+        name: the id without ``pettingzoo:``, e.g. ``"mpe2.simple_spread_v3"`` or ``"sisl.pursuit_v5"``.
 
     Raises:
         ValueError: for an id of another form, a package that is not installed (saying what to

@@ -41,9 +41,9 @@ def main() -> None:
 
     config = cfg.AlgoConfig(
         seed=0,
-        algo_params=PPOParams(gamma=0.99, gae_lambda=0.95, entropy_coef=0.01),
+        algo_params=PPOParams(gamma=0.95, gae_lambda=0.95, entropy_coef=0.01, normalize_rewards=True),
         update_cfg=cfg.UpdateConfig(learning_rate=7e-4, learning_rate_annealing=True,
-                                    max_buffer_size=100, batch_size=600, n_epochs=10),
+                                    max_buffer_size=100, batch_size=1200, n_epochs=5),
         train_cfg=cfg.TrainConfig(n_env_steps=n_env_steps),
         env_cfg=cfg.EnvConfig(
             task_name="pettingzoo:mpe2.simple_spread_v3",

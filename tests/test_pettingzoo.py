@@ -463,6 +463,37 @@ def test_shared_parameter_training_smoke(algo, continuous, update, tmp_path):
     assert {"charts/episodic_return", "charts/agent_0/episodic_return", "charts/agent_1/episodic_return"} <= set(tags)
 
 
+def test_host_loop_stores_each_agents_own_transitions():
+    """What the env received and returned for each agent in each copy is what the buffer holds:
+    actions, observations, rewards, real final observations at the truncation, then the reset."""
+    import kitae.config as cfg
+    from kitae.algos.collections.ppo import PPO, PPOParams
+    from kitae.loops.train import vectorized_train
+
+    env = SyncVecParallelEnv([functools.partial(CountParallelEnv, limit=4)] * 3)
+    config = cfg.AlgoConfig(
+        seed=0, algo_params=PPOParams(), update_cfg=cfg.UpdateConfig(max_buffer_size=1000, batch_size=6),
+        train_cfg=cfg.TrainConfig(), env_cfg=cfg.EnvConfig("count", env.single_observation_space,
+                                                          env.single_action_space, n_envs=3, n_agents=2))
+    agent = PPO("count", config)
+    copies = env.copies
+    stats = vectorized_train(0, agent, env, 30, agent.algo_type)
+    rows, size = agent.buffer._rows, agent.buffer.size
+    assert size == 10 and stats.episode_returns == [4 * (1 + 2)] * 6  # team = a0's 4 * 1 + a1's 4 * 2
+    assert stats.agent_episode_returns == {"a0": [4.0] * 6, "a1": [8.0] * 6}
+    for i, copy in enumerate(copies):
+        for index, agent_name in enumerate(("a0", "a1")):
+            assert [int(sent[agent_name]) for sent in copy.env.actions] == rows.action[agent_name][:size, i].tolist()
+            np.testing.assert_array_equal(rows.observation[agent_name][:size, i, 0],
+                                          [0, 1, 2, 3, 100, 101, 102, 103, 200, 201])
+            np.testing.assert_array_equal(rows.next_observation[agent_name][:size, i, 0],
+                                          [1, 2, 3, 4, 101, 102, 103, 104, 201, 202])
+            assert (rows.observation[agent_name][:size, i, 1] == index).all()
+            assert rows.reward[agent_name][:size, i].tolist() == [index + 1.0] * 10
+            assert rows.truncated[agent_name][:size, i].tolist() == [False, False, False, True] * 2 + [False] * 2
+            assert not rows.done[agent_name][:size, i].any()
+
+
 @needs_mpe2
 def test_shared_parameter_ppo_in_worker_processes_is_reproducible():
     from kitae.algos.collections.ppo import PPO

@@ -28,6 +28,7 @@ or damaged on disk is detected (``CheckpointCorrupt``); ``restore_latest`` then 
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
 import hashlib
@@ -460,13 +461,26 @@ def buffer_target(agent: Any, entries: list[dict]) -> Any:
 
     experience_type = getattr(agent, "experience_type", Experience)
     by_path = {entry["path"]: jax.ShapeDtypeStruct(tuple(entry["shape"]), np.dtype(entry["dtype"])) for entry in entries}
+
+    def field(name: str) -> Any:
+        """The field's array, or for a multi-agent buffer its dict keyed by agent (paths
+        ``.data.<name>['<agent>']``, the keys read back with ``ast.literal_eval``: no code runs)."""
+        if f".data.{name}" in by_path:
+            return by_path[f".data.{name}"]
+        prefix = f".data.{name}["
+        per_agent = {ast.literal_eval(path[len(prefix):-1]): shape for path, shape in by_path.items()
+                     if path.startswith(prefix) and path.endswith("]")}
+        if not per_agent:
+            raise KeyError(f".data.{name}")
+        return per_agent
+
     try:
-        data = experience_type(**{f: by_path[f".data.{f}"] for f in experience_type._fields})
+        data = experience_type(**{f: field(f) for f in experience_type._fields})
         target = BufferState(data=data, position=by_path[".position"], size=by_path[".size"])
     except KeyError as error:
         raise CheckpointMismatch(
             f"the saved buffer does not hold the agent's experience fields {experience_type._fields} "
-            f"(missing {error}); multi-agent buffers cannot be restored yet"
+            f"(missing {error})"
         ) from None
     return target
 

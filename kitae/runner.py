@@ -48,7 +48,7 @@ from kitae.rundir import MetricsFile, curves_from_metrics, peak_rss_mb, plot_cur
 from kitae.rundir import write_summary
 
 JAX_SOURCES = ("gymnax", "brax")
-HOST_SOURCES = ("gymnasium",)
+HOST_SOURCES = ("gymnasium", "pettingzoo")
 
 
 class RunError(Exception):
@@ -56,7 +56,8 @@ class RunError(Exception):
 
 
 def make_env(env_id: str, n_envs: int) -> Any:
-    """A ``VecJaxEnv`` for JAX sources, a Gymnasium vector environment for host sources."""
+    """A ``VecJaxEnv`` for JAX sources, a Gymnasium vector environment for host sources (copies of
+    a PettingZoo ``ParallelEnv`` in this process, a ``SyncVecParallelEnv``, for ``pettingzoo:``)."""
     source, _ = parse_env_id(env_id)
     if source in JAX_SOURCES:
         from kitae.envs.jax_env import make_jax_env
@@ -858,8 +859,9 @@ def _eval_gymnax(agent: Any, name: str, episodes: int, seed: int) -> np.ndarray:
 
 
 def _eval_gymnasium(agent: Any, name: str, episodes: int, seed: int) -> np.ndarray:
-    """Raw returns of ``episodes`` Gymnasium episodes, run as vector environments of up to 64,
-    each environment seeded ``seed + i`` and counted for its first episode only."""
+    """Raw returns of ``episodes`` host-loop episodes (``name``: an id ``make_vec_env`` takes), run
+    as vector environments of up to 64, each environment seeded ``seed + i`` and counted for its
+    first episode only; for PettingZoo environments, the team's return (sum over agents)."""
     from kitae.envs.make import make_vec_env
 
     returns: list[float] = []
@@ -871,7 +873,14 @@ def _eval_gymnasium(agent: Any, name: str, episodes: int, seed: int) -> np.ndarr
             totals, done = np.zeros(n), np.zeros(n, bool)
             while not done.all():
                 actions, _ = agent.select_action(observations)
-                observations, rewards, terminations, truncations, _ = env.step(np.asarray(actions))
+                if isinstance(actions, dict):  # PettingZoo: the team's reward; all agents end together
+                    observations, rewards, terminations, truncations, _ = env.step(
+                        {agent: np.asarray(a) for agent, a in actions.items()})
+                    rewards = np.sum(list(rewards.values()), axis=0)
+                    terminations = np.any(list(terminations.values()), axis=0)
+                    truncations = np.any(list(truncations.values()), axis=0)
+                else:
+                    observations, rewards, terminations, truncations, _ = env.step(np.asarray(actions))
                 totals += np.where(done, 0.0, rewards)
                 done |= np.logical_or(terminations, truncations)
         finally:
@@ -948,7 +957,8 @@ def eval_run(run_dir: str | Path, episodes: int = 10, video: bool = False, seed:
     means, stds, all_returns, step, video_path = [], [], [], 0, None
     for index in range(len(seeds) if seeds else 1):
         agent = load_agent(run_dir, index)
-        returns = (_eval_gymnax if source in JAX_SOURCES else _eval_gymnasium)(agent, name, episodes, seed)
+        returns = (_eval_gymnax(agent, name, episodes, seed) if source in JAX_SOURCES
+                   else _eval_gymnasium(agent, env_id, episodes, seed))
         means.append(float(np.mean(returns)))
         stds.append(float(np.std(returns)))
         all_returns.append(returns.tolist())

@@ -14,7 +14,7 @@ import gymnasium as gym
 from gymnasium.vector import AutoresetMode
 
 SOURCES = ("gymnasium", "gymnax", "envpool", "pettingzoo", "brax", "jaxmarl")
-HOST_SOURCES = ("gymnasium",)
+HOST_SOURCES = ("gymnasium", "pettingzoo")
 
 
 def parse_env_id(env_id: str) -> tuple[str, str]:
@@ -70,8 +70,14 @@ def make_vec_env(
     env_kwargs: dict[str, Any] | None = None,
     wrappers: Sequence[Callable[[gym.Env], gym.Env]] = (),
     frame_stack: int = 1,
-) -> gym.vector.VectorEnv:
+) -> Any:
     """Makes a Gymnasium vector environment that kitae's host loop can train in.
+
+    A ``pettingzoo:<module path>`` id (``pettingzoo:mpe2.simple_spread_v3``, see
+    ``kitae.envs.pettingzoo_envs``) gives ``n_envs`` copies of the PettingZoo ``ParallelEnv``
+    instead, as a ``kitae.envs.parallel.VecParallelEnv`` (``"sync"``: ``SyncVecParallelEnv``,
+    ``"async"``: ``SubProcVecParallelEnv``) with dicts keyed by agent; its ``num_agents`` is
+    ``EnvConfig.n_agents``.
 
     The environments reset in ``AutoresetMode.SAME_STEP`` (the real final observation of each
     episode is in ``infos["final_obs"]``). Continuous (``Box``)
@@ -79,18 +85,19 @@ def make_vec_env(
     Gaussian policy's raw samples can be stored for its log-probabilities.
 
     Args:
-        env_id: ``"CartPole-v1"`` or ``"gymnasium:CartPole-v1"``.
+        env_id: ``"CartPole-v1"``, ``"gymnasium:CartPole-v1"`` or ``"pettingzoo:mpe2.simple_spread_v3"``.
         n_envs: number of environments (>= 1).
         capture_video: record videos of environment 0 to ``runs/<run_name>/videos``.
         run_name: the run's name (needed with ``capture_video``).
         vectorization_mode: ``"sync"`` (one process, fastest for cheap environments) or
             ``"async"`` (one process per environment).
-        env_kwargs: keyword arguments for ``gymnasium.make``.
+        env_kwargs: keyword arguments for ``gymnasium.make`` (for PettingZoo, for the module's
+            ``parallel_env``, e.g. ``{"continuous_actions": True}``).
         wrappers: callables ``env -> env`` applied in order to each sub-environment, e.g.
             ``[kitae.envs.wrappers.ActionMaskObservation]`` for ``Taxi-v4``'s action masks.
         frame_stack: stack this many frames per observation, channels-last
             (``kitae.envs.wrappers.frame_stack``: ``(H, W, C)`` -> ``(H, W, n * C)``), after
-            ``wrappers``; 1 (the default) stacks nothing.
+            ``wrappers``; 1 (the default) stacks nothing. Neither applies to PettingZoo ids.
 
     Returns:
         A ``gymnasium.vector.VectorEnv`` with ``num_envs == n_envs``; ``single_observation_space``
@@ -108,6 +115,14 @@ def make_vec_env(
         raise ValueError(f"vectorization_mode={vectorization_mode!r} is not allowed; allowed: 'sync', 'async'")
     if capture_video and not run_name:
         raise ValueError("capture_video=True needs a run_name: videos go to runs/<run_name>/videos")
+    if source == "pettingzoo":
+        if capture_video:
+            raise ValueError(f"capture_video=True is not available for PettingZoo environments ({env_id!r})")
+        if tuple(wrappers) or frame_stack != 1:
+            raise ValueError(f"wrappers and frame_stack are for Gymnasium ids, not PettingZoo ones ({env_id!r})")
+        from kitae.envs.pettingzoo_envs import make_parallel_vec_env
+
+        return make_parallel_vec_env(name, n_envs, vectorization_mode=vectorization_mode, env_kwargs=env_kwargs)
     if name not in gym.registry:
         raise ValueError(f"unknown Gymnasium environment {name!r}; see gymnasium.pprint_registry() for the ids")
     if not isinstance(frame_stack, int) or isinstance(frame_stack, bool) or frame_stack < 1:

@@ -1,4 +1,4 @@
-"""The host loop: a Python loop over Gymnasium vector environments.
+"""The host loop: a Python loop over Gymnasium vector environments and PettingZoo parallel ones.
 
 Each vector step makes one compiled call to act, one to store the transition, and, when the agent
 says so, one compiled call that runs the whole update. Termination and truncation are kept apart:
@@ -6,8 +6,14 @@ Gymnasium vector environments must reset in ``SAME_STEP`` mode, so that a transi
 observation is the real final observation of an episode (``infos["final_obs"]``) and no
 transition pairs the end of one episode with the start of the next.
 
+Multi-agent: with ``env_cfg.n_agents > 1`` the environment is a ``kitae.envs.parallel.VecParallelEnv``
+(copies of a PettingZoo ``ParallelEnv``, in this process or in ``SubProcVecParallelEnv`` workers);
+observations, actions, rewards and the buffer's fields are dicts keyed by agent, and the agents
+share one set of parameters (``kitae.loops.multi_agent``).
+
 Step units: ``n_env_steps`` and ``start_step`` count environment transitions summed over all
-environments.
+environments (a step of ``N`` copies of a multi-agent environment is ``N`` steps, whatever the
+number of agents).
 """
 
 from __future__ import annotations
@@ -22,7 +28,10 @@ from gymnasium.vector import AutoresetMode
 
 from kitae.buffer import Experience
 from kitae.compilation_cache import use_compilation_cache
+from kitae.envs.parallel import SyncVecParallelEnv, VecParallelEnv, is_parallel_env
+from kitae.envs.subproc import SubProcVecParallelEnv
 from kitae.loops.episodes import track_episodes
+from kitae.loops.multi_agent import AgentEpisodes, log_agent_episodes, step_fields
 from kitae.types import AlgoType
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -30,8 +39,11 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from kitae.base import IAgent
 
+__all__ = ["TrainStats", "check_env", "process_termination", "vectorized_train", "SubProcVecParallelEnv"]
+
 EnvLike = Any
-"""A Gymnasium ``Env`` or ``VectorEnv`` (EnvPool and PettingZoo come with the multi-agent issue)."""
+"""A Gymnasium ``Env`` or ``VectorEnv``, a PettingZoo ``ParallelEnv``, or a
+``kitae.envs.parallel.VecParallelEnv`` (``SyncVecParallelEnv``, ``SubProcVecParallelEnv``)."""
 
 
 @dataclasses.dataclass
@@ -47,6 +59,9 @@ class TrainStats:
         n_updates: updates made.
         compile_seconds: duration of the first explore call and the first update, which trace
             and compile them (the rest of the loop runs compiled code).
+        agent_episode_returns: multi-agent environments: ``{agent: [return of each finished
+            episode]}``, in the order of ``episode_returns``, which then holds the team's returns
+            (the sum over agents).
     """
 
     episode_returns: list[float] = dataclasses.field(default_factory=list)
@@ -56,6 +71,7 @@ class TrainStats:
     wall_seconds: float = 0.0
     n_updates: int = 0
     compile_seconds: float = 0.0
+    agent_episode_returns: dict[str, list[float]] = dataclasses.field(default_factory=dict)
 
     def mean_return(self, last: int = 10) -> float:
         """Mean return of the last ``last`` finished episodes (nan if none finished)."""
@@ -67,7 +83,9 @@ def check_env(env: EnvLike) -> EnvLike:
     """Checks if environment can be used for training.
 
     A single Gymnasium ``Env`` becomes a vector environment of one; a vector environment must
-    reset in ``AutoresetMode.SAME_STEP`` (what ``kitae.envs.make.make_vec_env`` builds).
+    reset in ``AutoresetMode.SAME_STEP`` (what ``kitae.envs.make.make_vec_env`` builds). A single
+    PettingZoo ``ParallelEnv`` becomes a ``SyncVecParallelEnv`` of one copy (in this process); a
+    ``VecParallelEnv`` (``SyncVecParallelEnv``, ``SubProcVecParallelEnv``) is returned as it is.
 
     Args:
         env (EnvLike): An environment.
@@ -76,9 +94,16 @@ def check_env(env: EnvLike) -> EnvLike:
         The original environment or a compatible one.
 
     Raises:
-        TypeError: for an object that is not a Gymnasium environment.
-        ValueError: for a vector environment in another autoreset mode.
+        TypeError: for an object that is not a Gymnasium environment or a PettingZoo ``ParallelEnv``
+            (an AEC environment included).
+        ValueError: for a vector environment in another autoreset mode; for a ``ParallelEnv``
+            whose agents differ in spaces (``kitae.envs.parallel.UnsupportedParallelEnv``).
     """
+    if isinstance(env, VecParallelEnv):
+        return env
+    if not isinstance(env, (gym.Env, gym.vector.VectorEnv)) and (is_parallel_env(env) or hasattr(env, "agent_iter")):
+        single = env
+        return SyncVecParallelEnv([lambda: single])
     if isinstance(env, gym.vector.VectorEnv):
         mode = env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
         if mode != AutoresetMode.SAME_STEP:
@@ -94,7 +119,8 @@ def check_env(env: EnvLike) -> EnvLike:
         return gym.vector.SyncVectorEnv([lambda: single], autoreset_mode=AutoresetMode.SAME_STEP)
     raise TypeError(
         f"env={env!r} is not allowed; allowed: a gymnasium.Env or gymnasium.vector.VectorEnv "
-        "(make one with kitae.envs.make.make_vec_env)"
+        "(make one with kitae.envs.make.make_vec_env), a PettingZoo ParallelEnv, or a "
+        "kitae.envs.parallel.VecParallelEnv (SyncVecParallelEnv, SubProcVecParallelEnv)"
     )
 
 
@@ -126,6 +152,10 @@ def process_termination(
     observations to store as ``next_observation`` (final observations where episodes ended), and
     logs each finished episode's return and length to the writer.
 
+    Multi-agent environments (``VecParallelEnv``) hand over dicts keyed by agent:
+    ``next_observations`` ``{agent: (E, ...)}``, ``infos["final_obs"]`` ``{agent: (E, ...)}``; the
+    result is then a dict too.
+
     Args:
         global_step (int): The current environment step.
         next_observations (Array): The observations resulting from the last actions, ``(E, ...)``.
@@ -141,8 +171,12 @@ def process_termination(
     """
     real_next = next_observations
     if "_final_obs" in infos and np.any(infos["_final_obs"]):
-        ended = np.flatnonzero(infos["_final_obs"])
-        real_next = _with_final_observations(next_observations, [infos["final_obs"][i] for i in ended], ended)
+        finals = infos["final_obs"]
+        if isinstance(finals, dict):  # kitae.envs.parallel: {agent: (E, ...)}, every row the real next one
+            real_next = finals
+        else:  # Gymnasium: one final observation per ended environment
+            ended = np.flatnonzero(infos["_final_obs"])
+            real_next = _with_final_observations(next_observations, [finals[i] for i in ended], ended)
     if writer is not None:
         for _, episodic_return, length in (episode_statistics(infos) if episodes is None else episodes):
             writer.add_scalar("charts/episodic_return", episodic_return, global_step)
@@ -216,6 +250,12 @@ def vectorized_train(
     ``process_termination``, one ``Experience`` added to ``agent.buffer``, and
     ``agent.update(agent.buffer)`` whenever ``agent.should_update(step, agent.buffer)``.
 
+    Multi-agent (``agent.config.env_cfg.n_agents > 1``, a PettingZoo ``ParallelEnv`` or a
+    ``VecParallelEnv`` of ``n_agents`` agents): every field of the ``Experience`` is a dict keyed by
+    agent, the agents share the agent's parameters, ``charts/episodic_return`` and
+    ``stats.episode_returns`` are the team's returns (the sum over agents) and each agent's go to
+    ``charts/<agent>/episodic_return`` and ``stats.agent_episode_returns``.
+
     Args:
         seed (int): An int for reproducibility (seeds the environment's reset).
         agent (IAgent): An agent to train.
@@ -260,6 +300,19 @@ def vectorized_train(
                 f"the environment has {n_envs} sub-environments but env_cfg.n_envs="
                 f"{agent.config.env_cfg.n_envs}; they must match"
             )
+        parallel = isinstance(env, VecParallelEnv)
+        n_agents = agent.config.env_cfg.n_agents
+        if parallel and env.num_agents != n_agents:
+            raise ValueError(
+                f"the multi-agent environment has {env.num_agents} agents {env.possible_agents} but env_cfg.n_agents="
+                f"{n_agents}; they must match (n_agents > 1 turns on the shared-parameter mode; a PettingZoo "
+                "environment of one agent is not supported)"
+            )
+        if not parallel and n_agents > 1:
+            raise ValueError(
+                f"env_cfg.n_agents={n_agents} asks for the multi-agent mode but the environment is "
+                f"{type(env).__name__}; allowed: a PettingZoo ParallelEnv or a kitae.envs.parallel.VecParallelEnv"
+            )
         save_frequency = agent.config.train_cfg.save_frequency
         losses = _LossLog(writer, agent.config.train_cfg.log_frequency)
         experience_type = getattr(agent, "experience_type", Experience)
@@ -268,6 +321,7 @@ def vectorized_train(
         observations, _ = env.reset(seed=seed)
         running_returns = np.zeros(n_envs, dtype=np.float64)
         running_lengths = np.zeros(n_envs, dtype=np.int64)
+        agent_episodes = AgentEpisodes(env.possible_agents, n_envs) if parallel else None
         start_time = last_log_time = time.perf_counter()
         last_log_step = global_step
 
@@ -277,32 +331,40 @@ def vectorized_train(
             first_call = global_step == start_step - 1
             call_start = time.perf_counter()
             actions, log_probs = agent.explore(observations)
-            actions = np.asarray(actions)
+            if parallel:
+                actions = {name: np.asarray(value) for name, value in actions.items()}
+            else:
+                actions = np.asarray(actions)
             if first_call:
                 stats.compile_seconds += time.perf_counter() - call_start
             next_observations, rewards, terminations, truncations, infos = env.step(actions)
             global_step += n_envs
 
-            ended = np.logical_or(terminations, truncations)
-            running_returns, running_lengths, finished_returns, finished_lengths = track_episodes(
-                np, running_returns, running_lengths, np.asarray(rewards, dtype=np.float64), ended
-            )
-            finished = [(int(i), float(finished_returns[i]), int(finished_lengths[i])) for i in np.flatnonzero(ended)]
-            real_next = process_termination(global_step, next_observations, infos, writer, episodes=finished)
+            if parallel:
+                _, finished, per_agent = agent_episodes.step(rewards, terminations, truncations)
+                real_next = process_termination(global_step, next_observations, infos, writer, episodes=finished)
+                log_agent_episodes(writer, per_agent, global_step, stats.agent_episode_returns)
+                fields = step_fields(rewards, terminations, truncations, log_probs)
+            else:
+                ended = np.logical_or(terminations, truncations)
+                running_returns, running_lengths, finished_returns, finished_lengths = track_episodes(
+                    np, running_returns, running_lengths, np.asarray(rewards, dtype=np.float64), ended
+                )
+                finished = [(int(i), float(finished_returns[i]), int(finished_lengths[i])) for i in np.flatnonzero(ended)]
+                real_next = process_termination(global_step, next_observations, infos, writer, episodes=finished)
+                fields = {
+                    "reward": np.asarray(rewards, dtype=np.float32),
+                    "done": np.asarray(terminations, dtype=bool),
+                    "log_prob": np.asarray(log_probs, dtype=np.float32),
+                    "truncated": np.asarray(truncations, dtype=bool),
+                }
             for _, episodic_return, length in finished:
                 stats.episode_returns.append(episodic_return)
                 stats.episode_lengths.append(length)
                 stats.episode_steps.append(global_step)
 
             agent.buffer.add(_make_experience(
-                experience_type,
-                observation=observations,
-                action=actions,
-                reward=np.asarray(rewards, dtype=np.float32),
-                done=np.asarray(terminations, dtype=bool),
-                next_observation=real_next,
-                log_prob=np.asarray(log_probs, dtype=np.float32),
-                truncated=np.asarray(truncations, dtype=bool),
+                experience_type, observation=observations, action=actions, next_observation=real_next, **fields
             ))
             observations = next_observations
 

@@ -159,6 +159,7 @@ def build_config(algo: str, env_id: str, env: Any, resolved: dict) -> cfg.AlgoCo
             observation_space=env.single_observation_space,
             action_space=env.single_action_space,
             n_envs=env.num_envs,
+            n_agents=getattr(env, "n_agents", 1),  # multi-agent JAX environments (jaxmarl) say how many
         ),
     )
 

@@ -47,7 +47,7 @@ from kitae.presets import build_config, normalize_env_id, resolve
 from kitae.rundir import MetricsFile, curves_from_metrics, peak_rss_mb, plot_curves, read_metrics, state_fingerprint
 from kitae.rundir import write_summary
 
-JAX_SOURCES = ("gymnax",)
+JAX_SOURCES = ("gymnax", "jaxmarl")
 HOST_SOURCES = ("gymnasium",)
 
 

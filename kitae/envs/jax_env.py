@@ -152,4 +152,8 @@ def make_jax_env(env_id: str, n_envs: int, **env_kwargs: Any) -> VecJaxEnv:
     source, name = parse_env_id(env_id)
     if source == "gymnax":
         return VecJaxEnv(GymnaxEnv(name, **env_kwargs), n_envs)
-    raise ValueError(f"{env_id!r} is not a JAX environment kitae can build; JAX sources here: gymnax")
+    if source == "jaxmarl":  # multi-agent: kitae.envs.jaxmarl_env
+        from kitae.envs.jaxmarl_env import make_jaxmarl_env
+
+        return make_jaxmarl_env(name, n_envs, **env_kwargs)
+    raise ValueError(f"{env_id!r} is not a JAX environment kitae can build; JAX sources here: gymnax, jaxmarl")

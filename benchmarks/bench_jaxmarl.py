@@ -7,8 +7,8 @@ seeds. Settings: the preset ``jaxmarl:MPE_simple_spread_v3`` of ``kitae/presets/
 (JaxMARL's ``ippo_ff_mpe`` settings: 16 environments x 128 steps, 4 epochs of 4 minibatches).
 
 Returns are TEAM returns: the sum of the three agents' returns over an episode (26 transitions).
-Both policies are scored by ONE function (``evaluate``): ``--eval-envs`` environments run for
-``--eval-episodes`` whole episodes each from keys that depend only on ``--eval-seed``, the
+Both policies are scored by ONE function (``kitae.loops.multi_agent.evaluate_team_returns``):
+``--eval-envs`` environments run for ``--eval-episodes`` whole episodes each from keys that depend only on ``--eval-seed``, the
 trained agents acting as they trained (sampling from the policy) and greedily (the mode), the
 random policy drawing each agent's action uniformly from ``Discrete(5)``. The last training
 episodes' mean team return (``CompiledRun.final_return``) is recorded too.
@@ -33,50 +33,6 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 ENV_ID = "jaxmarl:MPE_simple_spread_v3"
-
-
-def evaluate(env: Any, act: Callable, key: jax.Array, episodes: int) -> np.ndarray:
-    """Team returns of ``episodes`` whole episodes in each of ``env.num_envs`` environments.
-
-    ``act(key, observations) -> actions`` (dicts keyed by agent, leaves ``(E, ...)``). Runs until
-    every environment has finished ``episodes`` episodes (episodes past that are not counted), in
-    one compiled ``while_loop``; the episode bookkeeping is the compiled loop's
-    (``kitae.loops.compiled.track_team_episodes``).
-
-    Returns:
-        ``(E, episodes)`` team returns.
-    """
-    from kitae.loops.compiled import track_team_episodes
-
-    n_envs, agents = env.num_envs, env.agents
-
-    def run(key: jax.Array) -> jax.Array:
-        key, reset_key = jax.random.split(key)
-        observation, env_state = env.reset(reset_key)
-        returns = {a: jnp.zeros((n_envs,), jnp.float32) for a in agents}
-        lengths = jnp.zeros((n_envs,), jnp.int32)
-        table = jnp.zeros((n_envs, episodes), jnp.float32)
-        done = jnp.zeros((n_envs,), jnp.int32)
-
-        def cond(carry: tuple) -> jax.Array:
-            return jnp.any(carry[-1] < episodes)
-
-        def body(carry: tuple) -> tuple:
-            key, observation, env_state, returns, lengths, table, done = carry
-            key, act_key, step_key = jax.random.split(key, 3)
-            ts = env.step(step_key, env_state, act(act_key, observation))
-            returns, lengths, team, _, ended, _ = track_team_episodes(returns, lengths, ts)
-            rows = jnp.arange(n_envs)
-            slot = jnp.minimum(done, episodes - 1)
-            keep = jnp.logical_and(ended, done < episodes)
-            table = table.at[rows, slot].set(jnp.where(keep, team, table[rows, slot]))
-            done = done + keep.astype(jnp.int32)
-            return key, ts.observation, ts.state, returns, lengths, table, done
-
-        carry = (key, observation, env_state, returns, lengths, table, done)
-        return jax.lax.while_loop(cond, body, carry)[5]
-
-    return np.asarray(jax.jit(run)(key))
 
 
 def random_policy(env: Any) -> Callable:
@@ -114,6 +70,7 @@ def main() -> None:
     from kitae.algos.collections.ppo import PPO
     from kitae.envs.jax_env import make_jax_env
     from kitae.loops.compiled import compiled_train
+    from kitae.loops.multi_agent import evaluate_team_returns as evaluate
     from kitae.presets import build_config, resolve
 
     resolved = resolve("ppo", ENV_ID, overrides={"n_env_steps": args.steps})

@@ -857,6 +857,21 @@ def _eval_gymnax(agent: Any, name: str, episodes: int, seed: int) -> np.ndarray:
     return np.asarray(jax.jit(evaluate)(agent.state, jax.random.PRNGKey(seed)), dtype=np.float64)
 
 
+def _eval_jaxmarl(agent: Any, name: str, episodes: int, seed: int) -> np.ndarray:
+    """Team returns (the agents' returns added up) of ``episodes`` JaxMARL episodes, one per
+    environment, all run together (``kitae.loops.multi_agent.evaluate_team_returns``)."""
+    import jax
+
+    from kitae.envs.jaxmarl_env import make_jaxmarl_env
+    from kitae.loops.multi_agent import evaluate_team_returns
+
+    select = _pure_select(agent)
+    state = agent.state
+    returns = evaluate_team_returns(make_jaxmarl_env(name, episodes), lambda key, obs: select(state, key, obs)[0],
+                                    jax.random.PRNGKey(seed))
+    return returns[:, 0]
+
+
 def _eval_gymnasium(agent: Any, name: str, episodes: int, seed: int) -> np.ndarray:
     """Raw returns of ``episodes`` Gymnasium episodes, run as vector environments of up to 64,
     each environment seeded ``seed + i`` and counted for its first episode only."""
@@ -948,7 +963,8 @@ def eval_run(run_dir: str | Path, episodes: int = 10, video: bool = False, seed:
     means, stds, all_returns, step, video_path = [], [], [], 0, None
     for index in range(len(seeds) if seeds else 1):
         agent = load_agent(run_dir, index)
-        returns = (_eval_gymnax if source in JAX_SOURCES else _eval_gymnasium)(agent, name, episodes, seed)
+        evaluate = _eval_jaxmarl if source == "jaxmarl" else _eval_gymnax if source in JAX_SOURCES else _eval_gymnasium
+        returns = evaluate(agent, name, episodes, seed)
         means.append(float(np.mean(returns)))
         stds.append(float(np.std(returns)))
         all_returns.append(returns.tolist())

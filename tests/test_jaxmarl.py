@@ -17,7 +17,8 @@ from kitae.algos.collections.dqn import DQN, DQNParams  # noqa: E402
 from kitae.algos.collections.ppo import PPO, PPOParams  # noqa: E402
 from kitae.envs.jax_env import make_jax_env  # noqa: E402
 from kitae.envs.jaxmarl_env import JaxMARLEnv, VecJaxMARLEnv, make_jaxmarl_env  # noqa: E402
-from kitae.loops.compiled import compiled_train, track_team_episodes  # noqa: E402
+from kitae.loops.compiled import compiled_train  # noqa: E402
+from kitae.loops.multi_agent import evaluate_team_returns, track_team_episodes  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)  # a hung compilation fails instead of stalling the run
 
@@ -174,6 +175,34 @@ def test_team_episode_tracking_by_hand():
     np.testing.assert_array_equal(episode_length, [4, 5])
 
 
+def test_evaluate_team_returns_matches_stepping_by_hand():
+    env = make_jaxmarl_env(SPREAD, 2, max_steps=4)  # episodes of 5 transitions
+
+    def act(key, observation):
+        return {a: jnp.full((2,), i + 1, jnp.int32) for i, a in enumerate(AGENTS)}
+
+    key = jax.random.PRNGKey(7)
+    table = evaluate_team_returns(env, act, key, episodes=2)
+    assert table.shape == (2, 2)
+    # the same steps by hand: the same key splits, rewards of all agents added up per episode
+    key, reset_key = jax.random.split(key)
+    observation, state = env.reset(reset_key)
+    step = jax.jit(env.step)
+    expected, totals = [[], []], np.zeros(2)
+    for _ in range(10):
+        key, act_key, step_key = jax.random.split(key, 3)
+        ts = step(step_key, state, act(act_key, observation))
+        totals += sum(np.asarray(ts.reward[a]) for a in AGENTS)
+        for e in range(2):
+            if bool(ts.truncated["agent_0"][e]):
+                expected[e].append(totals[e])
+                totals[e] = 0.0
+        observation, state = ts.observation, ts.state
+    np.testing.assert_allclose(table, expected, rtol=1e-5)
+    with pytest.raises(ValueError, match="episodes=0 is not allowed"):
+        evaluate_team_returns(env, act, key, episodes=0)
+
+
 # ---------------------------------------------------------------------------------------------
 # Compiled runs of parameter-shared agents
 # ---------------------------------------------------------------------------------------------
@@ -266,5 +295,9 @@ def test_kitae_train_ppo_on_simple_spread(tmp_path, capsys):
     assert summary["steps"] == 128 and np.isfinite(summary["final_return"])
     config = cfg.AlgoConfig.from_yaml(run_dir / "config.yaml")
     assert config.env_cfg.n_agents == 3 and config.env_cfg.task_name == f"jaxmarl:{SPREAD}"
+    # the checkpoint (dicts keyed by agent in the loop state) restores for evaluation
+    assert main(["eval", str(run_dir), "--episodes", "3"]) == 0, capsys.readouterr().err
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["eval_episodes"] == 3 and summary["eval_return"] < 0
     assert main(["train", "ppo", "jaxmarl:NotAnEnv", "--quiet", "--run-dir", str(tmp_path / "x")]) == 2
     assert "unknown JaxMARL environment 'NotAnEnv'" in capsys.readouterr().err

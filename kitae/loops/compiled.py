@@ -43,6 +43,7 @@ from kitae.compilation_cache import use_compilation_cache
 from kitae.buffer import BufferState, Experience, buffer_add, buffer_init, buffer_reset, buffer_rollout
 from kitae.envs.jax_env import VecJaxEnv
 from kitae.loops.episodes import track_episodes
+from kitae.loops.multi_agent import env_agents, track_team_episodes
 from kitae.types import AlgoType
 
 class LoopState(NamedTuple):
@@ -345,36 +346,6 @@ def make_loop_functions(agent: Any, env: VecJaxEnv, *, log_every: int = 0,
         return jax.lax.fori_loop(0, jnp.minimum(n_iterations, length), body, (state, rows))
 
     return init, run
-
-
-def env_agents(env: Any) -> tuple[str, ...] | None:
-    """The agent names of a multi-agent JAX environment (its ``agents``), ``None`` for a
-    single-agent one."""
-    agents = getattr(env, "agents", None)
-    return None if agents is None else tuple(agents)
-
-
-def track_team_episodes(returns: dict[str, jax.Array], lengths: jax.Array, ts: Any) -> tuple:
-    """``track_episodes`` for a multi-agent step ``ts`` (fields dicts keyed by agent, leaves ``(E,)``).
-
-    The team's episode ends where it ends for every agent; each agent's return runs until then.
-
-    Returns:
-        ``(returns, lengths, team_returns, episode_lengths, ended, agent_returns)``: the running
-        returns ``{agent: (E,)}`` and lengths ``(E,)`` after the step (zero where the episode
-        ended), the finished episodes' team returns ``(E,)`` (the agents' returns added up) and
-        lengths ``(E,)``, the team's ``ended`` flags ``(E,)``, and each agent's finished return
-        ``{agent: (E,)}`` (meaningful where ``ended``).
-    """
-    agents = list(returns)
-    ended = jnp.all(jnp.stack([jnp.logical_or(ts.terminated[a], ts.truncated[a]) for a in agents]), axis=0)
-    running, agent_returns = {}, {}
-    for a in agents:
-        running[a], running_length, agent_returns[a], episode_length = track_episodes(
-            jnp, returns[a], lengths, ts.reward[a], ended
-        )
-    team_returns = sum(agent_returns[a] for a in agents)
-    return running, running_length, team_returns, episode_length, ended, agent_returns
 
 
 def _n_agents(buffer: BufferState) -> int:

@@ -61,7 +61,10 @@ def make_env(env_id: str, n_envs: int) -> Any:
     if source in JAX_SOURCES:
         from kitae.envs.jax_env import make_jax_env
 
-        return make_jax_env(env_id, n_envs)
+        try:
+            return make_jax_env(env_id, n_envs)
+        except ImportError as error:  # an optional extra (jaxmarl) that is not installed
+            raise RunError(str(error)) from None
     if source in HOST_SOURCES:
         from kitae.envs.make import make_vec_env
 

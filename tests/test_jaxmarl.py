@@ -213,19 +213,36 @@ def spread():
     return make_jax_env(f"jaxmarl:{SPREAD}", 4)
 
 
-def test_ippo_compiled_run_trains_with_team_and_agent_statistics(spread):
-    config = _config(spread, PPOParams())
-    agent = PPO("ippo", config, run_dir="unused")
-    assert agent.parallel
-    before = agent.state
-    steps = 4 * 8 * 6  # 6 rollouts of 8 vector steps in 4 environments
-    result = compiled_train(agent, spread, steps, use_cache=False)
+IPPO_STEPS = 4 * 8 * 6  # 6 rollouts of 8 vector steps in 4 environments
+
+
+@pytest.fixture(scope="module")
+def ippo_runs(spread):
+    """IPPO runs of seeds 0 and 3, seed 0 again, and seeds [0, 3] vmapped in one program.
+
+    The single-seed runs share one training program (the seed only changes its input), so after
+    the first they load it from the session's compilation cache: 2 compilations, not 4.
+    """
+    runs = {}
+    for name, seed in (("0", 0), ("3", 3), ("0 again", 0)):
+        agent = PPO("ippo", _config(spread, PPOParams(), seed=seed), run_dir="unused")
+        runs[name] = (agent, compiled_train(agent, spread, IPPO_STEPS))
+    agent = PPO("ippo", _config(spread, PPOParams()), run_dir="unused")
+    runs["batched"] = (agent, compiled_train(agent, spread, IPPO_STEPS, seeds=[0, 3]))
+    return runs
+
+
+@pytest.mark.slow
+def test_ippo_compiled_run_trains_with_team_and_agent_statistics(ippo_runs):
+    agent, result = ippo_runs["0"]
+    assert agent.parallel and agent.env_step == IPPO_STEPS and agent.n_updates == 6
+    before = PPO("ippo", agent.config, run_dir="unused").state
     m = result.metrics
     assert m.env_step.tolist() == [32 * (i + 1) for i in range(6)] and m.updated.all()
     assert set(m.info) >= {"loss_policy", "loss_value", "entropy"}
     assert np.all(np.isfinite(m.info["loss_total"]))
     # MPE episodes are 26 transitions long (max_steps 25): 48 steps per env -> one whole episode each
-    assert m.episodes.sum() == 4 * (48 // 26) and np.all(m.length_sum[m.episodes > 0] == 26 * m.episodes[m.episodes > 0])
+    assert m.episodes.sum() == 4 and np.all(m.length_sum[m.episodes > 0] == 26 * m.episodes[m.episodes > 0])
     assert set(m.agent_return_sum) == set(AGENTS)
     np.testing.assert_allclose(m.return_sum, sum(m.agent_return_sum[a] for a in AGENTS), rtol=1e-5, atol=1e-4)
     assert np.all(m.return_sum[m.episodes > 0] < 0)  # simple_spread rewards are distances: negative
@@ -238,12 +255,30 @@ def test_ippo_compiled_run_trains_with_team_and_agent_statistics(spread):
     assert set(data.reward) == set(AGENTS) and data.observation["agent_0"].shape == (8, 4, 18)
 
 
+@pytest.mark.slow
+def test_same_seed_twice_gives_identical_parameters_and_vmapped_seeds_match_single_runs(ippo_runs):
+    runs = {name: result for name, (_, result) in ippo_runs.items()}
+    assert _leaves_equal(runs["0"].state.agent_state, runs["0 again"].state.agent_state)
+    assert not _leaves_close(runs["0"].state.agent_state.actor_critic.params,
+                             runs["3"].state.agent_state.actor_critic.params)
+    batched = runs["batched"]
+    assert batched.metrics.return_sum.shape == (2, 6)
+    for i, name in enumerate(("0", "3")):
+        per_seed = jax.tree_util.tree_map(lambda x: x[i], batched.state.agent_state)
+        assert _leaves_close(per_seed, runs[name].state.agent_state, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(batched.metrics.return_sum[i], runs[name].metrics.return_sum, rtol=1e-4)
+        for a in AGENTS:
+            np.testing.assert_allclose(batched.metrics.agent_return_sum[a][i], runs[name].metrics.agent_return_sum[a],
+                                       rtol=1e-4)
+
+
+@pytest.mark.slow
 def test_dqn_compiled_run_on_discrete_mpe(spread):
     params = DQNParams(start_step=64, skip_steps=16, target_update_interval=10, exploration_fraction=0.5)
     config = _config(spread, params, max_buffer_size=64, batch_size=32, n_epochs=2, n_env_steps=320)
     agent = DQN("dqn", config, run_dir="unused")
     before = agent.state
-    result = compiled_train(agent, spread, 320, use_cache=False)
+    result = compiled_train(agent, spread, 320)
     steps, updated = result.metrics.env_step, result.metrics.updated
     assert steps[0] == 16 and steps[-1] == 320  # 4 vector steps of 4 envs per iteration
     np.testing.assert_array_equal(updated, steps >= 64)
@@ -253,30 +288,10 @@ def test_dqn_compiled_run_on_discrete_mpe(spread):
     assert set(result.state.buffer.data.action) == set(AGENTS)
 
 
-def test_same_seed_twice_gives_identical_parameters_and_vmapped_seeds_match_single_runs(spread):
-    steps = 4 * 8 * 3
-    runs = {}
-    for seed in (0, 3):
-        runs[seed] = compiled_train(PPO("ippo", _config(spread, PPOParams(), seed=seed), run_dir="unused"),
-                                    spread, steps, use_cache=False)
-    again = compiled_train(PPO("ippo", _config(spread, PPOParams(), seed=0), run_dir="unused"), spread, steps,
-                           use_cache=False)
-    assert _leaves_equal(runs[0].state.agent_state, again.state.agent_state)
-    assert not _leaves_close(runs[0].state.agent_state.actor_critic.params, runs[3].state.agent_state.actor_critic.params)
-    batched = compiled_train(PPO("ippo", _config(spread, PPOParams()), run_dir="unused"), spread, steps,
-                             seeds=[0, 3], use_cache=False)
-    for i, seed in enumerate((0, 3)):
-        per_seed = jax.tree_util.tree_map(lambda x: x[i], batched.state.agent_state)
-        assert _leaves_close(per_seed, runs[seed].state.agent_state, rtol=1e-4, atol=1e-5)
-        np.testing.assert_allclose(batched.metrics.return_sum[i], runs[seed].metrics.return_sum, rtol=1e-4)
-        for a in AGENTS:
-            np.testing.assert_allclose(batched.metrics.agent_return_sum[a][i], runs[seed].metrics.agent_return_sum[a],
-                                       rtol=1e-4)
-
-
 def test_agent_count_must_match_the_environment(spread):
     with pytest.raises(ValueError, match=r"the environment has 3 agent\(s\) but env_cfg.n_agents=1"):
-        compiled_train(PPO("ippo", _config(spread, PPOParams(), n_agents=1), run_dir="unused"), spread, 64)
+        compiled_train(PPO("ippo", _config(spread, PPOParams(), batch_size=32, n_agents=1), run_dir="unused"),
+                       spread, 64)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -284,6 +299,7 @@ def test_agent_count_must_match_the_environment(spread):
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_kitae_train_ppo_on_simple_spread(tmp_path, capsys):
     from kitae.cli import main
 

@@ -25,6 +25,8 @@ adds a leading ``(E,)`` to every leaf.
 
 from __future__ import annotations
 
+import contextlib
+import io
 from typing import Any
 
 import gymnasium as gym
@@ -39,7 +41,10 @@ EPISODE_ENDS = ("truncation", "termination")
 
 def _import_jaxmarl() -> Any:
     try:
-        import jaxmarl
+        # jaxmarl 0.2.0 prints two lines about optional "submoduled" environments on import;
+        # keep them out of kitae's output (and out of `kitae train`'s progress display).
+        with contextlib.redirect_stdout(io.StringIO()):
+            import jaxmarl
     except ImportError as error:  # an optional extra
         raise ImportError(
             f"JaxMARL environments need the 'jaxmarl' package ({error}); install kitae's extra: "

@@ -4,13 +4,20 @@ and DQN runs, determinism, seeds vmapped against single runs, the command line, 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-pytest.importorskip("jaxmarl")
+from kitae.envs import jaxmarl_env
+
+try:  # through kitae, which keeps jaxmarl's import from touching the test's output streams
+    jaxmarl_env._import_jaxmarl()
+except ImportError:
+    pytest.skip("the jaxmarl extra is not installed", allow_module_level=True)
 
 import kitae.config as cfg  # noqa: E402
 from kitae.algos.collections.dqn import DQN, DQNParams  # noqa: E402
@@ -151,6 +158,23 @@ def test_bad_inputs_are_refused_with_clear_errors():
         JaxMARLEnv("switch_riddle")
     with pytest.raises(ValueError, match=r"env_kwargs=\['max_steps'\] are not allowed with an environment object"):
         JaxMARLEnv(JaxMARLEnv(SPREAD).env, max_steps=3)
+
+
+def test_importing_jaxmarl_leaves_the_callers_streams_alone():
+    # jaxmarl 0.2.0 prints on import and resets sys.stdout/sys.stderr to the process's originals
+    code = (
+        "import contextlib, io, sys\n"
+        "out, err = io.StringIO(), io.StringIO()\n"
+        "with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):\n"
+        "    from kitae.envs.jaxmarl_env import registered_envs\n"
+        "    names = registered_envs()\n"
+        "    assert sys.stdout is out and sys.stderr is err\n"
+        "assert 'MPE_simple_spread_v3' in names\n"
+        "print(repr(out.getvalue()))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout == "''\n"
 
 
 def test_team_episode_tracking_by_hand():

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import sys
 from typing import Any
 
 import gymnasium as gym
@@ -41,9 +42,7 @@ EPISODE_ENDS = ("truncation", "termination")
 
 def _import_jaxmarl() -> Any:
     try:
-        # jaxmarl 0.2.0 prints two lines about optional "submoduled" environments on import;
-        # keep them out of kitae's output (and out of `kitae train`'s progress display).
-        with contextlib.redirect_stdout(io.StringIO()):
+        with _quiet_jaxmarl_import():
             import jaxmarl
     except ImportError as error:  # an optional extra
         raise ImportError(
@@ -51,6 +50,25 @@ def _import_jaxmarl() -> Any:
             "pip install -e '.[jaxmarl]'"
         ) from error
     return jaxmarl
+
+
+@contextlib.contextmanager
+def _quiet_jaxmarl_import() -> Any:
+    """Imports jaxmarl 0.2.0 without its side effects on the process's streams.
+
+    Importing it (1) prints two lines about optional "submoduled" environments, and (2) resets
+    ``sys.stdout`` / ``sys.stderr`` to ``sys.__stdout__`` / ``sys.__stderr__`` (its MABrax module
+    silences brax's import that way), which would undo any redirection in force (pytest's
+    capture, a caller's ``redirect_stdout``). The streams, the original ones included, point to a
+    sink during the import and are all restored afterwards.
+    """
+    saved = sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__
+    sink = io.StringIO()
+    sys.stdout = sys.__stdout__ = sink
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__ = saved
 
 
 def registered_envs() -> list[str]:

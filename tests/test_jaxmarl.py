@@ -297,6 +297,24 @@ def test_same_seed_twice_gives_identical_parameters_and_vmapped_seeds_match_sing
 
 
 @pytest.mark.slow
+def test_a_checkpointed_run_resumes_to_the_bits_of_an_uninterrupted_one(ippo_runs, spread, tmp_path):
+    from kitae.checkpoint import Checkpointer
+
+    config = _config(spread, PPOParams(), seed=0)
+    first = PPO("ippo", config, run_dir=tmp_path / "run")
+    first.train(spread, IPPO_STEPS // 2, checkpointer=Checkpointer(tmp_path / "run" / "checkpoints"))
+    # a fresh agent restores the loop state (dicts keyed by agent: buffer, observations,
+    # returns; the environment state) and trains on
+    again = PPO("ippo", config, run_dir=tmp_path / "run")
+    resumed = again.resume(spread, IPPO_STEPS)
+    assert resumed.start_step == IPPO_STEPS // 2 and resumed.env_steps == IPPO_STEPS
+    whole = ippo_runs["0"][1]
+    assert _leaves_equal(again.state, whole.state.agent_state)
+    assert _leaves_equal(resumed.state.env_state, whole.state.env_state)
+    np.testing.assert_array_equal(resumed.metrics.return_sum, whole.metrics.return_sum[3:])
+
+
+@pytest.mark.slow
 def test_dqn_compiled_run_on_discrete_mpe(spread):
     params = DQNParams(start_step=64, skip_steps=16, target_update_interval=10, exploration_fraction=0.5)
     config = _config(spread, params, max_buffer_size=64, batch_size=32, n_epochs=2, n_env_steps=320)

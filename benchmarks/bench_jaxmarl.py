@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 HERE = Path(__file__).resolve().parent

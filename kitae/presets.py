@@ -159,7 +159,8 @@ def build_config(algo: str, env_id: str, env: Any, resolved: dict) -> cfg.AlgoCo
             observation_space=env.single_observation_space,
             action_space=env.single_action_space,
             n_envs=env.num_envs,
-            n_agents=getattr(env, "num_agents", 1),  # a PettingZoo vector env: the shared-parameter mode
+            # PettingZoo vector envs (num_agents) and multi-agent JAX envs (n_agents) say how many
+            n_agents=getattr(env, "num_agents", getattr(env, "n_agents", 1)),
         ),
     )
 

@@ -47,7 +47,7 @@ from kitae.presets import build_config, normalize_env_id, resolve
 from kitae.rundir import MetricsFile, curves_from_metrics, peak_rss_mb, plot_curves, read_metrics, state_fingerprint
 from kitae.rundir import write_summary
 
-JAX_SOURCES = ("gymnax", "brax")
+JAX_SOURCES = ("gymnax", "brax", "jaxmarl")
 HOST_SOURCES = ("gymnasium", "pettingzoo")
 
 
@@ -62,7 +62,10 @@ def make_env(env_id: str, n_envs: int) -> Any:
     if source in JAX_SOURCES:
         from kitae.envs.jax_env import make_jax_env
 
-        return make_jax_env(env_id, n_envs)
+        try:
+            return make_jax_env(env_id, n_envs)
+        except ImportError as error:  # an optional extra (jaxmarl) that is not installed
+            raise RunError(str(error)) from None
     if source in HOST_SOURCES:
         from kitae.envs.make import make_vec_env
 
@@ -858,6 +861,21 @@ def _eval_gymnax(agent: Any, name: str, episodes: int, seed: int) -> np.ndarray:
     return np.asarray(jax.jit(evaluate)(agent.state, jax.random.PRNGKey(seed)), dtype=np.float64)
 
 
+def _eval_jaxmarl(agent: Any, name: str, episodes: int, seed: int) -> np.ndarray:
+    """Team returns (the agents' returns added up) of ``episodes`` JaxMARL episodes, one per
+    environment, all run together (``kitae.loops.multi_agent.evaluate_team_returns``)."""
+    import jax
+
+    from kitae.envs.jaxmarl_env import make_jaxmarl_env
+    from kitae.loops.multi_agent import evaluate_team_returns
+
+    select = _pure_select(agent)
+    state = agent.state
+    returns = evaluate_team_returns(make_jaxmarl_env(name, episodes), lambda key, obs: select(state, key, obs)[0],
+                                    jax.random.PRNGKey(seed))
+    return returns[:, 0]
+
+
 def _eval_gymnasium(agent: Any, name: str, episodes: int, seed: int) -> np.ndarray:
     """Raw returns of ``episodes`` host-loop episodes (``name``: an id ``make_vec_env`` takes), run
     as vector environments of up to 64, each environment seeded ``seed + i`` and counted for its
@@ -957,8 +975,12 @@ def eval_run(run_dir: str | Path, episodes: int = 10, video: bool = False, seed:
     means, stds, all_returns, step, video_path = [], [], [], 0, None
     for index in range(len(seeds) if seeds else 1):
         agent = load_agent(run_dir, index)
-        returns = (_eval_gymnax(agent, name, episodes, seed) if source in JAX_SOURCES
-                   else _eval_gymnasium(agent, env_id, episodes, seed))
+        if source == "jaxmarl":
+            returns = _eval_jaxmarl(agent, name, episodes, seed)
+        elif source in JAX_SOURCES:
+            returns = _eval_gymnax(agent, name, episodes, seed)
+        else:
+            returns = _eval_gymnasium(agent, env_id, episodes, seed)
         means.append(float(np.mean(returns)))
         stds.append(float(np.std(returns)))
         all_returns.append(returns.tolist())

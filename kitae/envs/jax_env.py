@@ -159,4 +159,8 @@ def make_jax_env(env_id: str, n_envs: int, **env_kwargs: Any) -> VecJaxEnv:
         from kitae.envs.brax_env import BraxEnv
 
         return VecJaxEnv(BraxEnv(name, **env_kwargs), n_envs)
-    raise ValueError(f"{env_id!r} is not a JAX environment kitae can build; JAX sources here: gymnax, brax")
+    if source == "jaxmarl":  # multi-agent: kitae.envs.jaxmarl_env
+        from kitae.envs.jaxmarl_env import make_jaxmarl_env
+
+        return make_jaxmarl_env(name, n_envs, **env_kwargs)
+    raise ValueError(f"{env_id!r} is not a JAX environment kitae can build; JAX sources here: gymnax, brax, jaxmarl")

@@ -19,7 +19,14 @@ checkpointer, ``compiled_train`` runs ONE compiled program whose iteration count
 (``run(state, n, first_index, length=L)``) segment after segment, saving the loop state between
 segments; the bits are those of the run in one piece. ``LoopStart`` resumes from a restored state.
 
-Step units: ``n_env_steps`` counts environment transitions summed over all environments.
+Multi-agent environments (``kitae.envs.jaxmarl_env.VecJaxMARLEnv``, an ``agents`` attribute)
+train a parameter-shared agent (``EnvConfig.n_agents > 1``, parallel mode): observations,
+actions, rewards and flags are dicts keyed by agent all the way into the buffer. An episode ends
+for the team when it ends for every agent; ``IterationMetrics.return_sum`` then sums the team's
+return (the agents' returns added up) and ``agent_return_sum`` each agent's own.
+
+Step units: ``n_env_steps`` counts environment transitions summed over all environments (one
+transition of an environment moves all its agents).
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from kitae.buffer import BufferState, Experience, buffer_add, buffer_init, buffe
 from kitae.buffer import _n_agents as _n_agents_of
 from kitae.envs.jax_env import VecJaxEnv
 from kitae.loops.episodes import track_episodes
+from kitae.loops.multi_agent import env_agents, track_team_episodes
 from kitae.types import AlgoType
 
 class LoopState(NamedTuple):
@@ -52,7 +60,7 @@ class LoopState(NamedTuple):
     env_state: Any
     observation: Any
     env_step: jax.Array  # int32: transitions so far, summed over environments
-    episode_return: jax.Array  # (E,) return of each environment's running episode
+    episode_return: Any  # (E,) return of each environment's running episode ({agent: (E,)} multi-agent)
     episode_length: jax.Array  # (E,)
 
 
@@ -61,11 +69,14 @@ class IterationMetrics(NamedTuple):
 
     Attributes:
         env_step: transitions done at the end of the iteration.
-        return_sum: sum of the returns of the episodes that ended in the iteration.
+        return_sum: sum of the returns of the episodes that ended in the iteration (multi-agent:
+            team returns, each the sum of the agents' returns).
         length_sum: sum of their lengths.
         episodes: how many ended.
         updated: whether the iteration updated the agent.
         info: the update's info (zeros where it did not update).
+        agent_return_sum: multi-agent only: ``{agent: sum of that agent's returns over the same
+            episodes}``; ``None`` for a single agent.
     """
 
     env_step: jax.Array
@@ -74,6 +85,7 @@ class IterationMetrics(NamedTuple):
     episodes: jax.Array
     updated: jax.Array
     info: dict[str, jax.Array]
+    agent_return_sum: dict[str, jax.Array] | None = None
 
 
 @dataclasses.dataclass
@@ -130,6 +142,22 @@ class CompiledRun:
                 break
         return total / count if count else float("nan")
 
+    def final_agent_returns(self, seed_index: int = 0, last: int = 10) -> dict[str, float]:
+        """Multi-agent runs: ``{agent: mean return of that agent}`` over the same episodes as
+        ``final_return`` (whose team return is their sum)."""
+        if self.metrics.agent_return_sum is None:
+            raise ValueError("final_agent_returns is for multi-agent runs; this run has a single agent")
+        m = jax.tree_util.tree_map(lambda x: x[seed_index] if self.batched else x, self.metrics)
+        totals, count = {agent: 0.0 for agent in m.agent_return_sum}, 0
+        for i in range(len(m.episodes) - 1, -1, -1):
+            if m.episodes[i] > 0:
+                count += int(m.episodes[i])
+                for agent, sums in m.agent_return_sum.items():
+                    totals[agent] += float(sums[i])
+            if count >= last:
+                break
+        return {agent: (total / count if count else float("nan")) for agent, total in totals.items()}
+
     @property
     def batched(self) -> bool:
         return np.ndim(self.metrics.env_step) == 2
@@ -174,6 +202,16 @@ def make_loop_functions(agent: Any, env: VecJaxEnv, *, log_every: int = 0,
     start_step = getattr(config.algo_params, "start_step", 0)
     experience_type = getattr(agent, "experience_type", Experience)
     update_fn = agent.update_fn
+    agents = env_agents(env)
+    n_agents = 1 if agents is None else len(agents)
+    if config.env_cfg.n_agents != n_agents:
+        raise ValueError(
+            f"the environment has {n_agents} agent(s) but env_cfg.n_agents={config.env_cfg.n_agents}; they must match"
+        )
+
+    def per_agent(make: Callable[[], Any]) -> Any:
+        """``make()``, or ``{agent: make()}`` in a multi-agent environment."""
+        return make() if agents is None else {a: make() for a in agents}
 
     def make_experience(**fields: Any) -> Any:
         return experience_type(**{name: fields[name] for name in experience_type._fields})
@@ -187,12 +225,12 @@ def make_loop_functions(agent: Any, env: VecJaxEnv, *, log_every: int = 0,
         )
         example = make_experience(
             observation=observation,
-            action=jnp.zeros(actions.shape, actions.dtype),
-            reward=jnp.zeros((n_envs,), jnp.float32),
-            done=jnp.zeros((n_envs,), bool),
+            action=jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype), actions),
+            reward=per_agent(lambda: jnp.zeros((n_envs,), jnp.float32)),
+            done=per_agent(lambda: jnp.zeros((n_envs,), bool)),
             next_observation=observation,
-            log_prob=jnp.zeros(log_probs.shape, jnp.float32),
-            truncated=jnp.zeros((n_envs,), bool),
+            log_prob=jax.tree_util.tree_map(lambda x: jnp.zeros(x.shape, jnp.float32), log_probs),
+            truncated=per_agent(lambda: jnp.zeros((n_envs,), bool)),
         )
         return LoopState(
             agent_state=agent_state,
@@ -202,12 +240,12 @@ def make_loop_functions(agent: Any, env: VecJaxEnv, *, log_every: int = 0,
             env_state=env_state,
             observation=observation,
             env_step=jnp.zeros((), jnp.int32),
-            episode_return=jnp.zeros((n_envs,), jnp.float32),
+            episode_return=per_agent(lambda: jnp.zeros((n_envs,), jnp.float32)),
             episode_length=jnp.zeros((n_envs,), jnp.int32),
         )
 
-    def vector_step(carry: tuple[LoopState, jax.Array, jax.Array, jax.Array], _: Any):
-        state, return_sum, length_sum, episodes = carry
+    def vector_step(carry: tuple[LoopState, jax.Array, jax.Array, jax.Array, Any], _: Any):
+        state, return_sum, length_sum, episodes, agent_return_sum = carry
         actions, log_probs, agent_key = agent.explore_with(
             state.agent_state, state.agent_key, state.observation, state.env_step
         )
@@ -219,13 +257,21 @@ def make_loop_functions(agent: Any, env: VecJaxEnv, *, log_every: int = 0,
             reward=ts.reward,
             done=ts.terminated,
             next_observation=ts.next_observation,
-            log_prob=jnp.asarray(log_probs, jnp.float32),
+            log_prob=jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), log_probs),
             truncated=ts.truncated,
         ))
-        ended = jnp.logical_or(ts.terminated, ts.truncated)
-        running_return, running_length, episode_return, episode_length = track_episodes(
-            jnp, state.episode_return, state.episode_length, ts.reward, ended
-        )
+        if agents is None:
+            ended = jnp.logical_or(ts.terminated, ts.truncated)
+            running_return, running_length, episode_return, episode_length = track_episodes(
+                jnp, state.episode_return, state.episode_length, ts.reward, ended
+            )
+        else:
+            running_return, running_length, episode_return, episode_length, ended, per_agent_return = (
+                track_team_episodes(state.episode_return, state.episode_length, ts)
+            )
+            agent_return_sum = {
+                a: agent_return_sum[a] + jnp.sum(jnp.where(ended, per_agent_return[a], 0.0)) for a in agents
+            }
         return_sum = return_sum + jnp.sum(jnp.where(ended, episode_return, 0.0))
         length_sum = length_sum + jnp.sum(jnp.where(ended, episode_length, 0))
         episodes = episodes + jnp.sum(ended)
@@ -239,11 +285,12 @@ def make_loop_functions(agent: Any, env: VecJaxEnv, *, log_every: int = 0,
             episode_return=running_return,
             episode_length=running_length,
         )
-        return (state, return_sum, length_sum, episodes), None
+        return (state, return_sum, length_sum, episodes, agent_return_sum), None
 
     def iteration(state: LoopState, index: jax.Array) -> tuple[LoopState, IterationMetrics]:
-        zero = (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
-        (state, return_sum, length_sum, episodes), _ = jax.lax.scan(
+        zero = (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32),
+                None if agents is None else per_agent(lambda: jnp.zeros((), jnp.float32)))
+        (state, return_sum, length_sum, episodes, agent_return_sum), _ = jax.lax.scan(
             vector_step, (state, *zero), None, length=steps_per_iteration
         )
         agent_key, update_key = jax.random.split(state.agent_key)
@@ -270,7 +317,8 @@ def make_loop_functions(agent: Any, env: VecJaxEnv, *, log_every: int = 0,
                 lambda: jax.debug.callback(log_fn, state.env_step, return_sum, episodes),
                 lambda: None,
             )
-        return state, IterationMetrics(state.env_step, return_sum, length_sum, episodes, updated, info)
+        return state, IterationMetrics(state.env_step, return_sum, length_sum, episodes, updated, info,
+                                       agent_return_sum)
 
     def run(state: LoopState, n_iterations: int | jax.Array, first_index: int | jax.Array = 0, *,
             length: int | None = None) -> tuple[LoopState, IterationMetrics]:
@@ -541,7 +589,8 @@ def _set_agent(agent: Any, state: LoopState, n_updates: int) -> None:
 def log_iteration_metrics(writer: Any, metrics: IterationMetrics, seed_index: int | None = None) -> None:
     """Writes per-iteration metrics to a TensorBoard writer, x axis = environment steps:
     ``charts/episodic_return`` and ``charts/episodic_length`` (means over the episodes that ended
-    in each iteration) and ``losses/<name>`` for each update. ``seed_index`` picks one seed of
+    in each iteration; multi-agent: the team's return, and each agent's as
+    ``charts/episodic_return/<agent>``) and ``losses/<name>`` for each update. ``seed_index`` picks one seed of
     batched metrics ``(K, n)``."""
     m = metrics if seed_index is None else jax.tree_util.tree_map(lambda x: x[seed_index], metrics)
     for i in range(len(m.env_step)):
@@ -549,6 +598,8 @@ def log_iteration_metrics(writer: Any, metrics: IterationMetrics, seed_index: in
         if m.episodes[i] > 0:
             writer.add_scalar("charts/episodic_return", float(m.return_sum[i] / m.episodes[i]), step)
             writer.add_scalar("charts/episodic_length", float(m.length_sum[i] / m.episodes[i]), step)
+            for agent, sums in (m.agent_return_sum or {}).items():
+                writer.add_scalar(f"charts/episodic_return/{agent}", float(sums[i] / m.episodes[i]), step)
         if m.updated[i]:
             for name, values in m.info.items():
                 writer.add_scalar(f"losses/{name}", float(values[i]), step)

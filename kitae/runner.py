@@ -48,7 +48,21 @@ from kitae.rundir import MetricsFile, curves_from_metrics, peak_rss_mb, plot_cur
 from kitae.rundir import write_summary
 
 JAX_SOURCES = ("gymnax",)
-HOST_SOURCES = ("gymnasium",)
+HOST_SOURCES = ("gymnasium", "envpool")
+_WARNED_HOST_ONLY: set[str] = set()
+
+
+def _warn_host_loop(source: str) -> None:
+    """Warns once per process that ``source`` trains in the host loop, not the compiled one."""
+    if source == "envpool" and source not in _WARNED_HOST_ONLY:
+        import warnings
+
+        _WARNED_HOST_ONLY.add(source)
+        warnings.warn(
+            "envpool: environments train in the host loop: EnvPool's XLA interface (a stateful handle, "
+            "not a pure vmappable environment) does not fit kitae's compiled loop; see docs/envpool.md",
+            stacklevel=3,
+        )
 
 
 class RunError(Exception):
@@ -65,6 +79,7 @@ def make_env(env_id: str, n_envs: int) -> Any:
     if source in HOST_SOURCES:
         from kitae.envs.make import make_vec_env
 
+        _warn_host_loop(source)
         return make_vec_env(env_id, n_envs)
     raise RunError(
         f"environment source {source!r} is not available yet; available: {', '.join(JAX_SOURCES + HOST_SOURCES)}"
@@ -858,14 +873,21 @@ def _eval_gymnax(agent: Any, name: str, episodes: int, seed: int) -> np.ndarray:
 
 
 def _eval_gymnasium(agent: Any, name: str, episodes: int, seed: int) -> np.ndarray:
-    """Raw returns of ``episodes`` Gymnasium episodes, run as vector environments of up to 64,
-    each environment seeded ``seed + i`` and counted for its first episode only."""
+    """Raw returns of ``episodes`` Gymnasium (or EnvPool: ``name`` = ``"envpool:ID"``) episodes, run
+    as vector environments of up to 64, each environment seeded ``seed + i`` and counted for its
+    first episode only (EnvPool Atari: whole games with unclipped rewards)."""
     from kitae.envs.make import make_vec_env
 
+    source, task = parse_env_id(name)
+    env_kwargs = None
+    if source == "envpool":
+        from kitae.envs.envpool_env import evaluation_kwargs
+
+        env_kwargs = evaluation_kwargs(task)
     returns: list[float] = []
     while len(returns) < episodes:
         n = min(64, episodes - len(returns))
-        env = make_vec_env(name, n)
+        env = make_vec_env(name, n, env_kwargs=env_kwargs)
         try:
             observations, _ = env.reset(seed=seed + len(returns))
             totals, done = np.zeros(n), np.zeros(n, bool)
@@ -948,7 +970,8 @@ def eval_run(run_dir: str | Path, episodes: int = 10, video: bool = False, seed:
     means, stds, all_returns, step, video_path = [], [], [], 0, None
     for index in range(len(seeds) if seeds else 1):
         agent = load_agent(run_dir, index)
-        returns = (_eval_gymnax if source in JAX_SOURCES else _eval_gymnasium)(agent, name, episodes, seed)
+        returns = (_eval_gymnax(agent, name, episodes, seed) if source in JAX_SOURCES
+                   else _eval_gymnasium(agent, env_id, episodes, seed))
         means.append(float(np.mean(returns)))
         stds.append(float(np.std(returns)))
         all_returns.append(returns.tolist())

@@ -211,6 +211,13 @@ def encoder_factory(
         if len(shape) == 1:
             return MLP(hidden=hidden, activation=activation)
         if len(shape) == 3:
+            if shape[0] < NATURE_CNN_MIN_SIZE <= min(shape[1], shape[2]):
+                raise ValueError(
+                    f"Unsupported observation space {observation_space}: it looks channels-first (C, H, W); "
+                    f"NatureCNN takes channels-last images: transpose them to {(shape[1], shape[2], shape[0])} "
+                    "(kitae.envs.envpool_env.EnvPoolVectorEnv does with channels_last=True); "
+                    f"{_accepted()}."
+                )
             if min(shape[0], shape[1]) < NATURE_CNN_MIN_SIZE:
                 raise ValueError(
                     f"Unsupported observation space {observation_space}: image height and width must "

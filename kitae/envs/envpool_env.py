@@ -32,6 +32,7 @@ with seed ``s``, so one seed decides the run.
 from __future__ import annotations
 
 import difflib
+import warnings
 from typing import Any
 
 import gymnasium as gym
@@ -53,7 +54,7 @@ ATARI_DEFAULTS: dict[str, Any] = {
 ATARI_EVALUATION: dict[str, Any] = {"episodic_life": False, "reward_clip": False}
 """What evaluation changes for Atari tasks: whole games, raw scores."""
 
-_RESERVED = ("num_envs", "batch_size", "seed", "env_type")
+_RESERVED = ("num_envs", "batch_size", "seed", "max_num_players", "base_path", "gym_reset_return_info")
 
 
 def _envpool() -> Any:
@@ -108,7 +109,7 @@ def _check_kwargs(name: str, kwargs: dict[str, Any]) -> None:
     if reserved:
         raise ValueError(
             f"env_kwargs {reserved} are set by kitae (num_envs from n_envs, seed from the run's seed, "
-            f"batch_size = num_envs); remove them"
+            f"batch_size = num_envs, one player, EnvPool's own assets and reset infos); remove them"
         )
     known = _config_keys(name) - set(_RESERVED)
     unknown = sorted(set(kwargs) - known)
@@ -135,14 +136,14 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
         channels_last: lay 3-D channels-first image observations ``(C, H, W)`` out as
             ``(H, W, C)``.
         num_threads: EnvPool's worker threads (0: one per environment, up to the CPU count).
-        **env_kwargs: EnvPool options of the task (``envpool.make_spec(name).config``); for Atari
+        env_kwargs: EnvPool options of the task (``envpool.make_spec(name).config``); for Atari
             they go over ``ATARI_DEFAULTS``.
     """
 
     metadata = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": []}
 
     def __init__(self, name: str, num_envs: int, seed: int = 0, *, channels_last: bool = True,
-                 num_threads: int = 0, **env_kwargs: Any) -> None:
+                 num_threads: int = 0, env_kwargs: dict[str, Any] | None = None) -> None:
         if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:
             raise ValueError(f"num_envs={num_envs!r} is not allowed; allowed: an int >= 1")
         if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
@@ -150,6 +151,7 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
         if not isinstance(num_threads, int) or isinstance(num_threads, bool) or num_threads < 0:
             raise ValueError(f"num_threads={num_threads!r} is not allowed; allowed: an int >= 0")
         check_envpool_id(name)
+        env_kwargs = dict(env_kwargs or {})
         _check_kwargs(name, env_kwargs)
         self.name = name
         self.num_envs = num_envs
@@ -160,6 +162,7 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
         self._pool = self._make_pool(self._seed)
 
         space = self._pool.observation_space
+        self.single_action_space = self._pool.action_space
         self._transpose = bool(
             channels_last and isinstance(space, gym.spaces.Box) and len(space.shape) == 3
             and space.shape[0] < min(space.shape[1:])
@@ -169,16 +172,22 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
                 np.transpose(space.low, (1, 2, 0)), np.transpose(space.high, (1, 2, 0)), dtype=space.dtype
             )
         self.single_observation_space = space
-        self.single_action_space = self._pool.action_space
         self.observation_space = gym.vector.utils.batch_space(space, num_envs)
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
         self._action_dtype = self.single_action_space.dtype
 
     def _make_pool(self, seed: int) -> Any:
-        return _envpool().make_gymnasium(
-            self.name, num_envs=self.num_envs, batch_size=self.num_envs, seed=seed,
-            num_threads=self.num_threads, **self.env_kwargs,
-        )
+        # EnvPool's seed is a C++ int and environment i takes seed + i: larger seeds (kitae's resume
+        # draws 32-bit ones) are folded into range, deterministically
+        limit = 2**31 - self.num_envs
+        with warnings.catch_warnings():  # EnvPool's float64 Box bounds: Gymnasium warns about float32
+            warnings.filterwarnings("ignore", message=".*precision lowered by casting")
+            pool = _envpool().make_gymnasium(
+                self.name, num_envs=self.num_envs, batch_size=self.num_envs, seed=seed % limit,
+                num_threads=self.num_threads, **self.env_kwargs,
+            )
+            pool.observation_space, pool.action_space  # made (and cached) here, where the warning is off
+        return pool
 
     def _layout(self, obs: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(np.transpose(obs, (0, 2, 3, 1))) if self._transpose else np.asarray(obs)
@@ -241,9 +250,9 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
 
 def make_envpool_env(name: str, n_envs: int, *, seed: int = 0, env_kwargs: dict[str, Any] | None = None,
                      channels_last: bool = True) -> EnvPoolVectorEnv:
-    """``EnvPoolVectorEnv(name, n_envs, seed, channels_last=..., **env_kwargs)``; the builder behind
+    """``EnvPoolVectorEnv(name, n_envs, seed, channels_last=..., env_kwargs=...)``; the builder behind
     ``make_vec_env("envpool:ID", n_envs)``."""
-    return EnvPoolVectorEnv(name, n_envs, seed, channels_last=channels_last, **dict(env_kwargs or {}))
+    return EnvPoolVectorEnv(name, n_envs, seed, channels_last=channels_last, env_kwargs=env_kwargs)
 
 
 __all__ = [

@@ -1,7 +1,8 @@
 """Does EnvPool's XLA interface run reliably here? (The investigation behind docs/envpool.md.)
 
 Each trial is a fresh Python process that makes an EnvPool CartPole-v1 pool (8 environments),
-resets it (``reset`` or ``async_reset``), takes ``env.xla()``'s ``(handle, recv, send, step)`` and
+resets it (``reset``; ``async_reset`` then ``recv``; or ``async_reset`` with its states never
+received, ``async_reset_unreceived``), takes ``env.xla()``'s ``(handle, recv, send, step)`` and
 runs ``--steps`` environment steps with random actions inside one ``jax.jit``-compiled
 ``jax.lax.scan`` (the way a compiled training loop would call it), then reports the total reward.
 A trial that does not finish within ``--timeout`` seconds is counted as a hang and killed.
@@ -9,6 +10,8 @@ A trial that does not finish within ``--timeout`` seconds is counted as a hang a
 Run::
 
     .venv/bin/python benchmarks/envpool_xla_probe.py --trials 20            # reset, then async_reset
+    .venv/bin/python benchmarks/envpool_xla_probe.py --trials 10 --modes async_reset_unreceived \
+        --out envpool_xla_unreceived.json
 
 Results: ``benchmarks/results/envpool_xla.json`` (per mode: finished, hung, failed, the errors,
 the seconds each trial took).
@@ -41,6 +44,8 @@ else:
 handle, recv, send, step = env.xla()
 if mode == "async_reset":
     handle, _ = recv(handle)  # collect the reset's states before the first send
+# "async_reset_unreceived": the reset's states are never received, so every recv in the loop returns
+# the states of the step before (and the pool ends one batch ahead)
 
 def body(carry, key):
     handle, total = carry
@@ -80,7 +85,9 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--timeout", type=float, default=60.0)
-    parser.add_argument("--modes", nargs="+", default=["reset", "async_reset"], choices=["reset", "async_reset"])
+    parser.add_argument("--out", default="envpool_xla.json")
+    parser.add_argument("--modes", nargs="+", default=["reset", "async_reset"],
+                        choices=["reset", "async_reset", "async_reset_unreceived"])
     args = parser.parse_args()
     import envpool
     import jax
@@ -88,7 +95,8 @@ def main() -> None:
     result = {"name": "envpool_xla", "envpool": envpool.__version__, "jax": jax.__version__,
               "machine": f"{platform.machine()}, {platform.python_version()}", "trials": args.trials,
               "steps": args.steps, "timeout_seconds": args.timeout, "modes": {},
-              "command": f"python benchmarks/envpool_xla_probe.py --trials {args.trials} --steps {args.steps}"}
+              "command": f"python benchmarks/envpool_xla_probe.py --trials {args.trials} --steps {args.steps} "
+                         f"--modes {' '.join(args.modes)} --out {args.out}"}
     for mode in args.modes:
         runs = []
         for i in range(args.trials):
@@ -100,7 +108,7 @@ def main() -> None:
         counts = {k: sum(r["outcome"] == k for r in runs) for k in ("finished", "hung", "failed")}
         result["modes"][mode] = {**counts, "runs": runs}
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "envpool_xla.json").write_text(json.dumps(result, indent=2))
+    (RESULTS / args.out).write_text(json.dumps(result, indent=2))
     print(json.dumps({m: {k: v for k, v in r.items() if k != "runs"} for m, r in result["modes"].items()}))
 
 

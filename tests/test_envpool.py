@@ -328,6 +328,7 @@ def test_dqn_trains_a_few_updates_on_envpool_cartpole_and_same_seed_same_paramet
     assert _tree_equal(agent.state, again.state)
 
 
+@pytest.mark.slow  # compiles the NatureCNN update: tens of seconds on a busy 2-core machine
 def test_kitae_train_ppo_on_envpool_pong_runs_a_few_updates_in_the_host_loop(tmp_path):
     from kitae.runner import RunSpec, train_run
 

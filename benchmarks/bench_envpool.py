@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -70,7 +71,8 @@ def throughput(n_envs: int = 8, vector_steps: int = 20_000, repeats: int = 5) ->
         sps = [vector_steps * n_envs / t for t in times]
         rows[name] = {"median_sps": statistics.median(sps), "sps": sps}
         print(f"{name}: median {statistics.median(sps):,.0f} transitions/s", flush=True)
-    result = {"name": "envpool_throughput", "env": "CartPole-v1", "n_envs": n_envs, "vector_steps": vector_steps,
+    result = {"name": "envpool_throughput", "load_average_1_5_15min_at_end": list(os.getloadavg()),
+              "env": "CartPole-v1", "n_envs": n_envs, "vector_steps": vector_steps,
               "repeats": repeats, "actions": "uniform random, drawn beforehand", "results": rows, "machine": MACHINE,
               "command": "python benchmarks/bench_envpool.py --only throughput"}
     (RESULTS / "envpool_throughput.json").write_text(json.dumps(result, indent=2))
@@ -99,8 +101,18 @@ def pong(n_steps: int, seed: int = 0) -> dict:
     env = make_vec_env("envpool:Pong-v5", resolved["n_envs"])
     config = build_config("ppo", "envpool:Pong-v5", env, resolved)
     agent = PPO(f"bench-envpool-pong-{seed}", config, run_dir=f"/tmp/kitae-bench/envpool-pong-{seed}")
+
+    shown = {"updates": 0}
+
+    def progress(step: int, stats) -> None:
+        if stats.n_updates > shown["updates"]:
+            shown["updates"] = stats.n_updates
+            print(f"Pong: step {step}, {stats.wall_seconds:.0f} s, {stats.n_updates} updates", flush=True)
+
+    from kitae.loops.train import vectorized_train
+
     start = time.perf_counter()
-    stats = agent.train(env, n_steps)
+    stats = vectorized_train(seed, agent, env, n_steps, agent.algo_type, progress_fn=progress)
     wall = time.perf_counter() - start
     run_seconds = wall - stats.compile_seconds
     sps = stats.global_step / run_seconds
@@ -113,6 +125,7 @@ def pong(n_steps: int, seed: int = 0) -> dict:
         "mean_return_last_10": stats.mean_return(10) if stats.episode_returns else None,
         "extrapolated_2M_seconds": full, "extrapolated_2M_minutes": full / 60,
         "fits_40_min": full < 40 * 60, "machine": MACHINE,
+        "load_average_1_5_15min_at_end": list(os.getloadavg()),
         "command": f"python benchmarks/bench_envpool.py --only pong --pong-steps {n_steps}",
         "full_run_command": "kitae train ppo envpool:Pong-v5 --steps 2000000",
         "algo_params": repr(config.algo_params), "update_cfg": repr(config.update_cfg),

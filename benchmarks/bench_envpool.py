@@ -102,11 +102,11 @@ def pong(n_steps: int, seed: int = 0) -> dict:
     config = build_config("ppo", "envpool:Pong-v5", env, resolved)
     agent = PPO(f"bench-envpool-pong-{seed}", config, run_dir=f"/tmp/kitae-bench/envpool-pong-{seed}")
 
-    shown = {"updates": 0}
+    marks: list[tuple[int, float]] = []  # (step, wall seconds) at each update
 
     def progress(step: int, stats) -> None:
-        if stats.n_updates > shown["updates"]:
-            shown["updates"] = stats.n_updates
+        if stats.n_updates > len(marks):
+            marks.append((step, stats.wall_seconds))
             print(f"Pong: step {step}, {stats.wall_seconds:.0f} s, {stats.n_updates} updates", flush=True)
 
     from kitae.loops.train import vectorized_train
@@ -114,13 +114,18 @@ def pong(n_steps: int, seed: int = 0) -> dict:
     start = time.perf_counter()
     stats = vectorized_train(seed, agent, env, n_steps, agent.algo_type, progress_fn=progress)
     wall = time.perf_counter() - start
+    # steady speed: from the first update (which compiles) to the last, one rollout + update each
+    if len(marks) < 2:
+        raise SystemExit("--pong-steps must allow at least 2 updates (>= 2048 steps) to measure a speed")
+    intervals = [b[1] - a[1] for a, b in zip(marks, marks[1:])]
+    sps = (marks[-1][0] - marks[0][0]) / (marks[-1][1] - marks[0][1])
     run_seconds = wall - stats.compile_seconds
-    sps = stats.global_step / run_seconds
     full = 2_000_000 / sps + stats.compile_seconds
     result = {
         "name": "envpool_ppo_pong", "env_id": "envpool:Pong-v5", "seed": seed, "steps": stats.global_step,
         "n_envs": config.env_cfg.n_envs, "updates": stats.n_updates, "wall_seconds": wall,
-        "compile_seconds": stats.compile_seconds, "run_seconds": run_seconds, "sps_after_compile": sps,
+        "compile_seconds": stats.compile_seconds, "run_seconds": run_seconds,
+        "seconds_per_rollout_and_update": intervals, "sps_after_compile": sps,
         "episodes": len(stats.episode_returns),
         "mean_return_last_10": stats.mean_return(10) if stats.episode_returns else None,
         "extrapolated_2M_seconds": full, "extrapolated_2M_minutes": full / 60,

@@ -48,7 +48,21 @@ from kitae.rundir import MetricsFile, curves_from_metrics, peak_rss_mb, plot_cur
 from kitae.rundir import write_summary
 
 JAX_SOURCES = ("gymnax", "brax", "jaxmarl")
-HOST_SOURCES = ("gymnasium", "pettingzoo")
+HOST_SOURCES = ("gymnasium", "envpool", "pettingzoo")
+_WARNED_HOST_ONLY: set[str] = set()
+
+
+def _warn_host_loop(source: str) -> None:
+    """Warns once per process that ``source`` trains in the host loop, not the compiled one."""
+    if source == "envpool" and source not in _WARNED_HOST_ONLY:
+        import warnings
+
+        _WARNED_HOST_ONLY.add(source)
+        warnings.warn(
+            "envpool: environments train in the host loop: EnvPool's XLA interface (a stateful handle, "
+            "not a pure vmappable environment) does not fit kitae's compiled loop; see docs/envpool.md",
+            stacklevel=3,
+        )
 
 
 class RunError(Exception):
@@ -69,6 +83,7 @@ def make_env(env_id: str, n_envs: int) -> Any:
     if source in HOST_SOURCES:
         from kitae.envs.make import make_vec_env
 
+        _warn_host_loop(source)
         return make_vec_env(env_id, n_envs)
     raise RunError(
         f"environment source {source!r} is not available yet; available: {', '.join(JAX_SOURCES + HOST_SOURCES)}"
@@ -879,13 +894,20 @@ def _eval_jaxmarl(agent: Any, name: str, episodes: int, seed: int) -> np.ndarray
 def _eval_gymnasium(agent: Any, name: str, episodes: int, seed: int) -> np.ndarray:
     """Raw returns of ``episodes`` host-loop episodes (``name``: an id ``make_vec_env`` takes), run
     as vector environments of up to 64, each environment seeded ``seed + i`` and counted for its
-    first episode only; for PettingZoo environments, the team's return (sum over agents)."""
+    first episode only; for PettingZoo environments, the team's return (sum over agents); EnvPool
+    Atari: whole games with unclipped rewards."""
     from kitae.envs.make import make_vec_env
 
+    source, task = parse_env_id(name)
+    env_kwargs = None
+    if source == "envpool":
+        from kitae.envs.envpool_env import evaluation_kwargs
+
+        env_kwargs = evaluation_kwargs(task)
     returns: list[float] = []
     while len(returns) < episodes:
         n = min(64, episodes - len(returns))
-        env = make_vec_env(name, n)
+        env = make_vec_env(name, n, env_kwargs=env_kwargs)
         try:
             observations, _ = env.reset(seed=seed + len(returns))
             totals, done = np.zeros(n), np.zeros(n, bool)

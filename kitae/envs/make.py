@@ -14,7 +14,7 @@ import gymnasium as gym
 from gymnasium.vector import AutoresetMode
 
 SOURCES = ("gymnasium", "gymnax", "envpool", "pettingzoo", "brax", "jaxmarl")
-HOST_SOURCES = ("gymnasium", "pettingzoo")
+HOST_SOURCES = ("gymnasium", "envpool", "pettingzoo")
 
 
 def parse_env_id(env_id: str) -> tuple[str, str]:
@@ -70,6 +70,7 @@ def make_vec_env(
     env_kwargs: dict[str, Any] | None = None,
     wrappers: Sequence[Callable[[gym.Env], gym.Env]] = (),
     frame_stack: int = 1,
+    seed: int = 0,
 ) -> Any:
     """Makes a Gymnasium vector environment that kitae's host loop can train in.
 
@@ -84,20 +85,29 @@ def make_vec_env(
     actions are clipped to the action space's bounds before they reach the environment, so a
     Gaussian policy's raw samples can be stored for its log-probabilities.
 
+    ``envpool:ID`` ids give a ``kitae.envs.envpool_env.EnvPoolVectorEnv`` (EnvPool's pool with the
+    same semantics; Atari tasks get 84x84 grayscale frames stacked 4 deep, laid out ``(84, 84, 4)``
+    uint8, episodic life and clipped rewards unless ``env_kwargs`` says otherwise).
+
     Args:
-        env_id: ``"CartPole-v1"``, ``"gymnasium:CartPole-v1"`` or ``"pettingzoo:mpe2.simple_spread_v3"``.
+        env_id: ``"CartPole-v1"``, ``"gymnasium:CartPole-v1"``, ``"envpool:Pong-v5"`` or
+            ``"pettingzoo:mpe2.simple_spread_v3"``.
         n_envs: number of environments (>= 1).
         capture_video: record videos of environment 0 to ``runs/<run_name>/videos``.
         run_name: the run's name (needed with ``capture_video``).
         vectorization_mode: ``"sync"`` (one process, fastest for cheap environments) or
             ``"async"`` (one process per environment).
         env_kwargs: keyword arguments for ``gymnasium.make`` (for PettingZoo, for the module's
-            ``parallel_env``, e.g. ``{"continuous_actions": True}``).
+            ``parallel_env``, e.g. ``{"continuous_actions": True}``; for ``envpool:`` ids, EnvPool
+            options, ``envpool.make_spec(ID).config``).
         wrappers: callables ``env -> env`` applied in order to each sub-environment, e.g.
             ``[kitae.envs.wrappers.ActionMaskObservation]`` for ``Taxi-v4``'s action masks.
         frame_stack: stack this many frames per observation, channels-last
             (``kitae.envs.wrappers.frame_stack``: ``(H, W, C)`` -> ``(H, W, n * C)``), after
-            ``wrappers``; 1 (the default) stacks nothing. Neither applies to PettingZoo ids.
+            ``wrappers``; 1 (the default) stacks nothing. Gymnasium ids only (EnvPool stacks frames
+            itself: ``env_kwargs={"stack_num": k}``).
+        seed: EnvPool ids only: the seed the pool is made with (``reset(seed=...)`` remakes it
+            with another).
 
     Returns:
         A ``gymnasium.vector.VectorEnv`` with ``num_envs == n_envs``; ``single_observation_space``
@@ -123,6 +133,17 @@ def make_vec_env(
         from kitae.envs.pettingzoo_envs import make_parallel_vec_env
 
         return make_parallel_vec_env(name, n_envs, vectorization_mode=vectorization_mode, env_kwargs=env_kwargs)
+    if source == "envpool":
+        if capture_video:
+            raise ValueError("capture_video=True is not available for envpool: ids; allowed: capture_video=False")
+        if frame_stack != 1 or tuple(wrappers):
+            raise ValueError(
+                f"frame_stack={frame_stack!r} and wrappers are not allowed for envpool: ids; EnvPool stacks "
+                "frames itself: pass env_kwargs={'stack_num': k}"
+            )
+        from kitae.envs.envpool_env import make_envpool_env
+
+        return make_envpool_env(name, n_envs, seed=seed, env_kwargs=env_kwargs)
     if name not in gym.registry:
         raise ValueError(f"unknown Gymnasium environment {name!r}; see gymnasium.pprint_registry() for the ids")
     if not isinstance(frame_stack, int) or isinstance(frame_stack, bool) or frame_stack < 1:

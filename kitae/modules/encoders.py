@@ -277,7 +277,8 @@ def encoder_factory(
                     raise ValueError(
                         f"Unsupported observation space {observation_space}: it looks channels-first "
                         f"(C, H, W) (a small height or width, {shape[2]} channels); kitae's CNNs read "
-                        f"(H, W, C): transpose the observations (np.moveaxis(obs, 0, -1)); {_accepted()}."
+                        f"(H, W, C): transpose the observations to {(shape[1], shape[2], shape[0])} (np.moveaxis(obs, 0, -1); "
+                        f"kitae.envs.envpool_env.EnvPoolVectorEnv does with channels_last=True); {_accepted()}."
                     )
                 return MinAtarCNN()
             return NatureCNN()

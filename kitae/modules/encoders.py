@@ -127,23 +127,32 @@ class NatureCNN(nn.Module):
     Attributes:
         features: size of the final dense layer (512 in the paper).
         orthogonal: orthogonal init with scale sqrt(2) and zero biases; ``False`` uses flax defaults.
+        convs: the convolutions, ``(filters, kernel size, stride)`` each.
     """
 
     features: int = 512
     orthogonal: bool = True
+    convs: tuple[tuple[int, int, int], ...] = ((32, 8, 4), (64, 4, 2), (64, 3, 1))
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         """x: ``(..., H, W, C)`` -> ``(..., features)``."""
-        x = image_to_float(x)
-        kinit = dense_init(None, self.orthogonal)
-        batch = x.shape[:-3]
-        x = x.reshape((-1,) + x.shape[-3:])
-        x = nn.relu(nn.Conv(32, (8, 8), strides=(4, 4), padding="VALID", kernel_init=kinit)(x))
-        x = nn.relu(nn.Conv(64, (4, 4), strides=(2, 2), padding="VALID", kernel_init=kinit)(x))
-        x = nn.relu(nn.Conv(64, (3, 3), strides=(1, 1), padding="VALID", kernel_init=kinit)(x))
-        x = x.reshape(batch + (-1,))
-        return nn.relu(nn.Dense(self.features, kernel_init=kinit)(x))
+        return _conv_torso(x, self.convs, self.features, self.orthogonal)
+
+
+def _conv_torso(x: jax.Array, convs: tuple[tuple[int, int, int], ...], features: int, orthogonal: bool) -> jax.Array:
+    """``image_to_float`` -> ``Conv(f, k x k, stride s, VALID) -> ReLU`` for each ``(f, k, s)`` in
+    ``convs`` -> flatten -> ``Dense(features) -> ReLU``, leading batch dims kept. Called from a
+    module's ``nn.compact`` ``__call__``, so the layers are that module's (``Conv_0``, ...)."""
+    x = image_to_float(x)
+    kinit = dense_init(None, orthogonal)
+    batch = x.shape[:-3]
+    x = x.reshape((-1,) + x.shape[-3:])
+    for n_filters, kernel, stride in convs:
+        x = nn.relu(nn.Conv(n_filters, (kernel, kernel), strides=(stride, stride), padding="VALID",
+                            kernel_init=kinit)(x))
+    x = x.reshape(batch + (-1,))
+    return nn.relu(nn.Dense(features, kernel_init=kinit)(x))
 
 
 class MinAtarCNN(nn.Module):
@@ -158,21 +167,17 @@ class MinAtarCNN(nn.Module):
     Attributes:
         features: size of the dense layer (128 in the paper).
         orthogonal: orthogonal init with scale sqrt(2) and zero biases; ``False`` uses flax defaults.
+        convs: the convolutions, ``(filters, kernel size, stride)`` each.
     """
 
     features: int = 128
     orthogonal: bool = True
+    convs: tuple[tuple[int, int, int], ...] = ((16, 3, 1),)
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         """x: ``(..., H, W, C)`` -> ``(..., features)``."""
-        x = image_to_float(x)
-        kinit = dense_init(None, self.orthogonal)
-        batch = x.shape[:-3]
-        x = x.reshape((-1,) + x.shape[-3:])
-        x = nn.relu(nn.Conv(16, (3, 3), strides=(1, 1), padding="VALID", kernel_init=kinit)(x))
-        x = x.reshape(batch + (-1,))
-        return nn.relu(nn.Dense(self.features, kernel_init=kinit)(x))
+        return _conv_torso(x, self.convs, self.features, self.orthogonal)
 
 
 class DiscreteEncoder(nn.Module):

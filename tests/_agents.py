@@ -228,10 +228,12 @@ class TinyA2C(OnPolicyAgent):
 # --------------------------------------------------------------------------------------------
 
 
-def make_config(
-    env: gym.vector.VectorEnv,
+def config_from_spaces(
+    observation_space: gym.Space,
+    action_space: gym.Space,
     algo_params,
     *,
+    n_envs: int = 1,
     seed: int = 0,
     learning_rate: float = 1e-3,
     max_buffer_size: int = 1000,
@@ -239,6 +241,7 @@ def make_config(
     n_epochs: int = 1,
     n_env_steps: int = 10_000,
 ) -> cfg.AlgoConfig:
+    """An ``AlgoConfig`` for tests from one environment's spaces."""
     return cfg.AlgoConfig(
         seed=seed,
         algo_params=algo_params,
@@ -247,7 +250,12 @@ def make_config(
         ),
         train_cfg=cfg.TrainConfig(n_env_steps=n_env_steps),
         env_cfg=cfg.EnvConfig(
-            task_name="test", observation_space=env.single_observation_space,
-            action_space=env.single_action_space, n_envs=env.num_envs,
+            task_name="test", observation_space=observation_space, action_space=action_space, n_envs=n_envs,
         ),
     )
+
+
+def make_config(env: gym.vector.VectorEnv, algo_params, **kwargs) -> cfg.AlgoConfig:
+    """``config_from_spaces`` with a vector environment's single spaces and its number of copies."""
+    return config_from_spaces(env.single_observation_space, env.single_action_space, algo_params,
+                              n_envs=env.num_envs, **kwargs)

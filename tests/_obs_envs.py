@@ -8,23 +8,17 @@ import jax.numpy as jnp
 import numpy as np
 
 import kitae.config as cfg
+from _agents import config_from_spaces
 from kitae.envs.jax_env import GymnaxEnv, VecJaxEnv
 from kitae.envs.jax_wrappers import JaxTransformObservation
 
 
 def config(observation_space, action_space, algo_params, *, n_envs=1, max_buffer_size=64, batch_size=32,
            n_epochs=2, n_env_steps=1_000, learning_rate=1e-3, seed=0) -> cfg.AlgoConfig:
-    """An ``AlgoConfig`` for small smoke runs."""
-    return cfg.AlgoConfig(
-        seed=seed,
-        algo_params=algo_params,
-        update_cfg=cfg.UpdateConfig(
-            learning_rate=learning_rate, max_buffer_size=max_buffer_size, batch_size=batch_size, n_epochs=n_epochs
-        ),
-        train_cfg=cfg.TrainConfig(n_env_steps=n_env_steps),
-        env_cfg=cfg.EnvConfig(task_name="test", observation_space=observation_space, action_space=action_space,
-                              n_envs=n_envs),
-    )
+    """An ``AlgoConfig`` for small smoke runs (smaller buffers and runs than ``_agents``' defaults)."""
+    return config_from_spaces(observation_space, action_space, algo_params, n_envs=n_envs,
+                              max_buffer_size=max_buffer_size, batch_size=batch_size, n_epochs=n_epochs,
+                              n_env_steps=n_env_steps, learning_rate=learning_rate, seed=seed)
 
 
 def env_config(env, algo_params, **kwargs) -> cfg.AlgoConfig:

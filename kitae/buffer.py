@@ -37,6 +37,9 @@ class Experience(NamedTuple):
         log_prob: log-probability of the action under the acting policy, ``(E,)``.
         truncated: the episode was CUT at this step (time limit): bootstrap from
             ``next_observation``, but do not carry returns across into the next episode, ``(E,)``.
+            Optional: ``Experience(observation, action, reward, done, next_observation,
+            log_prob)``, the six fields of the custom-agent guide, leaves it ``None``, which
+            ``kitae.timesteps`` reads as "never truncated". The training loops always fill it.
     """
 
     observation: Any
@@ -45,7 +48,7 @@ class Experience(NamedTuple):
     done: Any
     next_observation: Any
     log_prob: Any
-    truncated: Any
+    truncated: Any = None
 
 
 class BufferState(NamedTuple):

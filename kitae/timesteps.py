@@ -108,6 +108,14 @@ def _time_aligned(**arrays) -> tuple[tuple[jax.Array, ...], int]:
     return tuple(jnp.broadcast_to(a, shape) for a in arrs), T
 
 
+def _truncation(terminated, truncated):
+    """``truncated``, or all-False flags shaped like ``terminated`` when it is ``None`` (experience
+    that records no time-limit truncation, e.g. an ``Experience`` made without that field)."""
+    if truncated is None:
+        return jnp.zeros(jnp.shape(terminated), bool)
+    return truncated
+
+
 def _float_dtype(*arrays):
     """Floating dtype of the result: float inputs kept, ints promoted."""
     return jnp.result_type(*arrays, 0.0)
@@ -188,7 +196,7 @@ def compute_gae(
             step ``t`` (the final observation on truncation).
         terminated: ``(T, ...)`` bool or float, 1 where ``s'_t`` is terminal.
         truncated: ``(T, ...)`` bool or float, 1 where the episode was cut
-            at step ``t`` without reaching a terminal state.
+            at step ``t`` without reaching a terminal state; ``None``: never.
         gamma: discount factor in ``[0, 1]`` (Python number or JAX scalar).
         lambda_: GAE parameter in ``[0, 1]`` (Python number or JAX scalar).
             ``lambda_=0`` gives one-step TD errors, ``lambda_=1`` Monte-Carlo
@@ -211,7 +219,7 @@ def compute_gae(
         values=values,
         next_values=next_values,
         terminated=terminated,
-        truncated=truncated,
+        truncated=_truncation(terminated, truncated),
     )
     dtype = _float_dtype(rewards, values, next_values)
     rewards, values, next_values = (
@@ -276,7 +284,7 @@ def compute_n_step_returns(
         terminated: ``(T, ...)`` bool or float, 1 where the episode
             terminated at this step.
         truncated: ``(T, ...)`` bool or float, 1 where the episode was cut
-            at this step.
+            at this step; ``None``: never.
         gamma: discount factor in ``[0, 1]`` (Python number or JAX scalar).
         n: number of steps, a static Python ``int >= 1``. Under ``jax.jit``
             pass it via ``static_argnames=("n",)`` or close over it.
@@ -302,7 +310,7 @@ def compute_n_step_returns(
         rewards=rewards,
         next_values=next_values,
         terminated=terminated,
-        truncated=truncated,
+        truncated=_truncation(terminated, truncated),
     )
     dtype = _float_dtype(rewards, next_values)
     rewards = rewards.astype(dtype)
@@ -350,7 +358,8 @@ def compute_discounted_returns(
     Args:
         rewards: ``(T, ...)`` rewards.
         terminated: ``(T, ...)`` bool or float episode-termination flags.
-        truncated: ``(T, ...)`` bool or float episode-truncation flags.
+        truncated: ``(T, ...)`` bool or float episode-truncation flags;
+            ``None``: never truncated.
         gamma: discount factor in ``[0, 1]`` (Python number or JAX scalar).
         bootstrap_value: value after the last row, a scalar or an array of
             the trailing shape ``(...)``; defaults to 0.
@@ -365,7 +374,7 @@ def compute_discounted_returns(
     """
     _check_unit_interval("gamma", gamma)
     (rewards, terminated, truncated), _ = _time_aligned(
-        rewards=rewards, terminated=terminated, truncated=truncated
+        rewards=rewards, terminated=terminated, truncated=_truncation(terminated, truncated)
     )
     dtype = _float_dtype(rewards)
     rewards = rewards.astype(dtype)

@@ -429,3 +429,37 @@ def test_rollout_buffer_overfilled_keeps_time_order():
         buffer.add(_step(v, np_module=np))
     assert buffer.full
     np.testing.assert_allclose(buffer.rollout().reward[:, 0], [2.0, 3.0, 4.0])
+
+
+# ---------------------------------------------------------------------------------------------
+# The guide's six-field Experience
+# ---------------------------------------------------------------------------------------------
+
+
+def test_experience_with_the_guides_six_fields_leaves_truncated_none():
+    step = _step(1.0)
+    six = Experience(step.observation, step.action, step.reward, step.done, step.next_observation, step.log_prob)
+    assert six.truncated is None
+    # It is stored, sampled and rolled out like the full one (the missing field has no arrays).
+    state = buffer_add(buffer_init(six, 4), six)
+    assert state.data.truncated is None
+    sample = buffer_sample(state, jax.random.PRNGKey(0), 5)
+    assert sample.truncated is None and sample.reward.shape == (5,)
+    buffer = RolloutBuffer(2)
+    buffer.add(six)
+    buffer.add(six)
+    assert buffer.rollout().truncated is None
+
+
+def test_gae_reads_a_missing_truncated_field_as_never_truncated():
+    from kitae.timesteps import compute_gae
+
+    rewards = jnp.array([1.0, 1.0, 1.0])
+    values = jnp.array([0.5, 0.4, 0.3])
+    next_values = jnp.array([0.4, 0.3, 0.2])
+    done = jnp.array([False, True, False])
+    expected = compute_gae(rewards, values, next_values, done, jnp.zeros(3, bool), 0.9, 0.8)
+    for got in (compute_gae(rewards, values, next_values, done, None, 0.9, 0.8),
+                jax.jit(lambda d: compute_gae(rewards, values, next_values, d, None, 0.9, 0.8))(done)):
+        for a, b in zip(got, expected):
+            np.testing.assert_array_equal(a, b)

@@ -99,9 +99,13 @@ def test_merge_n_first_dims_rejects_non_positive(n):
         merge_n_first_dims(jnp.zeros((2, 3)), n)
 
 
-def test_merge_n_first_dims_rejects_too_few_dims():
-    with pytest.raises(ValueError, match="3 first dims"):
-        merge_n_first_dims(jnp.zeros((2, 3)), 3)
+@JIT
+def test_merge_n_first_dims_flattens_arrays_with_fewer_dims(jit):
+    merge = jax.jit(merge_n_first_dims, static_argnums=1) if jit else merge_n_first_dims
+    x = jnp.arange(6.0)
+    np.testing.assert_array_equal(merge(x, 2), x)  # (T,) with n=2: already flat
+    np.testing.assert_array_equal(merge(x.reshape(2, 3), 3), x)  # (2, 3) with n=3: flattened
+    np.testing.assert_array_equal(merge(jnp.float32(7.0), 2), jnp.array([7.0]))  # a scalar: (1,)
 
 
 def test_stack_and_merge_n_first_dims_values():
@@ -333,18 +337,26 @@ def test_parallel_vectorized(jit):
     n_agents = len(per_agent)
     out = maybe_jit(pipe, jit)(STATE, KEY, exp)
     assert out.value.shape == (T * E * n_agents, D) and out.noise.shape == (T * E * n_agents,)
-    # Order (T', E, A): row (t * E + e) * A + a.
-    v = np.stack([expected_value(e) for e in per_agent.values()], axis=2)  # (T, E, A, D)
-    np.testing.assert_allclose(out.value, v.reshape(T * E * n_agents, D))
-    np.testing.assert_allclose(out.value[(3 * E + 2) * n_agents + 1], expected_value(per_agent["a1"])[3, 2])
-    # One key per agent and env: all (e, a) noise columns differ.
-    noise = np.asarray(out.noise).reshape(T, E * n_agents)
+    # Order (T', A, E), as documented and as stack_and_merge_n_first_dims(..., n=3) lays it out:
+    # row (t * A + a) * E + e.
+    v = np.stack([expected_value(e) for e in per_agent.values()], axis=1)  # (T, A, E, D)
+    np.testing.assert_allclose(out.value, v.reshape(T * n_agents * E, D))
+    np.testing.assert_allclose(out.value[(3 * n_agents + 1) * E + 2], expected_value(per_agent["a1"])[3, 2])
+    stacked = stack_and_merge_n_first_dims([expected_value(e) for e in per_agent.values()], 3)
+    np.testing.assert_allclose(out.value, stacked)
+    # Reshaping back to (T, A, E, ...) gives each agent's rows in each environment.
+    for a, agent in enumerate(per_agent):
+        np.testing.assert_allclose(
+            np.asarray(out.value).reshape(T, n_agents, E, D)[:, a], expected_value(per_agent[agent])
+        )
+    # One key per agent and env: all (a, e) noise columns differ.
+    noise = np.asarray(out.noise).reshape(T, n_agents * E)
     for i in range(E * n_agents):
         for j in range(i + 1, E * n_agents):
             assert not np.allclose(noise[:, i], noise[:, j])
     keys = jax.random.split(KEY, (n_agents, E))
     np.testing.assert_allclose(
-        np.asarray(out.noise).reshape(T, E, n_agents)[:, 1, 2],
+        np.asarray(out.noise).reshape(T, n_agents, E)[:, 2, 1],
         jax.random.uniform(jax.random.split(keys[2, 1], 1)[0], (T,)),
     )
 
@@ -354,7 +366,7 @@ def test_parallel_vectorized_two_transforms(jit):
     pipe = ExperiencePipeline([scale_transform, drop_last_transform], vectorized=True, parallel=True)
     per_agent, exp = parallel_exp((T, E), agents=("x", "y"))
     out = maybe_jit(pipe, jit)(STATE, KEY, exp)
-    v = np.stack([expected_value(e) for e in per_agent.values()], axis=2)  # (T, E, A, D)
+    v = np.stack([expected_value(e) for e in per_agent.values()], axis=1)  # (T, A, E, D)
     assert out[0].shape == ((T - 1) * E * 2, D)
     np.testing.assert_allclose(out[0], (v[:-1] + 1.0).reshape(-1, D))
     np.testing.assert_allclose(out[1], (v[1:, ..., 0] - v[:-1, ..., 0]).reshape(-1))
@@ -364,7 +376,7 @@ def test_parallel_vectorized_two_transforms(jit):
 def test_parallel_vectorized_no_transform_merges(jit):
     per_agent, exp = parallel_exp((T, E))
     out = maybe_jit(ExperiencePipeline([], vectorized=True, parallel=True), jit)(STATE, KEY, exp)
-    obs = np.stack([np.asarray(e.obs) for e in per_agent.values()], axis=2)  # (T, E, A, D)
+    obs = np.stack([np.asarray(e.obs) for e in per_agent.values()], axis=1)  # (T, A, E, D)
     np.testing.assert_array_equal(out.obs, obs.reshape(-1, D))
 
 

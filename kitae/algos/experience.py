@@ -49,8 +49,11 @@ def merge_n_first_dims(array: Array, n: int = 2) -> Array:
     * ``n == 3``: ``(T, E, A, ...) -> (T * E * A, ...)``, element ``[t, e, a]`` goes to
       ``(t * E + e) * A + a``.
 
+    An array with fewer than ``n`` dimensions is flattened: all its dimensions are the first
+    ones, so all are merged (``(T,)`` with ``n == 2`` stays ``(T,)``; a scalar becomes ``(1,)``).
+
     Args:
-        array: an array with at least ``n`` dimensions, ``(D_1, ..., D_n, ...)``.
+        array: an array ``(D_1, ..., D_n, ...)``.
         n: how many leading dimensions to merge. It must be a static Python ``int``: when jitting
             a function that takes ``n`` as an argument, mark it static
             (``jax.jit(merge_n_first_dims, static_argnums=1)``).
@@ -60,15 +63,11 @@ def merge_n_first_dims(array: Array, n: int = 2) -> Array:
 
     Raises:
         AssertionError: if ``n <= 0``.
-        ValueError: if the array has fewer than ``n`` dimensions.
     """
     assert n > 0, f"merge_n_first_dims: n must be a positive int, got n={n}"
     array = jnp.asarray(array)
-    if array.ndim < n:
-        raise ValueError(
-            f"merge_n_first_dims: cannot merge the {n} first dims of an array of shape "
-            f"{array.shape} ({array.ndim} dims)"
-        )
+    if array.ndim < n:  # fewer dimensions than asked: all of them are merged
+        return array.reshape((math.prod(array.shape),))
     if n == 1:
         return array
     # math.prod rather than -1 so that zero-sized dimensions are handled too.
@@ -275,7 +274,7 @@ class ExperiencePipeline:
     ``False``               ``False``               ``(T, ...)``                       ``(T', ...)``
     ``True``                ``False``               ``(T, E, ...)``                    ``(T' * E, ...)``
     ``False``               ``True``                fields ``{agent: (T, ...)}``       ``(T' * A, ...)``
-    ``True``                ``True``                fields ``{agent: (T, E, ...)}``    ``(T' * E * A, ...)``
+    ``True``                ``True``                fields ``{agent: (T, E, ...)}``    ``(T' * A * E, ...)``
     ======================  ======================  =================================  ==================
 
     The pipeline object is not a pytree; to compile it, jit a closure::
@@ -388,9 +387,11 @@ class ExperiencePipeline:
 
         The agents are stacked on a new leading axis, ``key`` is split into ``(A, E)`` keys (one per
         agent and environment) and the single pipe is ``jax.vmap``-ed over environments (axis 1) and
-        agents, giving ``(T', E, A, ...)``, merged into ``(T' * E * A, ...)``. Order: step ``t`` of
-        agent ``a`` in environment ``e`` lands at row ``(t * E + e) * A + a`` (time-major, then
-        environment, then agent).
+        agents, giving ``(T', A, E, ...)``, merged into ``(T' * A * E, ...)``. Order: step ``t`` of
+        agent ``a`` in environment ``e`` lands at row ``(t * A + a) * E + e`` (time-major, then
+        agent, then environment), the layout of
+        ``stack_and_merge_n_first_dims([out_agent_0, out_agent_1, ...], n=3)``: reshaping the
+        output to ``(T', A, E, ...)`` gives each agent's and environment's rows back.
 
         Args:
             state: the state shared by all agents.
@@ -399,7 +400,7 @@ class ExperiencePipeline:
                 ``{agent: leaves (T, E, ...)}``.
 
         Returns:
-            The processed experience, leaves ``(T' * E * A, ...)``.
+            The processed experience, leaves ``(T' * A * E, ...)``.
 
         Raises:
             ValueError: if the fields have different agent keys, if agents' leaves have different
@@ -408,8 +409,8 @@ class ExperiencePipeline:
         agents, stacked = _stack_agents(experience)  # leaves (A, T, E, ...)
         n_envs = _axis_size(stacked, 2, "environments")
         keys = jax.random.split(key, (len(agents), n_envs))
-        # Inner: (E,) keys, (T, E, ...) -> (T', E, ...); outer over agents: -> (T', E, A, ...).
-        out = jax.vmap(lambda k, exp: self._map_envs(state, k, exp), in_axes=(0, 0), out_axes=2)(keys, stacked)
+        # Inner: (E,) keys, (T, E, ...) -> (T', E, ...); outer over agents: -> (T', A, E, ...).
+        out = jax.vmap(lambda k, exp: self._map_envs(state, k, exp), in_axes=(0, 0), out_axes=1)(keys, stacked)
         return jax.tree.map(lambda x: merge_n_first_dims(x, 3), out)
 
     # ---- dispatch ------------------------------------------------------------------------------
@@ -420,7 +421,7 @@ class ExperiencePipeline:
         * ``(False, False)``: ``run_single_pipe``, ``(T, ...) -> (T', ...)``;
         * ``(True, False)``: ``run_vectorized``, ``(T, E, ...) -> (T' * E, ...)``;
         * ``(False, True)``: ``run_parallel``, ``{agent: (T, ...)} -> (T' * A, ...)``;
-        * ``(True, True)``: ``run_parallel_vectorized``, ``{agent: (T, E, ...)} -> (T' * E * A, ...)``.
+        * ``(True, True)``: ``run_parallel_vectorized``, ``{agent: (T, E, ...)} -> (T' * A * E, ...)``.
 
         Args:
             state: the agent's state (shared by all agents in parallel modes).

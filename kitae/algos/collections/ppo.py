@@ -798,7 +798,8 @@ def ppo_rollout_update_factory(config: cfg.AlgoConfig, update_fn: Callable) -> C
 
     def rollout_update_fn(state: PPOState, key: jax.Array, rollout: Experience) -> tuple[PPOState, dict]:
         if p.normalize_rewards:
-            ends = jax.tree_util.tree_map(jnp.logical_or, rollout.done, rollout.truncated)
+            ends = rollout.done if rollout.truncated is None else jax.tree_util.tree_map(
+                jnp.logical_or, rollout.done, rollout.truncated)
             state = update_return_statistics(state, rollout.reward, ends, p.gamma)
         state, info = update_fn(state, key, rollout)
         if p.normalize_observations:

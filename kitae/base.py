@@ -7,9 +7,25 @@ An agent is made from four factories (see ``docs/custom_agents.md``):
 - ``process_experience_factory(config) -> process_fn(state, key, experience) -> tuple of arrays``
 - ``update_step_factory(config) -> update_fn(state, key, batch) -> (state, info)``
 
-``BaseAgent`` holds the state, the PRNG key and the buffer, lifts the functions to vectorized and
-multi-agent environments, and compiles the whole update (processing plus every gradient step)
-into one call. ``OffPolicyAgent`` learns from a replay buffer, ``OnPolicyAgent`` from rollouts.
+``BaseAgent`` holds the state, the PRNG key and the buffer (the facade a user holds), and makes
+from the factories the pure functions every executor runs (``docs/architecture.md``):
+
+- ``initial_state(seed) -> (key, state)``: the state a run starts from;
+- ``act(acting_params, key, observations, env_step, deterministic) -> (actions, log_probs)``: acting,
+  with ``acting_params(state)`` the part of the state acting reads;
+- ``update_fn(state, key, data) -> (state, info)``: one whole update (processing plus every
+  gradient step, compiled as one call); ``update_data(buffer_state)`` is its ``data``;
+- ``schedule``: when updates happen (``kitae.schedule.Schedule``).
+
+Built-in algorithms define ``act``; an agent written as in the custom-agent guide defines
+``explore(observation)`` and ``select_action(observation)`` against its attributes, and
+``BaseAgent.act`` turns those into the pure function (the attributes are swapped for the given
+values while the function is traced, so it compiles to a pure program).
+
+``train``, ``resume``, ``save`` and ``unserialize`` are the Python road to what ``kitae train``
+does: they hand the agent to the run service of ``kitae.runs`` (a layer above this one, which
+installs itself when ``kitae`` is imported: ``install_run_service``), so a run started here writes
+the same run directory as one started from the command line.
 
 Step units: every step count here (``n_env_steps``, ``start_step``, ``skip_steps``) counts
 environment transitions summed over all environments.
@@ -20,7 +36,7 @@ from __future__ import annotations
 import abc
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -28,23 +44,43 @@ import numpy as np
 
 from kitae.algos.experience import ExperiencePipeline
 from kitae.algos.factory import explore_general_factory
-from kitae.buffer import Experience, ReplayBuffer, RolloutBuffer, buffer_sample
+from kitae.algos.update import batchify, update_epoch
+from kitae.buffer import BufferState, Experience, ReplayBuffer, RolloutBuffer, buffer_rollout, buffer_sample
 from kitae.config import AlgoConfig
-from kitae.loops.update import batchify, update_epoch
+from kitae.schedule import Schedule
 from kitae.types import AlgoType
 
-__all__ = ["AlgoType", "IAgent", "BaseAgent", "OffPolicyAgent", "OnPolicyAgent"]
+__all__ = [
+    "AlgoType",
+    "IAgent",
+    "BaseAgent",
+    "OffPolicyAgent",
+    "OnPolicyAgent",
+    "RunService",
+    "install_run_service",
+    "agent_keys",
+    "step_array",
+]
 
 KEY_BLOCK = 256
 
 
 def step_array(env_step: int | jax.Array) -> np.ndarray | jax.Array:
-    """``agent.env_step`` as an int32 array for a jitted explore function: a numpy scalar on the
-    host (a Python int that changes would be a new static value; an array is not), the traced
-    value itself inside the compiled loop."""
+    """``env_step`` as an int32 array for a jitted function: a numpy scalar on the host (a Python
+    int that changes would be a new static value; an array is not), a traced value as it is."""
     if isinstance(env_step, jax.core.Tracer):
         return env_step.astype(jnp.int32)
-    return np.asarray(env_step, np.int32)
+    return np.asarray(min(int(env_step), 2**31 - 1), np.int32)
+
+
+def agent_keys(key: jax.Array, observation: Any, parallel: bool) -> Any:
+    """The key ``act`` hands its explore function: ``key`` itself, or in multi-agent mode one key
+    per agent, ``{agent: key}`` (split from ``key`` in the order of the observation's agents)."""
+    if not parallel:
+        return key
+    agents = list(observation.keys())
+    keys = jax.random.split(key, len(agents))
+    return {agent: keys[i] for i, agent in enumerate(agents)}
 
 
 @jax.jit
@@ -53,8 +89,49 @@ def _split_block(key: jax.Array) -> jax.Array:
     return jax.random.split(key, KEY_BLOCK + 1)
 
 
+# ---------------------------------------------------------------------------------------------
+# The run service: how train / resume / save / unserialize reach kitae.runs
+# ---------------------------------------------------------------------------------------------
+
+
+class RunService(Protocol):
+    """What the agent facade's ``train``, ``resume``, ``save`` and ``unserialize`` delegate to.
+
+    ``kitae.runs`` implements it (the same code the command line runs) and installs it when it is
+    imported, which importing ``kitae`` does. This module depends on this interface only, so the
+    layers import one way (``docs/architecture.md``).
+    """
+
+    def train(self, agent: "BaseAgent", env: Any, n_env_steps: int | None, **options: Any) -> Any: ...
+
+    def resume(self, agent: "BaseAgent", env: Any, n_env_steps: int | None, **options: Any) -> Any: ...
+
+    def save(self, agent: "BaseAgent", step: int | None, directory: str | Path | None) -> Path: ...
+
+    def load(self, agent_cls: type | None, run_dir: str | Path, seed_index: int) -> "BaseAgent": ...
+
+
+_RUN_SERVICE: list[RunService] = []
+
+
+def install_run_service(service: RunService) -> None:
+    """Installs the service ``train``/``resume``/``save``/``unserialize`` use (``kitae.runs`` does)."""
+    _RUN_SERVICE[:] = [service]
+
+
+def _run_service() -> RunService:
+    if not _RUN_SERVICE:  # only when kitae.base was loaded without the kitae package (not possible by import)
+        raise RuntimeError("no run service is installed: import kitae (kitae.runs installs it)")
+    return _RUN_SERVICE[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Agents
+# ---------------------------------------------------------------------------------------------
+
+
 class IAgent(abc.ABC):
-    """The interface every agent follows; the training loops rely on nothing else.
+    """The interface every agent follows; the executors rely on nothing else.
 
     Observations passed to ``explore`` and ``select_action`` have a leading environment axis
     ``(E, *obs_shape)`` (dicts of those keyed by agent in multi-agent environments).
@@ -65,9 +142,8 @@ class IAgent(abc.ABC):
     buffer: Any
     state: Any
     env_step: int
-    """Environment transitions so far (summed over environments); set by the training loop
-    before each ``explore`` call, so exploration can depend on it (random actions before
-    ``start_step``, epsilon schedules)."""
+    """Environment transitions so far (summed over environments); exploration may depend on it
+    (random actions before ``start_step``, epsilon schedules)."""
 
     @abc.abstractmethod
     def explore(self, observation: Any) -> tuple[jax.Array, jax.Array]:
@@ -86,7 +162,7 @@ class IAgent(abc.ABC):
         """Updates the state from the buffer; returns the losses and other update info."""
 
     @abc.abstractmethod
-    def train(self, env: Any, n_env_steps: int) -> Any:
+    def train(self, env: Any, n_env_steps: int | None = None) -> Any:
         """Trains for ``n_env_steps`` environment transitions summed over all environments."""
 
 
@@ -94,7 +170,8 @@ class BaseAgent(IAgent):
     """An agent built from the four factories.
 
     Args:
-        run_name: name of the run; logs go to ``runs/<run_name>/`` unless ``run_dir`` says otherwise.
+        run_name: name of the run; its directory is ``runs/<run_name>/`` unless ``run_dir`` says
+            otherwise.
         config: the ``AlgoConfig``.
         train_state_factory: ``(key, config, *, preprocess_fn, tabulate) -> state``.
         explore_factory: ``config -> explore_fn``.
@@ -103,18 +180,21 @@ class BaseAgent(IAgent):
         preprocess_fn: optional observation preprocessing handed to ``train_state_factory``.
         tabulate: print a table of each network's layers and parameter counts.
         experience_type: the NamedTuple stored in the buffer; its fields must be a subset of
-            ``kitae.buffer.Experience``'s (the host loop fills them by name).
-        run_dir: where logs go (default ``runs/<run_name>``).
+            ``kitae.buffer.Experience``'s (the loops fill them by name).
+        run_dir: the run directory (default ``runs/<run_name>``).
 
     Attributes:
         state: the agent's ``AgentPyTree`` (parameters, optimizer states, target parameters).
-        key: the host PRNG key from which every exploration and update key is split.
+        key: the host PRNG key of the facade's own ``explore``/``select_action``/``update`` calls.
         explore_fn: ``explore_fn`` lifted to the environment's layout (vectorized / multi-agent).
         process_experience_pipeline: an ``ExperiencePipeline`` around ``process_fn``.
         update_step_fn: the user's one-minibatch update step.
         buffer: a ``ReplayBuffer`` (off-policy) or ``RolloutBuffer`` (on-policy).
         update_fn: the pure whole update ``(state, key, data) -> (state, info)``: for on-policy
             agents ``data`` is a rollout ``(T, E, ...)``, for off-policy agents a ``BufferState``.
+        schedule: the run's ``kitae.schedule.Schedule`` (when updates happen).
+        env_step: environment transitions trained so far.
+        n_updates: updates made so far.
     """
 
     algo_type: AlgoType
@@ -151,6 +231,12 @@ class BaseAgent(IAgent):
                 f"experience_type={experience_type!r} is not allowed; allowed: a NamedTuple whose fields "
                 f"are among {Experience._fields}"
             )
+        cls = type(self)
+        if cls.act is BaseAgent.act and (cls.explore is BaseAgent.explore or cls.select_action is BaseAgent.select_action):
+            raise TypeError(
+                f"{cls.__name__} defines no way to act; define act(acting_params, key, observation, env_step, "
+                "deterministic) or both explore(observation) and select_action(observation)"
+            )
 
         self.run_name = run_name
         self.run_dir = Path(run_dir) if run_dir is not None else Path("runs") / run_name
@@ -158,11 +244,13 @@ class BaseAgent(IAgent):
         self.experience_type = experience_type
         self.preprocess_fn = preprocess_fn
         self.parallel = config.env_cfg.n_agents > 1
-        self.vectorized = True  # the host and compiled loops always hand over (E, ...) batches
+        self.vectorized = True  # the executors always hand over (E, ...) batches
+        self.schedule = Schedule.from_config(config, self.algo_type)
 
         self.train_state_factory = train_state_factory
         self.key, self.state = self.initial_state(config.seed, tabulate=tabulate)
         self._key_block, self._key_index = np.zeros((0, 2), np.uint32), 0
+        self._pure_keys = False  # True while act() runs a guide-style explore as a pure function
 
         self.explore_fn = explore_general_factory(explore_factory(config), self.vectorized, self.parallel)
         self.process_experience_fn = process_experience_factory(config)
@@ -172,52 +260,78 @@ class BaseAgent(IAgent):
             vectorized=self.algo_type is AlgoType.ON_POLICY,
             parallel=self.parallel,
         )
-        self.buffer = self._make_buffer()
+        self.buffer = self.make_buffer()
         self.update_fn = self._make_update_fn()
-        self._update_fn = jax.jit(self.update_fn)
+        self._update_jit = jax.jit(self.update_fn)
+        self._act_jit = jax.jit(self.act, static_argnames=("deterministic",))
         self.n_updates = 0
-        self.env_step = 0  # environment transitions so far; the training loop keeps it current
+        self.env_step = 0
 
     def initial_state(self, seed: int | jax.Array, *, tabulate: bool = False) -> tuple[jax.Array, Any]:
-        """The host key and state a fresh agent made with ``seed`` starts from.
+        """The key and state a fresh agent made with ``seed`` starts from.
 
         Pure and traceable (``seed`` may be a traced integer), so the compiled loop can build one
-        state per seed inside ``jax.vmap``; with ``config.seed`` it gives exactly ``agent.state``.
+        state per seed inside ``jax.vmap``; with ``config.seed`` it gives exactly ``agent.key`` and
+        ``agent.state``.
         """
         key, state_key = jax.random.split(jax.random.PRNGKey(seed))
         state = self.train_state_factory(state_key, self.config, preprocess_fn=self.preprocess_fn, tabulate=tabulate)
         return key, state
 
-    def explore_with(self, state: Any, key: jax.Array, observation: Any,
-                     env_step: int | jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """Runs ``self.explore`` as a pure function of ``(state, key, observation, env_step)``.
+    # -- acting ---------------------------------------------------------------------------------
 
-        The agent's ``state``, ``key`` and ``env_step`` are swapped for the given ones during the
-        call and restored afterwards, so any ``explore`` written against the agent's attributes
-        (as in the custom-agent guide) can be traced inside the compiled loop.
+    def acting_params(self, state: Any) -> Any:
+        """The part of ``state`` that ``act`` reads (default: all of it). Algorithms return less
+        (SAC: the policy without its optimizer state), so that acting hands a compiled function a
+        few arrays and a remote actor needs only those."""
+        return state
+
+    def act(self, acting_params: Any, key: jax.Array, observation: Any, env_step: Any,
+            deterministic: bool = False) -> tuple[Any, Any]:
+        """Acts as a pure function: the same inputs give the same actions.
+
+        Args:
+            acting_params: ``acting_params(state)``.
+            key: a PRNG key (split per agent in multi-agent mode).
+            observation: ``(E, *obs_shape)`` (dicts keyed by agent in multi-agent mode).
+            env_step: environment transitions so far, an int32 scalar (possibly traced).
+            deterministic: the greedy / mean action (``select_action``) instead of exploring.
 
         Returns:
-            ``(actions, log_probs, key)`` with ``key`` the agent key after the call.
-        """
-        saved = self.state, self.key, self.env_step
-        self.state, self.key, self.env_step = state, key, env_step
-        try:
-            actions, log_probs = self.explore(observation)
-            return actions, log_probs, self.key
-        finally:
-            self.state, self.key, self.env_step = saved
+            ``(actions (E, ...), log_probs (E,))``.
 
-    # -- keys ---------------------------------------------------------------------------------
+        Built-in algorithms override this. The default runs ``explore`` (or ``select_action``)
+        with the agent's ``state``, ``key`` and ``env_step`` swapped for the given values during
+        the call: meant to be traced (``jax.jit``, the compiled loop), which gives a pure program
+        from an ``explore`` written against the agent's attributes.
+        """
+        saved = self.state, self.key, self.env_step, self._pure_keys
+        self.state, self.key, self.env_step, self._pure_keys = acting_params, key, env_step, True
+        try:
+            return self.select_action(observation) if deterministic else self.explore(observation)
+        finally:
+            self.state, self.key, self.env_step, self._pure_keys = saved
+
+    def explore(self, observation: Any) -> tuple[jax.Array, jax.Array]:
+        """Samples actions to explore with the agent's state at ``self.env_step`` (one compiled
+        call of ``act``): ``(actions (E, ...), log_probs (E,))``."""
+        return self._act_jit(self.acting_params(self.state), self.nextkey(), observation, step_array(self.env_step))
+
+    def select_action(self, observation: Any) -> tuple[jax.Array, jax.Array]:
+        """Deterministic actions (greedy class / mean action): ``(actions (E, ...), log_probs (E,))``."""
+        return self._act_jit(self.acting_params(self.state), self.nextkey(), observation, step_array(self.env_step),
+                             deterministic=True)
+
+    # -- keys -----------------------------------------------------------------------------------
 
     def nextkey(self) -> jax.Array:
         """Returns a fresh PRNG key derived from the agent's key.
 
         On the host, keys are split from ``self.key`` a block of ``KEY_BLOCK`` at a time (one
-        compiled call per block instead of one dispatch per key: splitting a key costs about as
-        much as a whole explore call). Traced inside the compiled loop, ``self.key`` is split
-        directly. Both are deterministic functions of the seed.
+        compiled call per block instead of one dispatch per key). Inside ``act`` (traced), the key
+        given to ``act`` is split directly. Both are deterministic functions of the seed.
         """
-        if isinstance(self.key, jax.core.Tracer):
+        if self._pure_keys or isinstance(self.key, jax.core.Tracer):
             self.key, key = jax.random.split(self.key)
             return key
         if self._key_index >= len(self._key_block):
@@ -229,26 +343,22 @@ class BaseAgent(IAgent):
 
     def interact_keys(self, observation: Any) -> jax.Array | dict[str, jax.Array]:
         """One key for a batch of observations, or one key per agent (a dict) in multi-agent mode."""
-        if self.parallel:
-            agents = list(observation.keys())
-            keys = jax.random.split(self.nextkey(), len(agents))
-            return {agent: keys[i] for i, agent in enumerate(agents)}
-        return self.nextkey()
+        return agent_keys(self.nextkey(), observation, self.parallel)
 
     # -- updates --------------------------------------------------------------------------------
 
     @abc.abstractmethod
-    def _make_buffer(self) -> Any:
-        """The buffer this kind of agent learns from."""
+    def make_buffer(self) -> Any:
+        """A new host-side holder of the buffer this kind of agent learns from (empty)."""
 
     @abc.abstractmethod
     def _make_update_fn(self) -> Callable:
         """The pure ``(state, key, data) -> (state, info)`` function that ``update`` compiles;
-        the compiled loop calls the same function inside its program."""
+        the executors call the same function."""
 
     @abc.abstractmethod
-    def _update_data(self, buffer: Any) -> Any:
-        """What ``update`` hands the compiled update function from the buffer."""
+    def update_data(self, buffer_state: BufferState) -> Any:
+        """What ``update_fn`` takes from the buffer: the rollout (on-policy) or the buffer itself."""
 
     def update(self, buffer: Any) -> dict[str, float]:
         """Runs one compiled update (processing and every gradient step) on the buffer's data.
@@ -256,87 +366,63 @@ class BaseAgent(IAgent):
         Returns:
             The mean of each info entry over the gradient steps, as floats.
         """
-        self.state, info = self._update_fn(self.state, self.nextkey(), self._update_data(buffer))
+        if buffer.size == 0:  # never filled, or emptied by reset()
+            raise RuntimeError(f"cannot update from an empty {type(buffer).__name__}")
+        self.state, info = self._update_jit(self.state, self.nextkey(), self.update_data(buffer.state))
         self.n_updates += 1
+        if self.schedule.on_policy:
+            buffer.reset()
         return {name: float(value) for name, value in jax.device_get(info).items()}  # one transfer
 
-    # -- training -------------------------------------------------------------------------------
+    def should_update(self, step: int, buffer: Any) -> bool:
+        """Whether an update is due after the vector step that brought training to ``step``
+        (``self.schedule.update_due``)."""
+        return bool(self.schedule.update_due(step, buffer.size))
 
-    def train(self, env: Any, n_env_steps: int | None = None, *, writer: Any = None,
-              checkpointer: Any = None) -> Any:
-        """Trains in ``env`` for ``n_env_steps`` environment transitions summed over all environments
-        (default: ``config.train_cfg.n_env_steps``).
+    # -- runs -----------------------------------------------------------------------------------
 
-        A Gymnasium environment trains in the host loop (``kitae.loops.train.vectorized_train``,
-        which closes ``env`` at the end); a JAX environment (``kitae.envs.jax_env.VecJaxEnv``,
-        e.g. ``make_jax_env("gymnax:CartPole-v1", 4)``) trains in the compiled loop
-        (``kitae.loops.compiled.compiled_train``): the whole run as one XLA program.
+    def train(self, env: Any, n_env_steps: int | None = None, *, callbacks: Any = (), quiet: bool = True) -> Any:
+        """Trains in ``env`` for ``n_env_steps`` more environment transitions summed over all
+        environments (default: ``config.train_cfg.n_env_steps``), writing the run directory as
+        ``kitae train`` does: ``config.yaml``, ``checkpoints/<step>/`` (every
+        ``train_cfg.save_frequency`` steps and at the end), ``logs/``, ``metrics.jsonl``,
+        ``summary.json`` and ``curve.png`` in ``self.run_dir``.
+
+        A Gymnasium, EnvPool or PettingZoo environment trains in the host loop; a JAX environment
+        (``kitae.envs.make.make_jax_env("gymnax:CartPole-v1", 4)``) in the compiled loop: the
+        whole run as one XLA program. A run is whole iterations (``kitae.schedule``): the
+        transitions are rounded up. The agent's state, keys, buffer and counters are those at the
+        end, so a second call goes on from there.
 
         Args:
-            env: a Gymnasium environment or vector environment (see ``check_env``), or a ``VecJaxEnv``.
+            env: a Gymnasium environment or vector environment, a PettingZoo ``ParallelEnv``, a
+                ``kitae.envs.parallel.VecParallelEnv`` or a ``kitae.envs.jax_env.VecJaxEnv``.
             n_env_steps: transitions to train for, summed over environments.
-            writer: a ``tensorboardX.SummaryWriter``; default: one writing to ``<run_dir>/logs``.
-            checkpointer: optional ``kitae.checkpoint.Checkpointer`` (or any object with
-                ``save(step, agent)`` for the host loop): saves every ``train_cfg.save_frequency``
-                steps and at the end; the compiled loop then runs in segments and saves its loop state.
+            callbacks: more ``kitae.loops.callbacks.Callback`` objects (progress, logging, stopping).
+            quiet: no progress bar.
 
         Returns:
-            ``kitae.loops.train.TrainStats`` (host loop: every episode's return and length) or
-            ``kitae.loops.compiled.CompiledRun`` (compiled loop: per-iteration metrics, compile
-            and train seconds).
+            A ``kitae.loops.result.RunResult``.
         """
-        from kitae.envs.jax_env import VecJaxEnv
-        from kitae.loops.compiled import compiled_train, log_compiled_metrics
-        from kitae.loops.train import vectorized_train  # the loops import this module
-
-        n_env_steps = self.config.train_cfg.n_env_steps if n_env_steps is None else n_env_steps
-        if not isinstance(n_env_steps, int) or isinstance(n_env_steps, bool) or n_env_steps < 1:
-            raise ValueError(f"n_env_steps={n_env_steps!r} is not allowed; allowed: an int >= 1")
-        owns_writer = writer is None
-        if owns_writer:
-            from tensorboardX import SummaryWriter
-
-            writer = SummaryWriter(str(self.run_dir / "logs"))
-        try:
-            if isinstance(env, VecJaxEnv):
-                result = compiled_train(self, env, n_env_steps, checkpointer=checkpointer)
-                log_compiled_metrics(writer, result)
-                return result
-            return vectorized_train(
-                self.config.seed, self, env, n_env_steps, self.algo_type,
-                checkpointer=checkpointer, writer=writer,
-            )
-        finally:
-            if owns_writer:
-                writer.close()
-
-    # -- checkpoints ----------------------------------------------------------------------------
+        return _run_service().train(self, env, n_env_steps, callbacks=callbacks, quiet=quiet)
 
     def save(self, step: int | None = None, directory: str | Path | None = None) -> Path:
-        """Saves the agent's whole state (``kitae.checkpoint``) to ``<directory>/<step>/``
+        """Saves the agent's whole state (``kitae.runs.checkpoints``) to ``<directory>/<step>/``
         (default ``<run_dir>/checkpoints/<env_step>/``); returns the checkpoint folder."""
-        from kitae.checkpoint import Checkpointer
+        return _run_service().save(self, step, directory)
 
-        with Checkpointer(directory or self.run_dir / "checkpoints") as checkpointer:
-            return checkpointer.save(self.env_step if step is None else step, self)
-
-    def resume(self, env: Any, n_env_steps: int | None = None, *, writer: Any = None,
-               checkpointer: Any = None) -> Any:
+    def resume(self, env: Any, n_env_steps: int | None = None, *, callbacks: Any = (), quiet: bool = True) -> Any:
         """Restores the newest readable checkpoint of ``<run_dir>/checkpoints`` and trains on until
-        ``n_env_steps`` transitions IN ALL (default ``config.train_cfg.n_env_steps``), as ``train``
-        does (``kitae.runner.resume_agent``)."""
-        from kitae.runner import resume_agent
-
-        return resume_agent(self, env, n_env_steps, writer=writer, checkpointer=checkpointer)
+        ``n_env_steps`` transitions IN ALL (default ``config.train_cfg.n_env_steps``), as
+        ``kitae resume`` does."""
+        return _run_service().resume(self, env, n_env_steps, callbacks=callbacks, quiet=quiet)
 
     @classmethod
     def unserialize(cls, run_dir: str | Path, seed_index: int = 0) -> "BaseAgent":
         """Rebuilds an agent of this class from a run directory: ``config.yaml`` and the newest
-        readable checkpoint (``kitae.runner.load_agent``)."""
-        from kitae.runner import load_agent
-
+        readable checkpoint (as ``kitae eval`` does)."""
         agent_cls = None if cls in (BaseAgent, OffPolicyAgent, OnPolicyAgent) else cls
-        return load_agent(run_dir, seed_index, agent_cls=agent_cls)
+        return _run_service().load(agent_cls, run_dir, seed_index)
 
 
 def _mean_over_steps(infos: dict[str, jax.Array]) -> dict[str, jax.Array]:
@@ -351,14 +437,15 @@ class OffPolicyAgent(BaseAgent):
     ``batch_size`` transitions sampled uniformly from the buffer and processed with the current
     state (so targets use the latest parameters).
 
-    Updates are gated by two fields of ``config.algo_params`` when it has them:
-    ``start_step`` (no update before this many transitions; default 0) and ``skip_steps``
-    (update once every ``skip_steps`` transitions, at most once per vector step; default 1).
+    When updates happen is ``kitae.schedule.Schedule``'s rule, which reads two fields of
+    ``config.algo_params`` when it has them: ``start_step`` (no update before this many
+    transitions; default 0) and ``skip_steps`` (one update per vector step that crosses a multiple
+    of ``skip_steps`` transitions; default 1).
     """
 
     algo_type = AlgoType.OFF_POLICY
 
-    def _make_buffer(self) -> ReplayBuffer:
+    def make_buffer(self) -> ReplayBuffer:
         return ReplayBuffer(self.config.update_cfg.max_buffer_size)
 
     def _make_update_fn(self) -> Callable:
@@ -379,19 +466,9 @@ class OffPolicyAgent(BaseAgent):
 
         return update_fn
 
-    def _update_data(self, buffer: ReplayBuffer) -> Any:
-        return buffer.state
-
-    def should_update(self, step: int, buffer: ReplayBuffer) -> bool:
-        """True when ``step >= start_step``, the buffer holds a batch, and ``step`` has crossed a
-        multiple of ``skip_steps`` during the last vector step."""
-        params = self.config.algo_params
-        start_step = getattr(params, "start_step", 0)
-        skip_steps = max(1, getattr(params, "skip_steps", 1))
-        per_step = self.config.env_cfg.n_envs
-        if step < start_step or buffer.n_transitions < self.config.update_cfg.batch_size:
-            return False
-        return step // skip_steps > (step - per_step) // skip_steps
+    def update_data(self, buffer_state: BufferState) -> BufferState:
+        """The whole buffer (the update samples its minibatches from it)."""
+        return buffer_state
 
 
 class OnPolicyAgent(BaseAgent):
@@ -405,7 +482,7 @@ class OnPolicyAgent(BaseAgent):
 
     algo_type = AlgoType.ON_POLICY
 
-    def _make_buffer(self) -> RolloutBuffer:
+    def make_buffer(self) -> RolloutBuffer:
         return RolloutBuffer(self.config.update_cfg.max_buffer_size)
 
     def _make_update_fn(self) -> Callable:
@@ -434,15 +511,6 @@ class OnPolicyAgent(BaseAgent):
 
         return update_fn
 
-    def _update_data(self, buffer: RolloutBuffer) -> Any:
-        return buffer.rollout()
-
-    def should_update(self, step: int, buffer: RolloutBuffer) -> bool:
-        """True when the rollout buffer is full."""
-        return buffer.full
-
-    def update(self, buffer: RolloutBuffer) -> dict[str, float]:
-        """Updates on the full rollout, then empties the buffer."""
-        info = super().update(buffer)
-        buffer.reset()
-        return info
+    def update_data(self, buffer_state: BufferState) -> Any:
+        """The rollout in time order, leaves ``(T, E, ...)``."""
+        return buffer_rollout(buffer_state)

@@ -149,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from kitae.runner import RunSpec, train_run
+    from kitae.runs import RunSpec, train_run
 
     spec = RunSpec(
         algo=args.algo, env_id=args.env, steps=args.steps, seed=args.seed, seeds=args.seeds,
@@ -159,7 +159,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _resume(args: argparse.Namespace) -> int:
-    from kitae.runner import resume_run
+    from kitae.runs import resume_run
 
     return _report(resume_run(args.run_dir, args.steps, quiet=args.quiet), args.quiet)
 
@@ -186,7 +186,7 @@ def _report(summary: dict, quiet: bool) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from kitae.runner import eval_run
+    from kitae.runs import eval_run
 
     result = eval_run(args.run_dir, args.episodes, args.video, args.seed)
     for i, (mean, std) in enumerate(zip(result["mean"], result["std"])):
@@ -199,14 +199,14 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _plot(args: argparse.Namespace) -> int:
-    from kitae.runner import plot_runs
+    from kitae.runs import plot_runs
 
     print(plot_runs(args.run_dirs, args.output))
     return 0
 
 
 def _warnings_in_one_line(previous):  # noqa: ANN001, ANN202
-    from kitae.checkpoint import CheckpointWarning
+    from kitae.runs.checkpoints import CheckpointWarning
 
     def show(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001, ANN202
         if issubclass(category, CheckpointWarning):
@@ -226,10 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    from kitae.checkpoint import CheckpointError
-    from kitae.runner import RunError
-
-    from kitae.checkpoint import CheckpointWarning
+    from kitae.runs import RunError
+    from kitae.runs.checkpoints import CheckpointError, CheckpointWarning
 
     commands = {"train": _train, "resume": _resume, "eval": _eval, "plot": _plot}
     with warnings.catch_warnings():  # restores the warning filters and display afterwards

@@ -95,6 +95,14 @@ def _require(condition: bool, field_path: str, value: Any, allowed: str) -> None
         raise ValueError(f"{field_path}={value!r} is not allowed; allowed: {allowed}")
 
 
+def check_positive_int(name: str, value: Any) -> int:
+    """Returns ``value`` if it is an int >= 1 (not a bool); else raises ``ValueError`` naming
+    ``name``, the value and what is allowed. The one check of step counts such as ``n_env_steps``."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name}={value!r} is not allowed; allowed: an int >= 1")
+    return value
+
+
 def check_algo_param(condition: bool, field: str, value: Any, allowed: str) -> None:
     """For params dataclasses' ``__post_init__``: raises ``ValueError`` naming
     ``algo_params.<field>``, the value and what is allowed, unless ``condition`` holds."""
@@ -142,23 +150,18 @@ def register_algo_params(cls: type[T]) -> type[T]:
 
 
 def algo_params_class(name: str) -> type:
-    """Returns the registered params class called ``name`` (kitae's built-in algorithms' params
-    are registered when their modules are first imported; this imports them if needed)."""
-    if name not in _ALGO_PARAMS_REGISTRY:
-        import importlib
+    """Returns the registered params class called ``name``.
 
-        from kitae.algos.collections import ALGORITHMS
-
-        for module_name, _, params_name in ALGORITHMS.values():
-            if params_name == name:
-                importlib.import_module(module_name)
+    Params classes register themselves when their module is imported
+    (``@register_algo_params``); kitae's built-in algorithms are all imported with ``kitae``.
+    """
     try:
         return _ALGO_PARAMS_REGISTRY[name]
     except KeyError:
         known = ", ".join(sorted(_ALGO_PARAMS_REGISTRY)) or "none"
         raise ValueError(
-            f"algo_params class {name!r} is not registered; registered: {known}. Decorate the class "
-            "with kitae.config.register_algo_params or pass algo_params_type= when loading"
+            f"algo_params class {name!r} is not registered; registered: {known}. Import the module that "
+            "defines it (decorated with kitae.config.register_algo_params) or pass algo_params_type= when loading"
         ) from None
 
 

@@ -8,7 +8,8 @@ and ``truncated`` are kept apart. ``VecJaxEnv`` vmaps an environment over ``n_en
 
 Any object with these methods and a ``observation_space`` / ``action_space`` (Gymnasium spaces of
 ONE environment) and ``default_params`` trains in kitae's compiled loop; ``GymnaxEnv`` adapts
-gymnax 1.x.
+gymnax 1.x, ``kitae.envs.brax_env`` Brax and ``kitae.envs.jaxmarl_env`` JaxMARL.
+``kitae.envs.make.make_jax_env("gymnax:CartPole-v1", n_envs)`` builds one from an id.
 """
 
 from __future__ import annotations
@@ -139,28 +140,3 @@ class VecJaxEnv:
 
     def __repr__(self) -> str:
         return f"VecJaxEnv({self.env!r}, n_envs={self.num_envs})"
-
-
-def make_jax_env(env_id: str, n_envs: int, **env_kwargs: Any) -> VecJaxEnv:
-    """Makes ``n_envs`` copies of a JAX environment from an id ``"gymnax:CartPole-v1"``.
-
-    ``"brax:inverted_pendulum"`` builds a ``kitae.envs.brax_env.BraxEnv`` (``env_kwargs``:
-    ``backend``, ``episode_length`` and the Brax environment's own arguments).
-
-    Raises:
-        ValueError: for an id whose source is not a JAX source kitae supports here.
-    """
-    from kitae.envs.make import parse_env_id
-
-    source, name = parse_env_id(env_id)
-    if source == "gymnax":
-        return VecJaxEnv(GymnaxEnv(name, **env_kwargs), n_envs)
-    if source == "brax":
-        from kitae.envs.brax_env import BraxEnv
-
-        return VecJaxEnv(BraxEnv(name, **env_kwargs), n_envs)
-    if source == "jaxmarl":  # multi-agent: kitae.envs.jaxmarl_env
-        from kitae.envs.jaxmarl_env import make_jaxmarl_env
-
-        return make_jaxmarl_env(name, n_envs, **env_kwargs)
-    raise ValueError(f"{env_id!r} is not a JAX environment kitae can build; JAX sources here: gymnax, brax, jaxmarl")

@@ -1,12 +1,15 @@
-"""Making environments from ids.
+"""Making environments from ids: the one place an environment id is read.
 
 Ids are ``SOURCE:ID``; SOURCE is one of ``gymnasium`` (the default when there is no prefix),
-``gymnax``, ``envpool``, ``pettingzoo``, ``brax``, ``jaxmarl``. This module builds the host-loop
-sources; JAX sources run in the compiled loop.
+``gymnax``, ``envpool``, ``pettingzoo``, ``brax``, ``jaxmarl``. ``EnvSpec.parse(env_id)`` reads an
+id once; ``make_env(spec, n_envs)`` builds it: a Gymnasium-style vector environment for the host
+sources (``make_vec_env``), a ``kitae.envs.jax_env.VecJaxEnv`` for the JAX sources
+(``make_jax_env``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -15,6 +18,9 @@ from gymnasium.vector import AutoresetMode
 
 SOURCES = ("gymnasium", "gymnax", "envpool", "pettingzoo", "brax", "jaxmarl")
 HOST_SOURCES = ("gymnasium", "envpool", "pettingzoo")
+"""Sources whose environments are Python objects (stepped by the host loop)."""
+JAX_SOURCES = ("gymnax", "brax", "jaxmarl")
+"""Sources whose environments are written in JAX (stepped inside the compiled loop)."""
 
 
 def parse_env_id(env_id: str) -> tuple[str, str]:
@@ -33,6 +39,82 @@ def parse_env_id(env_id: str) -> tuple[str, str]:
     if not name:
         raise ValueError(f"env_id={env_id!r} has no environment name after {source!r}:")
     return source, name
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvSpec:
+    """An environment id, read once.
+
+    Attributes:
+        source: one of ``SOURCES``.
+        name: the id within its source, e.g. ``"CartPole-v1"``.
+    """
+
+    source: str
+    name: str
+
+    @classmethod
+    def parse(cls, env_id: "str | EnvSpec") -> "EnvSpec":
+        """``EnvSpec.parse("gymnax:CartPole-v1")``; an ``EnvSpec`` is returned as it is.
+
+        Raises:
+            ValueError: for an unknown source or an empty id.
+        """
+        if isinstance(env_id, EnvSpec):
+            return env_id
+        return cls(*parse_env_id(env_id))
+
+    @property
+    def id(self) -> str:
+        """The normalised id ``"SOURCE:ID"`` (what run directories record)."""
+        return f"{self.source}:{self.name}"
+
+    @property
+    def is_jax(self) -> bool:
+        """Whether the environment is written in JAX (a ``VecJaxEnv``, for the compiled loop)."""
+        return self.source in JAX_SOURCES
+
+    def __str__(self) -> str:
+        return self.id
+
+
+def make_env(spec: "str | EnvSpec", n_envs: int, **env_kwargs: Any) -> Any:
+    """``n_envs`` copies of the environment ``spec`` names: ``make_jax_env`` for JAX sources,
+    ``make_vec_env`` for the others (keyword arguments go to them)."""
+    spec = EnvSpec.parse(spec)
+    if spec.is_jax:
+        return make_jax_env(spec, n_envs, **env_kwargs)
+    return make_vec_env(spec.id, n_envs, **env_kwargs)
+
+
+def make_jax_env(env_id: "str | EnvSpec", n_envs: int, **env_kwargs: Any) -> Any:
+    """Makes ``n_envs`` copies of a JAX environment from an id ``"gymnax:CartPole-v1"``: a
+    ``kitae.envs.jax_env.VecJaxEnv``.
+
+    ``"brax:inverted_pendulum"`` builds a ``kitae.envs.brax_env.BraxEnv`` (``env_kwargs``:
+    ``backend``, ``episode_length`` and the Brax environment's own arguments);
+    ``"jaxmarl:MPE_simple_spread_v3"`` a ``kitae.envs.jaxmarl_env.VecJaxMARLEnv``.
+
+    Raises:
+        ValueError: for an id whose source is not a JAX source.
+        ImportError: for a source whose optional extra is not installed.
+    """
+    from kitae.envs.jax_env import GymnaxEnv, VecJaxEnv
+
+    spec = EnvSpec.parse(env_id)
+    if spec.source == "gymnax":
+        return VecJaxEnv(GymnaxEnv(spec.name, **env_kwargs), n_envs)
+    if spec.source == "brax":
+        from kitae.envs.brax_env import BraxEnv
+
+        return VecJaxEnv(BraxEnv(spec.name, **env_kwargs), n_envs)
+    if spec.source == "jaxmarl":  # multi-agent
+        from kitae.envs.jaxmarl_env import make_jaxmarl_env
+
+        return make_jaxmarl_env(spec.name, n_envs, **env_kwargs)
+    raise ValueError(
+        f"{spec.id!r} is not a JAX environment kitae can build; JAX sources here: {', '.join(JAX_SOURCES)}"
+    )
 
 
 def _gymnasium_thunk(name: str, index: int, capture_video: bool, video_dir: Path | None,
@@ -61,7 +143,7 @@ def _wrap_fn(wrappers: tuple, n_frames: int) -> Callable[[gym.Env], gym.Env]:
 
 
 def make_vec_env(
-    env_id: str,
+    env_id: "str | EnvSpec",
     n_envs: int,
     capture_video: bool = False,
     run_name: str | None = None,
@@ -113,11 +195,12 @@ def make_vec_env(
         A ``gymnasium.vector.VectorEnv`` with ``num_envs == n_envs``; ``single_observation_space``
         and ``single_action_space`` are what ``EnvConfig`` wants.
     """
-    source, name = parse_env_id(env_id)
+    spec = EnvSpec.parse(env_id)
+    source, name = spec.source, spec.name
     if source not in HOST_SOURCES:
         raise ValueError(
             f"make_vec_env builds host-loop environments ({', '.join(HOST_SOURCES)}); "
-            f"{env_id!r} comes from {source!r}"
+            f"{spec.id!r} comes from {source!r}"
         )
     if not isinstance(n_envs, int) or isinstance(n_envs, bool) or n_envs < 1:
         raise ValueError(f"n_envs={n_envs!r} is not allowed; allowed: an int >= 1")
@@ -127,9 +210,9 @@ def make_vec_env(
         raise ValueError("capture_video=True needs a run_name: videos go to runs/<run_name>/videos")
     if source == "pettingzoo":
         if capture_video:
-            raise ValueError(f"capture_video=True is not available for PettingZoo environments ({env_id!r})")
+            raise ValueError(f"capture_video=True is not available for PettingZoo environments ({spec.id!r})")
         if tuple(wrappers) or frame_stack != 1:
-            raise ValueError(f"wrappers and frame_stack are for Gymnasium ids, not PettingZoo ones ({env_id!r})")
+            raise ValueError(f"wrappers and frame_stack are for Gymnasium ids, not PettingZoo ones ({spec.id!r})")
         from kitae.envs.pettingzoo_envs import make_parallel_vec_env
 
         return make_parallel_vec_env(name, n_envs, vectorization_mode=vectorization_mode, env_kwargs=env_kwargs)

@@ -1,29 +1,28 @@
 """The compiled loop: a whole training run as one XLA program, for environments written in JAX.
 
-The same agent that trains in the host loop trains here: its ``explore`` (traced through
-``BaseAgent.explore_with``), its pure ``update_fn`` and the pure buffer functions of
-``kitae.buffer`` run inside one ``jax.lax.scan`` inside one ``jax.jit``:
+The same agent that trains in the host loop trains here, through the same pieces: its pure
+``act`` and ``update_fn`` (``kitae.loops.collect``), the pure buffer functions of
+``kitae.buffer``, the schedule of ``kitae.schedule``, all inside one ``jax.lax.scan`` inside one
+``jax.jit``::
 
-    for each iteration:                       # jax.lax.scan
-        for each vector step of the iteration:    # jax.lax.scan
-            explore, env.step (vmapped), buffer_add, episode statistics
-        update (on-policy: the rollout; off-policy: when past start_step and the buffer holds a batch)
+    for each iteration:                          # jax.lax.scan
+        for each vector step of the iteration:       # jax.lax.scan
+            act, env.step (vmapped), buffer_add, episode statistics
+        update when the schedule says so (on-policy: every iteration)
 
-An on-policy iteration is one rollout of ``max_buffer_size`` vector steps; an off-policy iteration
-is ``max(1, skip_steps // n_envs)`` vector steps. Several seeds train together with ``jax.vmap``
-(one program, one compile), and their axis can be sharded across devices.
+Several seeds train together with ``jax.vmap`` (one program, one compile), and their axis can be
+sharded across devices.
 
-The run state (``LoopState``: agent state and key, buffer, environment state, observations,
-counters) is a pytree, so a run can be cut into segments and checkpointed between them: with a
-checkpointer, ``compiled_train`` runs ONE compiled program whose iteration count is an argument
-(``run(state, n, first_index, length=L)``) segment after segment, saving the loop state between
-segments; the bits are those of the run in one piece. ``LoopStart`` resumes from a restored state.
+The run state (``kitae.loops.state.LoopState``: agent state and key, buffer, counters and the
+environment) is a pytree, so a run can be cut into segments and checkpointed between them: with
+callbacks, ONE compiled program whose iteration count is an argument (``run(state, n, first,
+length=L)``) runs segment after segment; the bits are those of the run in one piece.
 
 Multi-agent environments (``kitae.envs.jaxmarl_env.VecJaxMARLEnv``, an ``agents`` attribute)
-train a parameter-shared agent (``EnvConfig.n_agents > 1``, parallel mode): observations,
-actions, rewards and flags are dicts keyed by agent all the way into the buffer. An episode ends
-for the team when it ends for every agent; ``IterationMetrics.return_sum`` then sums the team's
-return (the agents' returns added up) and ``agent_return_sum`` each agent's own.
+train a parameter-shared agent (``EnvConfig.n_agents > 1``): observations, actions, rewards and
+flags are dicts keyed by agent all the way into the buffer. An episode ends for the team when it
+ends for every agent; ``IterationMetrics.return_sum`` then sums the team's return (the agents'
+returns added up) and ``agent_return_sum`` each agent's own.
 
 Step units: ``n_env_steps`` counts environment transitions summed over all environments (one
 transition of an environment moves all its agents).
@@ -31,7 +30,6 @@ transition of an environment moves all its agents).
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Any, Callable, NamedTuple
 
@@ -39,29 +37,27 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kitae.buffer import buffer_add, buffer_init, buffer_reset
 from kitae.compilation_cache import use_compilation_cache
-from kitae.buffer import BufferState, Experience, buffer_add, buffer_init, buffer_reset, buffer_rollout
-from kitae.buffer import _n_agents as _n_agents_of
+from kitae.config import check_positive_int
 from kitae.envs.jax_env import VecJaxEnv
+from kitae.loops.callbacks import Callback, CallbackList, LossMeans, Progress, RunInfo
+from kitae.loops.collect import act_step, make_experience, update_step
 from kitae.loops.episodes import track_episodes
 from kitae.loops.multi_agent import env_agents, track_team_episodes
-from kitae.types import AlgoType
+from kitae.loops.result import Episodes, RunResult
+from kitae.loops.state import (
+    EnvCarry,
+    LoopState,
+    Payload,
+    apply_loop_state,
+    mark_episodes_cut,
+    payload_from_agent,
+    pick_seed,
+)
 
-class LoopState(NamedTuple):
-    """Everything a compiled run carries from one iteration to the next (a pytree).
-
-    Leaves carry a leading seed axis when seeds train together.
-    """
-
-    agent_state: Any
-    agent_key: jax.Array
-    env_key: jax.Array
-    buffer: BufferState
-    env_state: Any
-    observation: Any
-    env_step: jax.Array  # int32: transitions so far, summed over environments
-    episode_return: Any  # (E,) return of each environment's running episode ({agent: (E,)} multi-agent)
-    episode_length: jax.Array  # (E,)
+__all__ = ["CompiledExecutor", "IterationMetrics", "compiled_train", "make_loop_functions", "loop_state_shape",
+           "segment_plan"]
 
 
 class IterationMetrics(NamedTuple):
@@ -88,142 +84,63 @@ class IterationMetrics(NamedTuple):
     agent_return_sum: dict[str, jax.Array] | None = None
 
 
-@dataclasses.dataclass
-class CompiledRun:
-    """The result of ``compiled_train``.
-
-    Attributes:
-        state: the final ``LoopState`` (leading seed axis when ``seeds`` were given).
-        metrics: ``IterationMetrics`` as numpy arrays ``(n_iterations,)`` (``(K, n_iterations)``
-            for K seeds).
-        seeds: the seeds trained.
-        compile_seconds: time spent tracing and compiling (or loading from the cache).
-        train_seconds: time spent running the compiled program.
-        env_steps: transitions per seed at the end (counted from the start of the run, also when
-            it was resumed).
-        start_step: transitions per seed when this call started (0 unless resumed).
-        first_iteration: index of the first iteration this call ran (0 unless resumed);
-            ``metrics`` hold the iterations from there on.
-        stopped: the run was stopped early (``should_stop``) at ``env_steps``.
-    """
-
-    state: LoopState
-    metrics: IterationMetrics
-    seeds: list[int]
-    compile_seconds: float
-    train_seconds: float
-    env_steps: int
-    start_step: int = 0
-    first_iteration: int = 0
-    stopped: bool = False
-
-    @property
-    def sps(self) -> float:
-        """Environment transitions per second of training (this call's), summed over seeds."""
-        done = self.env_steps - self.start_step
-        return done * len(self.seeds) / self.train_seconds if self.train_seconds else float("nan")
-
-    def episode_curve(self, seed_index: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        """``(steps, mean return of the episodes that ended in each iteration)`` for one seed,
-        iterations without a finished episode left out."""
-        m = jax.tree_util.tree_map(lambda x: x[seed_index] if self.batched else x, self.metrics)
-        mask = m.episodes > 0
-        return m.env_step[mask], m.return_sum[mask] / m.episodes[mask]
-
-    def final_return(self, seed_index: int = 0, last: int = 10) -> float:
-        """Mean return of (about) the last ``last`` finished episodes of one seed, computed from the
-        per-iteration sums: whole iterations are taken from the end until ``last`` episodes."""
-        m = jax.tree_util.tree_map(lambda x: x[seed_index] if self.batched else x, self.metrics)
-        total, count = 0.0, 0
-        for r, n in zip(m.return_sum[::-1], m.episodes[::-1]):
-            if n > 0:
-                total, count = total + float(r), count + int(n)
-            if count >= last:
-                break
-        return total / count if count else float("nan")
-
-    def final_agent_returns(self, seed_index: int = 0, last: int = 10) -> dict[str, float]:
-        """Multi-agent runs: ``{agent: mean return of that agent}`` over the same episodes as
-        ``final_return`` (whose team return is their sum)."""
-        if self.metrics.agent_return_sum is None:
-            raise ValueError("final_agent_returns is for multi-agent runs; this run has a single agent")
-        m = jax.tree_util.tree_map(lambda x: x[seed_index] if self.batched else x, self.metrics)
-        totals, count = {agent: 0.0 for agent in m.agent_return_sum}, 0
-        for i in range(len(m.episodes) - 1, -1, -1):
-            if m.episodes[i] > 0:
-                count += int(m.episodes[i])
-                for agent, sums in m.agent_return_sum.items():
-                    totals[agent] += float(sums[i])
-            if count >= last:
-                break
-        return {agent: (total / count if count else float("nan")) for agent, total in totals.items()}
-
-    @property
-    def batched(self) -> bool:
-        return np.ndim(self.metrics.env_step) == 2
-
-
-def _iteration_layout(agent: Any, n_envs: int) -> tuple[int, bool]:
-    """``(vector steps per iteration, on_policy)``."""
-    on_policy = agent.algo_type is AlgoType.ON_POLICY
-    if on_policy:
-        return agent.config.update_cfg.max_buffer_size, True
-    skip_steps = max(1, getattr(agent.config.algo_params, "skip_steps", 1))
-    return max(1, skip_steps // n_envs), False
-
-
-def n_iterations_for(agent: Any, env: VecJaxEnv, n_env_steps: int) -> int:
-    """Iterations a run of ``n_env_steps`` transitions takes (rounded up to whole iterations)."""
-    steps_per_iteration, _ = _iteration_layout(agent, env.num_envs)
-    per_iteration = steps_per_iteration * env.num_envs
-    return -(-n_env_steps // per_iteration)
-
-
-def make_loop_functions(agent: Any, env: VecJaxEnv, *, log_every: int = 0,
-                        log_fn: Callable | None = None) -> tuple[Callable, Callable]:
-    """Builds the pure ``init(seed) -> LoopState`` and
-    ``run(state, n_iterations, first_index=0, *, length=None) -> (state, metrics)``.
-
-    ``run`` is a ``jax.lax.scan`` of iterations (with ``length``, a loop over a traced number of
-    iterations, so that one program runs segments of any length); both are pure functions of arrays, ready for
-    ``jax.jit``, ``jax.vmap`` (over seeds) and sharding. With ``log_every > 0``, every
-    ``log_every`` iterations a host callback ``log_fn(env_step, return_sum, episodes)`` reports
-    progress from inside the program.
-    """
-    config = agent.config
-    n_envs = env.num_envs
-    if config.env_cfg.n_envs != n_envs:
-        raise ValueError(
-            f"the environment has {n_envs} copies but env_cfg.n_envs={config.env_cfg.n_envs}; they must match"
+def _check_env(agent: Any, env: Any) -> tuple[str, ...] | None:
+    if not isinstance(env, VecJaxEnv):
+        raise TypeError(
+            f"env={env!r} is not allowed in the compiled loop; allowed: a kitae.envs.jax_env.VecJaxEnv "
+            "(kitae.envs.make.make_jax_env)"
         )
-    steps_per_iteration, on_policy = _iteration_layout(agent, n_envs)
-    capacity = config.update_cfg.max_buffer_size
-    batch_size = config.update_cfg.batch_size
-    start_step = getattr(config.algo_params, "start_step", 0)
-    experience_type = getattr(agent, "experience_type", Experience)
-    update_fn = agent.update_fn
+    if agent.config.env_cfg.n_envs != env.num_envs:
+        raise ValueError(
+            f"the environment has {env.num_envs} copies but env_cfg.n_envs={agent.config.env_cfg.n_envs}; "
+            "they must match"
+        )
     agents = env_agents(env)
     n_agents = 1 if agents is None else len(agents)
-    if config.env_cfg.n_agents != n_agents:
+    if agent.config.env_cfg.n_agents != n_agents:
         raise ValueError(
-            f"the environment has {n_agents} agent(s) but env_cfg.n_agents={config.env_cfg.n_agents}; they must match"
+            f"the environment has {n_agents} agent(s) but env_cfg.n_agents={agent.config.env_cfg.n_agents}; "
+            "they must match"
         )
+    return agents
+
+
+def make_loop_functions(agent: Any, env: VecJaxEnv) -> tuple[Callable, Callable, Callable]:
+    """Builds the pure functions of a compiled run.
+
+    Returns:
+        ``(fresh, attach, run)``:
+
+        - ``fresh(seed) -> LoopState``: a new run's state from its seed alone (vmappable);
+        - ``attach(state, seed) -> LoopState``: completes a state without an environment part
+          (the agent facade's, a host checkpoint's): resets the environments (seeded from the seed
+          and the step), allocates the buffer if it has none, and marks the buffer's newest row
+          truncated if the run is past step 0;
+        - ``run(state, n_iterations, first_index=0, *, length=None) -> (state, metrics)``: a
+          ``jax.lax.scan`` of iterations (with ``length``, a loop over a traced number of
+          iterations up to ``length``, so one program runs segments of any length).
+
+        All are pure functions of arrays, ready for ``jax.jit``, ``jax.vmap`` (over seeds) and
+        sharding.
+    """
+    agents = _check_env(agent, env)
+    schedule = agent.schedule
+    n_envs = env.num_envs
+    steps_per_iteration = schedule.vector_steps_per_iteration
+    capacity = agent.config.update_cfg.max_buffer_size
+    experience_type = agent.experience_type
 
     def per_agent(make: Callable[[], Any]) -> Any:
         """``make()``, or ``{agent: make()}`` in a multi-agent environment."""
         return make() if agents is None else {a: make() for a in agents}
 
-    def make_experience(**fields: Any) -> Any:
-        return experience_type(**{name: fields[name] for name in experience_type._fields})
-
-    def init(seed: jax.Array) -> LoopState:
-        agent_key, agent_state = agent.initial_state(seed)
-        env_key, reset_key = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(seed), 1))
-        observation, env_state = env.reset(reset_key)
+    def empty_buffer(agent_state: Any, agent_key: jax.Array, observation: Any) -> Any:
         actions, log_probs, _ = jax.eval_shape(
-            lambda s, k, o: agent.explore_with(s, k, o, jnp.zeros((), jnp.int32)), agent_state, agent_key, observation
+            lambda s, k, o: act_step(agent, agent.acting_params(s), k, o, jnp.zeros((), jnp.int32)),
+            agent_state, agent_key, observation,
         )
         example = make_experience(
+            experience_type,
             observation=observation,
             action=jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype), actions),
             reward=per_agent(lambda: jnp.zeros((n_envs,), jnp.float32)),
@@ -232,42 +149,54 @@ def make_loop_functions(agent: Any, env: VecJaxEnv, *, log_every: int = 0,
             log_prob=jax.tree_util.tree_map(lambda x: jnp.zeros(x.shape, jnp.float32), log_probs),
             truncated=per_agent(lambda: jnp.zeros((n_envs,), bool)),
         )
-        return LoopState(
-            agent_state=agent_state,
-            agent_key=agent_key,
-            env_key=env_key,
-            buffer=buffer_init(example, capacity),
-            env_state=env_state,
-            observation=observation,
-            env_step=jnp.zeros((), jnp.int32),
+        return buffer_init(example, capacity)
+
+    def attach(state: LoopState, seed: jax.Array) -> LoopState:
+        base = jax.random.fold_in(jax.random.PRNGKey(seed), 1)
+        step = jnp.asarray(state.env_step, jnp.int32)
+        base = jnp.where(step == 0, base, jax.random.fold_in(base, step))
+        env_key, reset_key = jax.random.split(base)
+        observation, env_state = env.reset(reset_key)
+        if state.buffer is None:
+            buffer = empty_buffer(state.agent_state, state.agent_key, observation)
+        else:
+            buffer = mark_episodes_cut(state.buffer, step > 0)
+        carry = EnvCarry(
+            key=env_key, state=env_state, observation=observation,
             episode_return=per_agent(lambda: jnp.zeros((n_envs,), jnp.float32)),
             episode_length=jnp.zeros((n_envs,), jnp.int32),
         )
+        out = LoopState(state.agent_state, jnp.asarray(state.agent_key), buffer, step,
+                        jnp.asarray(state.n_updates, jnp.int32), carry)
+        # strongly typed leaves (a Python scalar turned array is weakly typed): a fresh and a
+        # restored state then trace, compile and compute the same program
+        return jax.tree_util.tree_map(lambda x: x.astype(x.dtype) if getattr(x, "weak_type", False) else x, out)
 
-    def vector_step(carry: tuple[LoopState, jax.Array, jax.Array, jax.Array, Any], _: Any):
+    def fresh(seed: jax.Array) -> LoopState:
+        agent_key, agent_state = agent.initial_state(seed)
+        zero = jnp.zeros((), jnp.int32)
+        return attach(LoopState(agent_state, agent_key, None, zero, zero), seed)
+
+    def vector_step(carry: tuple, _: Any) -> tuple[tuple, None]:
         state, return_sum, length_sum, episodes, agent_return_sum = carry
-        actions, log_probs, agent_key = agent.explore_with(
-            state.agent_state, state.agent_key, state.observation, state.env_step
+        env_carry = state.env
+        actions, log_probs, agent_key = act_step(
+            agent, agent.acting_params(state.agent_state), state.agent_key, env_carry.observation, state.env_step
         )
-        env_key, step_key = jax.random.split(state.env_key)
-        ts = env.step(step_key, state.env_state, actions)
+        env_key, step_key = jax.random.split(env_carry.key)
+        ts = env.step(step_key, env_carry.state, actions)
         buffer = buffer_add(state.buffer, make_experience(
-            observation=state.observation,
-            action=actions,
-            reward=ts.reward,
-            done=ts.terminated,
-            next_observation=ts.next_observation,
-            log_prob=jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), log_probs),
-            truncated=ts.truncated,
+            experience_type, observation=env_carry.observation, action=actions, reward=ts.reward,
+            done=ts.terminated, next_observation=ts.next_observation, log_prob=log_probs, truncated=ts.truncated,
         ))
         if agents is None:
             ended = jnp.logical_or(ts.terminated, ts.truncated)
             running_return, running_length, episode_return, episode_length = track_episodes(
-                jnp, state.episode_return, state.episode_length, ts.reward, ended
+                jnp, env_carry.episode_return, env_carry.episode_length, ts.reward, ended
             )
         else:
             running_return, running_length, episode_return, episode_length, ended, per_agent_return = (
-                track_team_episodes(state.episode_return, state.episode_length, ts)
+                track_team_episodes(env_carry.episode_return, env_carry.episode_length, ts)
             )
             agent_return_sum = {
                 a: agent_return_sum[a] + jnp.sum(jnp.where(ended, per_agent_return[a], 0.0)) for a in agents
@@ -276,47 +205,34 @@ def make_loop_functions(agent: Any, env: VecJaxEnv, *, log_every: int = 0,
         length_sum = length_sum + jnp.sum(jnp.where(ended, episode_length, 0))
         episodes = episodes + jnp.sum(ended)
         state = state._replace(
-            agent_key=agent_key,
-            env_key=env_key,
-            buffer=buffer,
-            env_state=ts.state,
-            observation=ts.observation,
-            env_step=state.env_step + n_envs,
-            episode_return=running_return,
-            episode_length=running_length,
+            agent_key=agent_key, buffer=buffer, env_step=state.env_step + n_envs,
+            env=EnvCarry(env_key, ts.state, ts.observation, running_return, running_length),
         )
         return (state, return_sum, length_sum, episodes, agent_return_sum), None
 
     def iteration(state: LoopState, index: jax.Array) -> tuple[LoopState, IterationMetrics]:
+        del index
         zero = (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32),
                 None if agents is None else per_agent(lambda: jnp.zeros((), jnp.float32)))
         (state, return_sum, length_sum, episodes, agent_return_sum), _ = jax.lax.scan(
             vector_step, (state, *zero), None, length=steps_per_iteration
         )
-        agent_key, update_key = jax.random.split(state.agent_key)
-        if on_policy:
-            agent_state, info = update_fn(state.agent_state, update_key, buffer_rollout(state.buffer))
-            buffer = buffer_reset(state.buffer)
-            updated = jnp.ones((), bool)
+        if schedule.on_policy:  # an iteration is one rollout: it always ends with an update
+            agent_state, agent_key, info = update_step(agent, state.agent_state, state.agent_key, state.buffer)
+            buffer, updated = buffer_reset(state.buffer), jnp.ones((), bool)
         else:
-            info_shape = jax.eval_shape(update_fn, state.agent_state, update_key, state.buffer)[1]
-            updated = jnp.logical_and(
-                state.env_step >= start_step, state.buffer.size * n_envs * _n_agents(state.buffer) >= batch_size
-            )
-            agent_state, info = jax.lax.cond(
+            updated = jnp.asarray(schedule.update_due(state.env_step, state.buffer.size))
+            info_shape = jax.eval_shape(
+                lambda s, k: update_step(agent, s, k, state.buffer), state.agent_state, state.agent_key)[2]
+            agent_state, agent_key, info = jax.lax.cond(
                 updated,
-                lambda s: update_fn(s, update_key, state.buffer),
-                lambda s: (s, jax.tree_util.tree_map(lambda x: jnp.zeros(x.shape, x.dtype), info_shape)),
-                state.agent_state,
+                lambda s, k: update_step(agent, s, k, state.buffer),
+                lambda s, k: (s, k, jax.tree_util.tree_map(lambda x: jnp.zeros(x.shape, x.dtype), info_shape)),
+                state.agent_state, state.agent_key,
             )
             buffer = state.buffer
-        state = state._replace(agent_state=agent_state, agent_key=agent_key, buffer=buffer)
-        if log_every > 0 and log_fn is not None:
-            jax.lax.cond(
-                (index + 1) % log_every == 0,
-                lambda: jax.debug.callback(log_fn, state.env_step, return_sum, episodes),
-                lambda: None,
-            )
+        state = state._replace(agent_state=agent_state, agent_key=agent_key, buffer=buffer,
+                               n_updates=state.n_updates + updated.astype(jnp.int32))
         return state, IterationMetrics(state.env_step, return_sum, length_sum, episodes, updated, info,
                                        agent_return_sum)
 
@@ -332,8 +248,7 @@ def make_loop_functions(agent: Any, env: VecJaxEnv, *, log_every: int = 0,
         gives the same bits as one program.
         """
         if length is None:
-            indices = first_index + jnp.arange(n_iterations)
-            return jax.lax.scan(iteration, state, indices)
+            return jax.lax.scan(iteration, state, first_index + jnp.arange(n_iterations))
         index = jnp.asarray(first_index, jnp.int32)
         metrics_shape = jax.eval_shape(iteration, state, index)[1]
         rows = jax.tree_util.tree_map(lambda x: jnp.zeros((length, *x.shape), x.dtype), metrics_shape)
@@ -346,274 +261,233 @@ def make_loop_functions(agent: Any, env: VecJaxEnv, *, log_every: int = 0,
 
         return jax.lax.fori_loop(0, jnp.minimum(n_iterations, length), body, (state, rows))
 
-    return init, run
-
-
-def _n_agents(buffer: BufferState) -> int:
-    return _n_agents_of(buffer.data)
-
-
-class LoopStart(NamedTuple):
-    """Where a resumed compiled run starts: a ``LoopState`` restored from a checkpoint (leading
-    seed axis when seeds train together), the index of its next iteration, and the updates made
-    so far."""
-
-    state: LoopState
-    iteration: int
-    n_updates: int = 0
+    return fresh, attach, run
 
 
 def loop_state_shape(agent: Any, env: VecJaxEnv, seeds: list[int] | None = None) -> LoopState:
-    """The abstract ``LoopState`` (``jax.ShapeDtypeStruct`` leaves) of a run of ``agent`` in
-    ``env``, with a leading seed axis when ``seeds`` are given: the target a checkpoint's loop
-    state is restored into."""
-    init, _ = make_loop_functions(agent, env)
+    """The abstract ``LoopState`` (``jax.ShapeDtypeStruct`` leaves) of a compiled run of ``agent`` in
+    ``env``, with a leading seed axis when ``seeds`` are given: what a checkpoint is restored into."""
+    fresh, _, _ = make_loop_functions(agent, env)
     if seeds is None:
-        return jax.eval_shape(init, jnp.asarray(agent.config.seed, jnp.uint32))
-    return jax.eval_shape(jax.vmap(init), jnp.asarray(seeds, jnp.uint32))
+        return jax.eval_shape(fresh, jnp.asarray(agent.config.seed, jnp.uint32))
+    return jax.eval_shape(jax.vmap(fresh), jnp.asarray(seeds, jnp.uint32))
 
 
-def segment_plan(first: int, total: int, steps_per_iteration: int, save_frequency: int,
-                 max_length: int) -> list[tuple[int, int, bool]]:
-    """Cuts iterations ``first .. total - 1`` into segments of at most ``max_length``.
+def segment_plan(first: int, total: int, schedule: Any, max_length: int) -> list[tuple[int, int, bool]]:
+    """Cuts iterations ``first .. total - 1`` into segments of at most ``max_length`` iterations.
 
-    A segment ends where the run crosses a multiple of ``save_frequency`` environment steps
-    (iteration ``k`` ends at ``(k + 1) * steps_per_iteration`` steps), as the host loop's
-    checkpoints do, and at the end.
+    A segment ends after an iteration where ``schedule`` says a checkpoint is due
+    (``Schedule.save_iterations``), and at the end.
 
     Returns:
         ``[(first iteration, iterations, save after it), ...]``.
     """
+    saves = set(schedule.save_iterations(first, total))
     plan, start = [], first
     while start < total:
         end = min(start + max_length, total)
-        save = end == total
-        if save_frequency != -1:
-            next_multiple = (start * steps_per_iteration // save_frequency + 1) * save_frequency
-            boundary = -(-next_multiple // steps_per_iteration)  # first iteration end at or past it
-            if boundary <= end:
-                end, save = boundary, True
-        plan.append((start, end - start, save))
+        due = [k for k in range(start + 1, end + 1) if k in saves]
+        if due:
+            end = due[0]
+        plan.append((start, end - start, end == total or bool(due)))
         start = end
     return plan
 
 
-def compiled_train(
-    agent: Any,
-    env: VecJaxEnv,
-    n_env_steps: int,
-    *,
-    seeds: list[int] | None = None,
-    shard: bool = True,
-    log_every: int = 0,
-    log_fn: Callable | None = None,
-    use_cache: bool = True,
-    checkpointer: Any = None,
-    segment_iterations: int | None = None,
-    should_stop: Callable[[], bool] | None = None,
-    on_segment: Callable[[IterationMetrics, LoopState], None] | None = None,
-    start: LoopStart | None = None,
-) -> CompiledRun:
-    """Trains ``agent`` in a JAX environment as one compiled program.
+def _episodes_of(metrics: IterationMetrics, seed_index: int, batched: bool) -> Episodes:
+    m = pick_seed(metrics, seed_index) if batched else metrics
+    rows = np.flatnonzero(m.episodes > 0)
+    count = m.episodes[rows].astype(np.int64)
+    agents = None if m.agent_return_sum is None else {a: v[rows] / count for a, v in m.agent_return_sum.items()}
+    return Episodes(m.env_step[rows].astype(np.int64), m.return_sum[rows] / count, m.length_sum[rows] / count,
+                    count, agents, seed_index)
 
-    Without checkpointing, the whole run is one call of one program. With a ``checkpointer``
-    (or ``segment_iterations``, ``should_stop``, ``on_segment`` or ``start``) the run is cut into
-    segments of whole iterations, all run by ONE compiled program (``run(..., length=L)``, whose
-    iteration count is an argument), and between segments the host may save the ``LoopState``,
-    report progress or stop. The bits are those of the single program: each iteration runs the
-    same computation on the same carried state and keys.
 
-    Args:
-        agent: a ``BaseAgent`` (any agent made from the four factories).
-        env: a ``VecJaxEnv`` with ``num_envs == agent.config.env_cfg.n_envs``.
-        n_env_steps: transitions per seed, summed over environments, counted from the start of the
-            run also when resuming (rounded up to whole iterations: rollouts for on-policy agents).
-        seeds: train these seeds together (``jax.vmap``, one program); default
-            ``[agent.config.seed]`` without a seed axis. The agent's attributes are set to the
-            final state only for a single seed.
-        shard: with several devices and a number of seeds divisible by their count, shard the
-            seed axis across devices (``jax.sharding``).
-        log_every: report progress through a host callback every this many iterations (0: never).
-        log_fn: ``log_fn(env_step, return_sum, episodes)`` called from inside the program.
-        use_cache: enable JAX's persistent compilation cache (``kitae.compilation_cache``).
-        checkpointer: a ``kitae.checkpoint.Checkpointer``; saves the loop state every
-            ``agent.config.train_cfg.save_frequency`` steps (if not -1), at the end, and when stopped.
-        segment_iterations: the longest segment, in iterations (default: the save period, at
-            most a twentieth of the run).
-        should_stop: checked after every segment; when it returns True the run saves (with a
-            checkpointer) and returns early with ``stopped=True``.
-        on_segment: ``on_segment(metrics, state)`` after every segment, before any save, with
-            that segment's metrics (numpy, ``(n,)`` or ``(K, n)``) and the loop state.
-        start: resume from a restored ``LoopStart`` instead of initialising from the seeds.
+def _update_steps(metrics: IterationMetrics, seed_index: int, batched: bool) -> np.ndarray:
+    m = pick_seed(metrics, seed_index) if batched else metrics
+    return m.env_step[m.updated].astype(np.int64)
 
-    Returns:
-        A ``CompiledRun`` with the final state, per-iteration metrics, compile and train seconds.
-    """
-    if not isinstance(n_env_steps, int) or isinstance(n_env_steps, bool) or n_env_steps < 1:
-        raise ValueError(f"n_env_steps={n_env_steps!r} is not allowed; allowed: an int >= 1")
-    if use_cache:
-        use_compilation_cache()
-    segmented = any(x is not None for x in (checkpointer, segment_iterations, should_stop, on_segment, start))
-    init, run = make_loop_functions(agent, env, log_every=0 if segmented else log_every, log_fn=log_fn)
-    n_iterations = n_iterations_for(agent, env, n_env_steps)
-    batched = seeds is not None
-    seeds = list(seeds) if batched else [agent.config.seed]
-    for seed in seeds:
-        if not isinstance(seed, int) or not 0 <= seed < 2**32:
-            raise ValueError(f"seed={seed!r} is not allowed; allowed: an int in [0, 2**32)")
-    steps_per_iteration = _iteration_layout(agent, env.num_envs)[0] * env.num_envs
 
-    seed_array = jnp.asarray(seeds if batched else seeds[0], dtype=jnp.uint32)
-    sharding = None
-    if batched and shard and jax.device_count() > 1 and len(seeds) % jax.device_count() == 0:
-        mesh = jax.sharding.Mesh(np.array(jax.devices()), ("seeds",))
-        sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("seeds"))
-        seed_array = jax.device_put(seed_array, sharding)
+def _concat_metrics(chunks: list[IterationMetrics], batched: bool) -> IterationMetrics:
+    return jax.tree_util.tree_map(lambda *xs: np.concatenate(xs, axis=1 if batched else 0), *chunks)
 
-    # The initial state is made by its own small program and handed to the training program, in
-    # one piece or in segments: both then compute the same bits (a vmapped init fused into the
-    # training program may round differently).
-    if not segmented:
-        def program(state: LoopState) -> tuple[LoopState, IterationMetrics]:
-            if batched:
-                return jax.vmap(lambda s: run(s, n_iterations))(state)
-            return run(state, n_iterations)
 
-        start_time = time.perf_counter()
-        state = jax.jit(_strongly_typed(jax.vmap(init) if batched else init))(seed_array)
-        compiled = jax.jit(program).lower(state).compile()
-        compile_seconds = time.perf_counter() - start_time
-        start_time = time.perf_counter()
-        final_state, metrics = compiled(state)
-        jax.block_until_ready(final_state)
-        train_seconds = time.perf_counter() - start_time
-        metrics = jax.tree_util.tree_map(np.asarray, metrics)
-        first, stopped, n_updates = 0, False, agent.n_updates + int(np.sum(metrics.updated))
-        done = n_iterations
-    else:
-        first = 0 if start is None else int(start.iteration)
-        if first > n_iterations:
-            raise ValueError(
-                f"the run is already at iteration {first} (step {first * steps_per_iteration}); "
-                f"n_env_steps={n_env_steps} needs only {n_iterations}"
-            )
-        save_frequency = agent.config.train_cfg.save_frequency if checkpointer is not None else -1
-        if segment_iterations is None:
-            segment_iterations = max(1, -(-n_iterations // 20))
-            if save_frequency != -1:
-                segment_iterations = min(segment_iterations, max(1, -(-save_frequency // steps_per_iteration)))
-        if not isinstance(segment_iterations, int) or segment_iterations < 1:
-            raise ValueError(f"segment_iterations={segment_iterations!r} is not allowed; allowed: an int >= 1")
-        length = segment_iterations
+class CompiledExecutor:
+    """Runs an agent in a JAX environment as one compiled program (see the module docstring)."""
 
-        def segment(state: LoopState, n: jax.Array, index: jax.Array) -> tuple[LoopState, IterationMetrics]:
-            if batched:
-                return jax.vmap(lambda s: run(s, n, index, length=length))(state)
-            return run(state, n, index, length=length)
+    name = "compiled"
 
-        start_time = time.perf_counter()
-        if start is None:
-            state = jax.jit(_strongly_typed(jax.vmap(init) if batched else init))(seed_array)
+    def run(self, agent: Any, env: VecJaxEnv, n_env_steps: int, *, start: LoopState | None = None,
+            seeds: list[int] | None = None, callbacks: Any = (), use_cache: bool = True, shard: bool = True,
+            segment_iterations: int | None = None) -> RunResult:
+        """Trains ``agent`` in ``env`` until ``n_env_steps`` environment steps in all.
+
+        Without callbacks (and without ``segment_iterations``) the whole run is one call of one
+        program. With callbacks it runs in segments of whole iterations, all run by ONE compiled
+        program whose iteration count is an argument; between segments the callbacks see the
+        episodes, losses and progress, checkpoints are handed over when due
+        (``kitae.schedule``) and ``should_stop`` is asked. The bits are those of the single program.
+
+        Args:
+            agent: a ``kitae.base.BaseAgent`` (any agent made from the four factories).
+            env: a ``VecJaxEnv`` with ``num_envs == agent.config.env_cfg.n_envs``.
+            n_env_steps: the run's total, counted from the start of training, rounded up to whole
+                iterations.
+            start: the ``LoopState`` to go on from: a compiled checkpoint's (with its environment;
+                leading seed axis when ``seeds`` are given) or one without an environment part (a
+                host checkpoint's, the agent facade's: the environments are reset). Default: the
+                agent facade's state for one seed, a fresh state per seed for ``seeds``.
+            seeds: train these seeds together (``jax.vmap``, one program); default
+                ``[config.seed]`` without a seed axis.
+            callbacks: ``kitae.loops.callbacks.Callback`` objects.
+            use_cache: enable JAX's persistent compilation cache (``kitae.compilation_cache``).
+            shard: with several devices and a number of seeds divisible by their count, shard the
+                seed axis across devices (``jax.sharding``).
+            segment_iterations: the longest segment, in iterations (default: a twentieth of the run,
+                at most the checkpoint period).
+
+        Returns:
+            A ``RunResult`` (its ``state`` is the final ``LoopState``; the agent is not changed).
+        """
+        check_positive_int("n_env_steps", n_env_steps)
+        if use_cache:
+            use_compilation_cache()
+        callbacks = callbacks if isinstance(callbacks, Callback) else CallbackList(callbacks)
+        segmented = bool(getattr(callbacks, "callbacks", [callbacks])) or segment_iterations is not None
+        fresh, attach, run = make_loop_functions(agent, env)
+        schedule = agent.schedule
+        per_iteration = schedule.steps_per_iteration
+        n_iterations = schedule.n_iterations(n_env_steps)
+        batched = seeds is not None
+        seed_list = list(seeds) if batched else [agent.config.seed]
+        for seed in seed_list:
+            if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**32:
+                raise ValueError(f"seed={seed!r} is not allowed; allowed: an int in [0, 2**32)")
+        seed_array = jnp.asarray(seed_list if batched else seed_list[0], dtype=jnp.uint32)
+        sharding = None
+        if batched and shard and jax.device_count() > 1 and len(seed_list) % jax.device_count() == 0:
+            mesh = jax.sharding.Mesh(np.array(jax.devices()), ("seeds",))
+            sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("seeds"))
+            seed_array = jax.device_put(seed_array, sharding)
+
+        clock = time.perf_counter()
+        # The starting state is made by its own small program and handed to the training program:
+        # a run in one piece, in segments or resumed then computes the same bits.
+        if start is None and batched:
+            state = jax.jit(jax.vmap(fresh))(seed_array)
+        elif start is None:
+            state = jax.jit(attach)(payload_from_agent(agent).state, seed_array)
+        elif start.env is None:
+            state = jax.jit(jax.vmap(attach) if batched else attach)(start, seed_array)
         else:
-            state = start.state if sharding is None else jax.device_put(start.state, sharding)
-            expected = first * steps_per_iteration
-            if int(np.max(np.asarray(state.env_step))) != expected:
-                raise ValueError(
-                    f"the loop state is at step {int(np.max(np.asarray(state.env_step)))}, but iteration "
-                    f"{first} starts at step {expected}"
-                )
-        compiled = jax.jit(segment).lower(state, jnp.int32(0), jnp.int32(0)).compile()
-        compile_seconds = time.perf_counter() - start_time
-        n_updates = agent.n_updates if start is None else int(start.n_updates)
+            state = start if sharding is None else jax.device_put(start, sharding)
+        first_step = int(np.max(np.asarray(state.env_step)))
+        if first_step % per_iteration:
+            raise ValueError(
+                f"the state is at step {first_step}, inside an iteration of {per_iteration} steps; the compiled "
+                "loop goes on from iteration ends"
+            )
+        first = first_step // per_iteration
+        if first >= n_iterations:
+            raise ValueError(f"the run is already at step {first_step:,}; n_env_steps={n_env_steps:,} asks for no more")
+        callbacks.on_start(RunInfo(self.name, seed_list, first_step, n_iterations * per_iteration, agent))
+
+        if not segmented:
+            count = n_iterations - first
+
+            def program(state: LoopState) -> tuple[LoopState, IterationMetrics]:
+                if batched:
+                    return jax.vmap(lambda s: run(s, count, first))(state)
+                return run(state, count, first)
+
+            compiled = jax.jit(program).lower(state).compile()
+            compile_seconds = time.perf_counter() - clock
+            clock = time.perf_counter()
+            state, metrics = compiled(state)
+            jax.block_until_ready(state)
+            train_seconds = time.perf_counter() - clock
+            metrics = jax.tree_util.tree_map(np.asarray, metrics)
+            stopped, done = False, n_iterations
+        else:
+            length = segment_iterations or max(1, -(-(n_iterations - first) // 20))
+            check_positive_int("segment_iterations", length)
+            if schedule.save_frequency != -1:
+                length = min(length, max(1, -(-schedule.save_frequency // per_iteration)))
+
+            def segment(state: LoopState, n: jax.Array, index: jax.Array) -> tuple[LoopState, IterationMetrics]:
+                if batched:
+                    return jax.vmap(lambda s: run(s, n, index, length=length))(state)
+                return run(state, n, index, length=length)
+
+            compiled = jax.jit(segment).lower(state, jnp.int32(0), jnp.int32(0)).compile()
+            compile_seconds = time.perf_counter() - clock
+            state, metrics, train_seconds, stopped, done = self._segments(
+                compiled, state, first, n_iterations, length, schedule, seed_list, batched, agent, callbacks
+            )
+
+        env_steps = done * per_iteration
+        if not segmented:
+            callbacks.on_checkpoint(self._payload(state, seed_list if batched else None))
+        result = RunResult(
+            executor=self.name, seeds=seed_list, state=state,
+            episodes=[_episodes_of(metrics, i, batched) for i in range(len(seed_list))],
+            update_steps=[_update_steps(metrics, i, batched) for i in range(len(seed_list))],
+            start_step=first_step, env_steps=env_steps, compile_seconds=compile_seconds,
+            train_seconds=train_seconds, stopped=stopped, batched=batched, metrics=metrics,
+        )
+        callbacks.on_end(result)
+        return result
+
+    def _payload(self, state: LoopState, seeds: list[int] | None) -> Payload:
+        return Payload(state, {"executor": self.name, "seeds": seeds, "env_saved": True})
+
+    def _segments(self, compiled: Any, state: LoopState, first: int, total: int, length: int, schedule: Any,
+                  seeds: list[int], batched: bool, agent: Any, callbacks: Callback) -> tuple:
+        """Runs the plan's segments, reporting to the callbacks between them."""
+        losses = LossMeans(agent.config.train_cfg.log_frequency)
         chunks, train_seconds, stopped, done = [], 0.0, False, first
-        for index, n, save in segment_plan(first, n_iterations, steps_per_iteration, save_frequency, length):
-            start_time = time.perf_counter()
+        first_step = first * schedule.steps_per_iteration
+        for index, n, save in segment_plan(first, total, schedule, length):
+            clock = time.perf_counter()
             state, rows = compiled(state, jnp.int32(n), jnp.int32(index))
             rows = jax.tree_util.tree_map(lambda x: np.asarray(x)[:, :n] if batched else np.asarray(x)[:n], rows)
-            train_seconds += time.perf_counter() - start_time
+            train_seconds += time.perf_counter() - clock
             chunks.append(rows)
             done = index + n
-            n_updates += int(np.sum(rows.updated[0] if batched else rows.updated))
-            if not batched:
-                _set_agent(agent, state, n_updates)
-            if on_segment is not None:
-                on_segment(rows, state)
-            stopped = should_stop is not None and bool(should_stop()) and done < n_iterations
-            if checkpointer is not None and (save or stopped):
-                checkpointer.save(done * steps_per_iteration, agent, loop_state=state, iteration=done,
-                                  seeds=seeds if batched else None, extra={"n_updates": n_updates})
+            latest = []
+            for i in range(len(seeds)):
+                episodes = _episodes_of(rows, i, batched)
+                if len(episodes):
+                    callbacks.on_episodes(episodes)
+                    latest.append(float(np.sum(episodes.return_ * episodes.count) / np.sum(episodes.count)))
+            first_seed = pick_seed(rows, 0) if batched else rows
+            for j in np.flatnonzero(first_seed.updated):
+                logged = losses.add(int(first_seed.env_step[j]), {k: float(v[j]) for k, v in first_seed.info.items()})
+                if logged is not None:
+                    callbacks.on_losses(*logged, 0 if batched else None)
+            step = done * schedule.steps_per_iteration
+            callbacks.on_progress(Progress(step, (step - first_step) / max(train_seconds, 1e-9),
+                                           float(np.mean(latest)) if latest else None))
+            stopped = done < total and callbacks.should_stop()
+            if save or stopped:
+                if done == total or stopped:
+                    logged = losses.flush(step)
+                    if logged is not None:
+                        callbacks.on_losses(*logged, 0 if batched else None)
+                callbacks.on_checkpoint(self._payload(state, seeds if batched else None))
             if stopped:
                 break
-        final_state = state
-        if chunks:
-            metrics = jax.tree_util.tree_map(lambda *xs: np.concatenate(xs, axis=1 if batched else 0), *chunks)
-        else:  # nothing left to run
-            shapes = jax.eval_shape(segment, state, jnp.int32(0), jnp.int32(0))[1]
-            metrics = jax.tree_util.tree_map(
-                lambda x: np.zeros((*x.shape[:-1], 0) if batched else (0,), x.dtype), shapes)
+        return state, _concat_metrics(chunks, batched), train_seconds, stopped, done
 
-    result = CompiledRun(
-        state=final_state,
-        metrics=metrics,
-        seeds=seeds,
-        compile_seconds=compile_seconds,
-        train_seconds=train_seconds,
-        env_steps=int(done * steps_per_iteration),
-        start_step=int(first * steps_per_iteration),
-        first_iteration=first,
-        stopped=stopped,
-    )
-    if not batched:
-        _set_agent(agent, final_state, n_updates)
+
+def compiled_train(agent: Any, env: VecJaxEnv, n_env_steps: int, *, seeds: list[int] | None = None,
+                   callbacks: Any = (), start: LoopState | None = None, **options: Any) -> RunResult:
+    """Trains ``agent`` in a JAX environment as one compiled program and sets the agent to the final
+    state (for a single seed): ``CompiledExecutor().run`` then ``kitae.loops.state.apply_loop_state``.
+
+    Takes ``CompiledExecutor.run``'s arguments; returns its ``RunResult``.
+    """
+    result = CompiledExecutor().run(agent, env, n_env_steps, seeds=seeds, callbacks=callbacks, start=start, **options)
+    if seeds is None:
+        apply_loop_state(agent, result.state)
     return result
-
-
-def _strongly_typed(init: Callable) -> Callable:
-    """``init`` whose weakly typed leaves (Python scalars turned arrays) are made strongly typed,
-    as arrays restored from a checkpoint are: a fresh and a resumed run then trace, compile and
-    compute the same program."""
-
-    def typed(seed: jax.Array) -> LoopState:
-        return jax.tree_util.tree_map(lambda x: x.astype(x.dtype) if getattr(x, "weak_type", False) else x, init(seed))
-
-    return typed
-
-
-def _set_agent(agent: Any, state: LoopState, n_updates: int) -> None:
-    agent.state = state.agent_state
-    agent.key = state.agent_key
-    agent.env_step = int(state.env_step)
-    agent.n_updates = n_updates
-
-
-def log_iteration_metrics(writer: Any, metrics: IterationMetrics, seed_index: int | None = None) -> None:
-    """Writes per-iteration metrics to a TensorBoard writer, x axis = environment steps:
-    ``charts/episodic_return`` and ``charts/episodic_length`` (means over the episodes that ended
-    in each iteration; multi-agent: the team's return, and each agent's as
-    ``charts/episodic_return/<agent>``) and ``losses/<name>`` for each update. ``seed_index`` picks one seed of
-    batched metrics ``(K, n)``."""
-    m = metrics if seed_index is None else jax.tree_util.tree_map(lambda x: x[seed_index], metrics)
-    for i in range(len(m.env_step)):
-        step = int(m.env_step[i])
-        if m.episodes[i] > 0:
-            writer.add_scalar("charts/episodic_return", float(m.return_sum[i] / m.episodes[i]), step)
-            writer.add_scalar("charts/episodic_length", float(m.length_sum[i] / m.episodes[i]), step)
-            for agent, sums in (m.agent_return_sum or {}).items():
-                writer.add_scalar(f"charts/episodic_return/{agent}", float(sums[i] / m.episodes[i]), step)
-        if m.updated[i]:
-            for name, values in m.info.items():
-                writer.add_scalar(f"losses/{name}", float(values[i]), step)
-
-
-def log_compiled_metrics(writer: Any, result: CompiledRun, seed_index: int = 0) -> None:
-    """Writes a compiled run's metrics to a TensorBoard writer, x axis = environment steps:
-    ``charts/episodic_return``, ``charts/episodic_length``, ``losses/<name>``
-    (``log_iteration_metrics``), ``charts/SPS`` and ``charts/compile_seconds``."""
-    log_iteration_metrics(writer, result.metrics, seed_index if result.batched else None)
-    log_run_speed(writer, result)
-
-
-def log_run_speed(writer: Any, result: CompiledRun) -> None:
-    """Writes ``charts/SPS`` (per seed) and ``charts/compile_seconds`` at the run's last step."""
-    writer.add_scalar("charts/SPS", result.sps / len(result.seeds), result.env_steps)
-    writer.add_scalar("charts/compile_seconds", result.compile_seconds, result.env_steps)

@@ -1,85 +1,9 @@
-"""Minibatch epochs as one ``jax.lax.scan``: shuffle, cut into minibatches, one update step each."""
+"""``kitae.loops.update`` (seed 001's path): minibatch epochs as one ``jax.lax.scan``.
 
-from __future__ import annotations
+The implementation is ``kitae.algos.update``, beside the agents whose update it is; this module
+keeps the documented import path.
+"""
 
-from typing import Any, Callable, NamedTuple
+from kitae.algos.update import batchify, rebuild_experience, update_epoch
 
-import jax
-import jax.numpy as jnp
-
-from kitae.modules.pytree import AgentPyTree
-
-
-def rebuild_experience(experience_type: type, leaves: Any) -> Any:
-    """Builds ``experience_type`` from a sequence of fields (NamedTuple classes, ``tuple``, ``list``)."""
-    if hasattr(experience_type, "_make"):
-        return experience_type._make(leaves)
-    return experience_type(leaves)
-
-
-def batchify(experience: Any, batch_size: int) -> Any:
-    """Cuts every leaf ``(N, ...)`` into ``(N // batch_size, batch_size, ...)`` minibatches.
-
-    The last ``N % batch_size`` rows are dropped (shuffle before calling, so each epoch drops
-    different rows).
-
-    Raises:
-        ValueError: if ``batch_size`` is larger than ``N``.
-    """
-    sizes = {x.shape[0] for x in jax.tree_util.tree_leaves(experience)}
-    if len(sizes) != 1:
-        raise ValueError(f"every leaf of the experience must have the same leading size, got {sorted(sizes)}")
-    n = sizes.pop()
-    if batch_size > n:
-        raise ValueError(f"batch_size={batch_size} is larger than the {n} transitions available")
-    n_batches = n // batch_size
-    return jax.tree_util.tree_map(
-        lambda x: x[: n_batches * batch_size].reshape(n_batches, batch_size, *x.shape[1:]), experience
-    )
-
-
-def update_epoch(
-    key: jax.Array,
-    state: AgentPyTree,
-    experience: NamedTuple,
-    batchify_fn: Callable,
-    update_batch_fn: Callable[[AgentPyTree, jax.Array, NamedTuple], tuple[AgentPyTree, dict[str, jax.Array]]],
-    *,
-    experience_type: type[NamedTuple],
-    batch_size: int,
-) -> tuple[AgentPyTree, dict[str, jax.Array]]:
-    """Updates a state in a single epoch.
-
-    Shuffles the experience (leaves ``(N, ...)``), cuts it into minibatches with
-    ``batchify_fn(experience, batch_size)`` (leaves ``(N // batch_size, batch_size, ...)``, e.g.
-    ``kitae.loops.update.batchify``), and scans ``update_batch_fn(state, key, minibatch)`` over
-    them with ``jax.lax.scan``, so the compiled program holds one update step whatever the number
-    of minibatches.
-
-    Args:
-        key: a PRNG key for the shuffle and the update steps.
-        state: the agent's state.
-        experience: processed trajectories, a tuple of arrays with a common leading size ``N``.
-        batchify_fn: cuts the shuffled experience into minibatches.
-        update_batch_fn: one gradient step on one minibatch, ``(state, key, batch) -> (state, info)``.
-        experience_type: the tuple type each minibatch is rebuilt as (a NamedTuple class or
-            ``tuple``).
-        batch_size: transitions per minibatch (static).
-
-    Returns:
-        The updated state and the mean over minibatches of each entry of ``info``.
-    """
-    shuffle_key, steps_key = jax.random.split(key)
-    n = jax.tree_util.tree_leaves(experience)[0].shape[0]
-    permutation = jax.random.permutation(shuffle_key, n)
-    shuffled = jax.tree_util.tree_map(lambda x: jnp.take(x, permutation, axis=0), experience)
-    batches = batchify_fn(shuffled, batch_size)
-    n_batches = jax.tree_util.tree_leaves(batches)[0].shape[0]
-
-    def step(carry: AgentPyTree, inputs: tuple[jax.Array, Any]) -> tuple[AgentPyTree, dict]:
-        step_key, batch = inputs
-        batch = rebuild_experience(experience_type, list(batch))
-        return update_batch_fn(carry, step_key, batch)
-
-    state, infos = jax.lax.scan(step, state, (jax.random.split(steps_key, n_batches), tuple(batches)))
-    return state, jax.tree_util.tree_map(lambda x: jnp.mean(x, axis=0), infos)
+__all__ = ["batchify", "rebuild_experience", "update_epoch"]

@@ -1,30 +1,28 @@
-"""Optimizers from an ``UpdateConfig``: Adam with optional gradient clipping and linear annealing."""
+"""Optimizers from an ``UpdateConfig``: Adam with optional gradient clipping and linear annealing.
+
+The learning rate is a visible hyperparameter of the optimizer state
+(``optax.inject_hyperparams``): ``learning_rate(opt_state)`` reads the rate the last update
+used, and the annealing horizon is the number of gradient steps the run really makes
+(``kitae.schedule.Schedule.n_gradient_steps``), so an annealed rate reaches 0 at the run's end in
+every executor.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
+import jax
 import optax
 
 from kitae.config import AlgoConfig
+from kitae.schedule import Schedule
 from kitae.types import AlgoType
 
 
 def n_gradient_steps(config: AlgoConfig, algo_type: AlgoType) -> int:
-    """Gradient steps a run of ``config.train_cfg.n_env_steps`` makes (the annealing horizon).
-
-    On-policy: updates = ``n_env_steps // (max_buffer_size * n_envs)``, each of ``n_epochs`` epochs
-    of ``max_buffer_size * n_envs * n_agents // batch_size`` minibatches. Off-policy: one update
-    of ``n_epochs`` steps every ``max(skip_steps, n_envs)`` transitions after ``start_step``.
-    """
-    u, e = config.update_cfg, config.env_cfg
-    steps = config.train_cfg.n_env_steps
-    if algo_type is AlgoType.ON_POLICY:
-        rollout = u.max_buffer_size * e.n_envs
-        minibatches = rollout * e.n_agents // u.batch_size
-        return max(1, steps // rollout * u.n_epochs * minibatches)
-    params = config.algo_params
-    start = max(0, getattr(params, "start_step", 0))
-    period = max(getattr(params, "skip_steps", 1), e.n_envs)
-    return max(1, (steps - start) // period * u.n_epochs)
+    """Gradient steps a run of ``config.train_cfg.n_env_steps`` makes (the annealing horizon):
+    ``Schedule.from_config(config, algo_type).n_gradient_steps(n_env_steps)``."""
+    return Schedule.from_config(config, algo_type).n_gradient_steps(config.train_cfg.n_env_steps)
 
 
 def optimizer_factory(
@@ -39,9 +37,12 @@ def optimizer_factory(
         learning_rate: the step size (> 0).
         max_grad_norm: clip gradients to this global norm, or ``None``.
         annealing_steps: if set, the learning rate decays linearly to 0 over this many updates.
+
+    Returns:
+        An optax transformation whose state holds the current rate (``learning_rate(state)``).
     """
     lr = optax.linear_schedule(learning_rate, 0.0, annealing_steps) if annealing_steps else learning_rate
-    adam = optax.adam(lr)
+    adam = optax.inject_hyperparams(optax.adam)(learning_rate=lr)
     return optax.chain(optax.clip_by_global_norm(max_grad_norm), adam) if max_grad_norm else adam
 
 
@@ -57,3 +58,19 @@ def optimizer_from_config(config: AlgoConfig, algo_type: AlgoType,
         max_grad_norm=u.max_grad_norm,
         annealing_steps=n_gradient_steps(config, algo_type) if u.learning_rate_annealing else None,
     )
+
+
+def learning_rate(opt_state: Any) -> jax.Array:
+    """The learning rate of the last update (the initial rate before any) of an optimizer state
+    made by ``optimizer_factory``, a float32 scalar.
+
+    Raises:
+        ValueError: for an optimizer state without an injected learning rate.
+    """
+    states = jax.tree_util.tree_leaves(
+        opt_state, is_leaf=lambda x: isinstance(x, optax.InjectHyperparamsState)
+    )
+    for state in states:
+        if isinstance(state, optax.InjectHyperparamsState):
+            return state.hyperparams["learning_rate"]
+    raise ValueError("this optimizer state holds no learning rate; make the optimizer with optimizer_factory")

@@ -1,19 +1,29 @@
 """The built-in algorithms: DQN, PPO, SAC and TD3, each one module built from the four factories.
 
-``ALGORITHMS`` maps a name to the module that holds it; ``get_algorithm(name)`` returns the
-agent class and its params class.
+``ALGORITHMS`` maps a name (what ``kitae train`` takes) to the agent class; ``get_algorithm(name)``
+returns the agent class and its params class; ``algorithm_name(config)`` the name of a config's
+algorithm. Importing this package imports the four modules, which registers their params classes
+(``kitae.config.register_algo_params``), so a saved ``config.yaml`` of any of them loads.
 """
 
 from __future__ import annotations
 
-import importlib
+from typing import Any
 
-ALGORITHMS = {
-    "dqn": ("kitae.algos.collections.dqn", "DQN", "DQNParams"),
-    "ppo": ("kitae.algos.collections.ppo", "PPO", "PPOParams"),
-    "sac": ("kitae.algos.collections.sac", "SAC", "SACParams"),
-    "td3": ("kitae.algos.collections.td3", "TD3", "TD3Params"),
+from kitae.algos.collections.dqn import DQN, DQNParams
+from kitae.algos.collections.ppo import PPO, PPOParams
+from kitae.algos.collections.sac import SAC, SACParams
+from kitae.algos.collections.td3 import TD3, TD3Params
+
+__all__ = ["ALGORITHMS", "get_algorithm", "algorithm_name"]
+
+ALGORITHMS: dict[str, tuple[type, type]] = {
+    "dqn": (DQN, DQNParams),
+    "ppo": (PPO, PPOParams),
+    "sac": (SAC, SACParams),
+    "td3": (TD3, TD3Params),
 }
+"""``{name: (agent class, params class)}``."""
 
 
 def get_algorithm(name: str) -> tuple[type, type]:
@@ -25,6 +35,12 @@ def get_algorithm(name: str) -> tuple[type, type]:
     key = str(name).lower()
     if key not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {name!r}; available: {', '.join(ALGORITHMS)}")
-    module_name, agent_name, params_name = ALGORITHMS[key]
-    module = importlib.import_module(module_name)
-    return getattr(module, agent_name), getattr(module, params_name)
+    return ALGORITHMS[key]
+
+
+def algorithm_name(config: Any) -> str | None:
+    """The built-in algorithm whose params class ``config.algo_params`` is, or ``None``."""
+    for name, (_, params_cls) in ALGORITHMS.items():
+        if type(config.algo_params) is params_cls:
+            return name
+    return None

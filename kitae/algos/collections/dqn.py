@@ -69,7 +69,7 @@ import optax
 import kitae.config as cfg
 from kitae.action_masks import check_action_mask_space, get_action_mask, masked_argmax, masked_max
 from kitae.algos.gradients import update_step_from_gradients
-from kitae.base import OffPolicyAgent, step_array
+from kitae.base import OffPolicyAgent, agent_keys
 from kitae.buffer import Experience
 from kitae.config import AlgoParams, register_algo_params
 from kitae.distributions import EpsilonGreedy
@@ -101,7 +101,6 @@ __all__ = [
 LOSSES = ("huber", "l2")
 """The TD losses ``DQNParams.loss`` accepts."""
 
-_INT32_MAX = 2**31 - 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -624,29 +623,26 @@ class DQN(OffPolicyAgent):
         self.epsilon_fn = epsilon_schedule(self.algo_params, self.config.train_cfg.n_env_steps)
         self._greedy = np.float32(0.0)  # epsilon of select_action (an array: no new static value)
 
-    def explore(self, observation: Any) -> tuple[jax.Array, jax.Array]:
-        """Epsilon-greedy actions with epsilon from the schedule at ``self.env_step`` (an int on
-        the host, a traced scalar inside the compiled loop).
+    def acting_params(self, state: DQNState) -> DQNState:
+        """The online Q-network without its optimizer state and target parameters (what acting reads)."""
+        return DQNState(qvalue=state.qvalue.replace(opt_state=None, target_params=None))
+
+    def act(self, acting_params: DQNState, key: jax.Array, observation: Any, env_step: Any,
+            deterministic: bool = False) -> tuple[jax.Array, jax.Array]:
+        """Epsilon-greedy actions with epsilon from the schedule at ``env_step`` (pure; see
+        ``BaseAgent.act``); ``deterministic``: greedy actions ``argmax_a Q(s, a)``.
 
         Args:
+            acting_params: the ``DQNState``.
+            key: a PRNG key.
             observation: ``(E, *obs_shape)`` (dicts keyed by agent in multi-agent mode).
+            env_step: transitions so far, an int32 scalar (possibly traced).
+            deterministic: act greedily.
 
         Returns:
             ``(actions (E,), log_probs (E,))``.
         """
-        env_step = self.env_step
-        if isinstance(env_step, int):  # on the host; traced inside the compiled loop
-            env_step = min(env_step, _INT32_MAX)
-        return self.explore_fn(
-            self.state, self.interact_keys(observation), observation, env_step=step_array(env_step)
-        )
-
-    def select_action(self, observation: Any) -> tuple[jax.Array, jax.Array]:
-        """Greedy actions ``argmax_a Q(s, a)`` (deterministic).
-
-        Returns:
-            ``(actions (E,), log_probs (E,))``, the log-probabilities being 0.
-        """
-        return self.explore_fn(
-            self.state, self.interact_keys(observation), observation, exploration=self._greedy
-        )
+        keys = agent_keys(key, observation, self.parallel)
+        if deterministic:
+            return self.explore_fn(acting_params, keys, observation, exploration=self._greedy)
+        return self.explore_fn(acting_params, keys, observation, env_step=env_step)

@@ -102,7 +102,7 @@ import numpy as np
 import kitae.config as cfg
 from kitae.action_masks import check_action_mask_space, get_action_mask
 from kitae.algos.gradients import update_step_from_gradients
-from kitae.base import OnPolicyAgent
+from kitae.base import OnPolicyAgent, agent_keys
 from kitae.buffer import Experience
 from kitae.config import AlgoParams, register_algo_params, validate_types
 from kitae.distributions import Categorical
@@ -875,14 +875,16 @@ class PPO(OnPolicyAgent):
         """The on-policy update wrapped with the running statistics (``ppo_rollout_update_factory``)."""
         return ppo_rollout_update_factory(self.config, super()._make_update_fn())
 
-    def explore(self, observation: Any) -> tuple[jax.Array, jax.Array]:
-        """Samples actions: observations ``(E, *obs_shape)`` -> ``(actions (E, ...), log_probs (E,))``,
-        actions in the environment's units."""
-        return self.explore_fn(self.state, self.interact_keys(observation), observation)
+    def acting_params(self, state: PPOState) -> PPOState:
+        """The state without the optimizer state (acting reads the parameters and the observation
+        statistics)."""
+        return state.replace(actor_critic=state.actor_critic.replace(opt_state=None))
 
-    def select_action(self, observation: Any) -> tuple[jax.Array, jax.Array]:
-        """Deterministic actions (greedy class / Gaussian mean, in the environment's units) and
-        their log-probabilities: ``(actions (E, ...), log_probs (E,))``."""
-        key = jax.random.PRNGKey(0)  # unused by the mode; the agent's key is not consumed
-        keys = {agent: key for agent in observation} if self.parallel else key
-        return self.explore_fn(self.state, keys, observation, deterministic=True)
+    def act(self, acting_params: PPOState, key: jax.Array, observation: Any, env_step: Any,
+            deterministic: bool = False) -> tuple[jax.Array, jax.Array]:
+        """Samples actions from the policy (pure; see ``BaseAgent.act``): observations
+        ``(E, *obs_shape)`` -> ``(actions (E, ...), log_probs (E,))``, actions in the environment's
+        units; ``deterministic``: the mode (greedy class / Gaussian mean). ``env_step`` is not used."""
+        del env_step
+        return self.explore_fn(acting_params, agent_keys(key, observation, self.parallel), observation,
+                               deterministic=deterministic)

@@ -59,7 +59,7 @@ import numpy as np
 import kitae.config as cfg
 from kitae.action_masks import refuse_action_mask
 from kitae.algos.gradients import update_step_from_gradients
-from kitae.base import OffPolicyAgent
+from kitae.base import OffPolicyAgent, agent_keys
 from kitae.config import AlgoParams, register_algo_params, validate_types
 from kitae.modules.encoders import space_input_shape
 from kitae.modules.optimizer import optimizer_from_config
@@ -659,28 +659,18 @@ class SAC(OffPolicyAgent):
         self.compute_gradients_fn = compute_gradients_factory(self.config)
         self.apply_gradients_fn = apply_gradients_factory(self.config)
 
-    def _acting_state(self) -> SACState:
+    def acting_params(self, state: SACState) -> SACState:
         """The part of the state that acting reads: the policy without its optimizer state, so
-        each explore call hands the compiled function a handful of arrays instead of ~60."""
-        return SACState(policy=self.state.policy.replace(opt_state=None), qvalue=None, alpha=None)
+        each act call hands the compiled function a handful of arrays instead of ~60."""
+        return SACState(policy=state.policy.replace(opt_state=None), qvalue=None, alpha=None)
 
-    def explore(self, observation: Any) -> tuple[jax.Array, jax.Array]:
-        """Samples actions (uniform random ones while ``env_step < start_step``).
-
-        Args:
-            observation: ``(E, *obs_shape)`` (dicts keyed by agent in multi-agent mode).
+    def act(self, acting_params: SACState, key: jax.Array, observation: Any, env_step: Any,
+            deterministic: bool = False) -> tuple[jax.Array, jax.Array]:
+        """Samples actions (uniform random ones while ``env_step < start_step``), pure (see
+        ``BaseAgent.act``); ``deterministic``: ``tanh(mean)`` scaled to the bounds, log-probs 0.
 
         Returns:
             ``(actions (E, D) in the environment's units, log_probs (E,))``.
         """
-        return self.explore_fn(
-            self._acting_state(), self.interact_keys(observation), observation, env_step=self.env_step,
-            deterministic=False,
-        )
-
-    def select_action(self, observation: Any) -> tuple[jax.Array, jax.Array]:
-        """The deterministic action ``tanh(mean)`` scaled to the bounds, ``(E, D)``, and zeros ``(E,)``."""
-        return self.explore_fn(
-            self._acting_state(), self.interact_keys(observation), observation,
-            env_step=self.algo_params.start_step, deterministic=True,
-        )
+        return self.explore_fn(acting_params, agent_keys(key, observation, self.parallel), observation,
+                               env_step=env_step, deterministic=deterministic)

@@ -65,7 +65,7 @@ import numpy as np
 import kitae.config as cfg
 from kitae.action_masks import refuse_action_mask
 from kitae.algos.gradients import update_step_from_gradients
-from kitae.base import OffPolicyAgent, step_array
+from kitae.base import OffPolicyAgent, agent_keys
 from kitae.buffer import Experience
 from kitae.config import AlgoParams, register_algo_params, validate_types
 from kitae.modules.encoders import space_input_shape
@@ -566,23 +566,21 @@ class TD3(OffPolicyAgent):
         self._no_noise = np.asarray(0.0, np.float32)
         self._not_random = np.asarray(self.algo_params.start_step, np.int32)  # env_step >= start_step
 
-    def explore(self, observation: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """Noisy policy actions (uniform random before ``start_step``), in the environment's units.
+    def acting_params(self, state: TD3State) -> TD3State:
+        """The actor without its optimizer state and target parameters (what acting reads)."""
+        return TD3State(actor=state.actor.replace(opt_state=None, target_params=None), critic=None)
 
-        Args:
-            observation: ``(E, *obs_shape)``.
+    def act(self, acting_params: TD3State, key: jax.Array, observation: Any, env_step: Any,
+            deterministic: bool = False) -> tuple[jax.Array, jax.Array]:
+        """Noisy policy actions (uniform random before ``start_step``), in the environment's units,
+        pure (see ``BaseAgent.act``); ``deterministic``: the policy's action without noise.
 
         Returns:
             ``(actions (E, D), log_probs (E,) zeros)``.
         """
-        return self.explore_fn(
-            self.state, self.interact_keys(observation), observation,
-            exploration_noise=self._exploration_noise, env_step=step_array(self.env_step),
-        )
-
-    def select_action(self, observation: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """The policy's action without noise, in the environment's units: ``(actions (E, D), zeros (E,))``."""
-        return self.explore_fn(
-            self.state, self.interact_keys(observation), observation,
-            exploration_noise=self._no_noise, env_step=self._not_random,
-        )
+        keys = agent_keys(key, observation, self.parallel)
+        if deterministic:
+            return self.explore_fn(acting_params, keys, observation, exploration_noise=self._no_noise,
+                                   env_step=self._not_random)
+        return self.explore_fn(acting_params, keys, observation, exploration_noise=self._exploration_noise,
+                               env_step=env_step)

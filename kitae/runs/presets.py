@@ -20,17 +20,10 @@ from typing import Any
 import yaml
 
 import kitae.config as cfg
-from kitae.algos.collections import get_algorithm
-from kitae.envs.make import parse_env_id
+from kitae.envs.make import EnvSpec
 
-PRESETS_DIR = Path(__file__).resolve().parent / "presets"
+PRESETS_DIR = Path(__file__).resolve().parents[1] / "presets"
 SECTION_KEYS = ("n_envs", "n_env_steps", "algo_params", "update_cfg", "train_cfg", "seed")
-
-
-def normalize_env_id(env_id: str) -> str:
-    """``"CartPole-v1"`` -> ``"gymnasium:CartPole-v1"``."""
-    source, name = parse_env_id(env_id)
-    return f"{source}:{name}"
 
 
 def _check_section(section: Any, where: str) -> dict:
@@ -55,14 +48,15 @@ def merge(base: dict, override: dict) -> dict:
     return out
 
 
-def load_preset(algo: str, env_id: str) -> dict:
-    """The preset for ``algo`` on ``env_id``: ``default`` with the environment's section over it."""
+def load_preset(algo: str, env: EnvSpec) -> dict:
+    """The preset for ``algo`` on ``env``: ``default`` with the environment's section over it
+    (the file's section ids are read like any id: ``CartPole-v1`` is ``gymnasium:CartPole-v1``)."""
     path = PRESETS_DIR / f"{algo.lower()}.yaml"
     if not path.exists():
         return {}
     data = yaml.safe_load(path.read_text()) or {}
-    env_key = normalize_env_id(env_id)
-    sections = {normalize_env_id(k) if k != "default" else k: v for k, v in data.items()}
+    env_key = env.id
+    sections = {EnvSpec.parse(k).id if k != "default" else k: v for k, v in data.items()}
     preset = _check_section(sections.get("default"), f"{path.name}: default")
     return merge(preset, _check_section(sections.get(env_key), f"{path.name}: {env_key}"))
 
@@ -138,9 +132,8 @@ def _learning_rate(value: Any) -> tuple[Any, bool | None]:
     return value, None
 
 
-def build_config(algo: str, env_id: str, env: Any, resolved: dict) -> cfg.AlgoConfig:
+def build_config(params_cls: type, env_spec: EnvSpec, env: Any, resolved: dict) -> cfg.AlgoConfig:
     """Builds the ``AlgoConfig`` from a resolved section and the environment's spaces."""
-    _, params_cls = get_algorithm(algo)
     algo_params = cfg._from_mapping(params_cls, resolved.get("algo_params") or {}, "algo_params.")
     update = dict(resolved.get("update_cfg") or {})
     if "learning_rate" in update:
@@ -155,7 +148,7 @@ def build_config(algo: str, env_id: str, env: Any, resolved: dict) -> cfg.AlgoCo
         update_cfg=cfg.UpdateConfig.from_dict(update),
         train_cfg=cfg.TrainConfig.from_dict(train),
         env_cfg=cfg.EnvConfig(
-            task_name=normalize_env_id(env_id),
+            task_name=env_spec.id,
             observation_space=env.single_observation_space,
             action_space=env.single_action_space,
             n_envs=env.num_envs,
@@ -165,17 +158,21 @@ def build_config(algo: str, env_id: str, env: Any, resolved: dict) -> cfg.AlgoCo
     )
 
 
-def resolve(algo: str, env_id: str, *, config_file: str | None = None, sets: list[str] | None = None,
-            overrides: dict | None = None) -> dict:
+def resolve(algo: str, params_cls: type, env: EnvSpec, *, config_file: str | None = None,
+            sets: list[str] | None = None, overrides: dict | None = None) -> dict:
     """Preset, then config file, then ``overrides`` (from command-line flags), then ``--set``.
+
+    Args:
+        algo: the algorithm's name (its preset file).
+        params_cls: its params dataclass (the ``--set algo_params.<field>`` keys).
+        env: the environment.
 
     Returns:
         A mapping with ``seed``, ``n_envs``, ``n_env_steps``, ``algo_params``, ``update_cfg``,
         ``train_cfg``.
     """
-    _, params_cls = get_algorithm(algo)
     resolved = {"seed": 0, "n_envs": 1, "n_env_steps": 100_000, "algo_params": {}, "update_cfg": {}, "train_cfg": {}}
-    resolved = merge(resolved, load_preset(algo, env_id))
+    resolved = merge(resolved, load_preset(algo, env))
     if config_file is not None:
         resolved = merge(resolved, load_config_file(config_file))
     resolved = merge(resolved, {k: v for k, v in (overrides or {}).items() if v is not None})

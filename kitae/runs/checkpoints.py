@@ -1,21 +1,17 @@
 """Checkpoints: the whole training state under ``<run_dir>/checkpoints/<step>/``, on orbax.
 
-A checkpoint holds everything a run needs to go on as if it had never stopped:
-
-- host loop: the agent's state (parameters, target parameters, optimizer states, running
-  normalisation statistics: all of ``agent.state``), its host PRNG key and key block
-  (``agent.key``, ``agent._key_block``, ``agent._key_index``), ``agent.env_step``,
-  ``agent.n_updates`` and the replay / rollout buffer (``agent.buffer.state``);
-- compiled loop: the whole ``kitae.loops.compiled.LoopState`` (agent state and key, buffer,
-  environment state, observations, counters; a leading seed axis when seeds train together) and
-  the index of the next iteration.
+A checkpoint holds a ``kitae.loops.state.Payload``: the executor's ``LoopState`` (the agent's
+parameters, target parameters, optimizer states and running statistics, the loop key, the replay
+or rollout buffer, the step and update counters, and for the compiled loop the environments'
+state and running episodes; a leading seed axis when seeds train together) and its metadata.
+Every executor writes the same payload, so any checkpoint is read the same way.
 
 Layout of one checkpoint (written by ``orbax.checkpoint.CheckpointManager``, which writes into a
 temporary folder ``<step>.orbax-checkpoint-tmp-*`` and renames it when complete, so a
 checkpoint folder either is whole or does not exist)::
 
     checkpoints/<step>/state/   the arrays (orbax's OCDBT / zarr array format)
-    checkpoints/<step>/meta/    JSON: counters, seeds, and for every array its tree path,
+    checkpoints/<step>/meta/    JSON: executor, counters, seeds, and for every array its tree path,
                                 shape, dtype and SHA-256
 
 Nothing is pickled: arrays in orbax's array format, everything else JSON. Restoring never
@@ -42,7 +38,10 @@ from typing import Any, Callable, Iterator
 import jax
 import numpy as np
 
-FORMAT = "kitae-checkpoint/1"
+from kitae.buffer import BufferState
+from kitae.loops.state import LoopState, Payload, payload_from_agent
+
+FORMAT = "kitae-checkpoint/2"
 
 __all__ = [
     "Checkpointer",
@@ -51,10 +50,9 @@ __all__ = [
     "CheckpointMismatch",
     "CheckpointWarning",
     "Restored",
-    "agent_items",
-    "apply_to_agent",
-    "host_target",
-    "mark_episodes_cut",
+    "payload_items",
+    "restore_target",
+    "buffer_target",
 ]
 
 
@@ -80,7 +78,7 @@ class Restored:
 
     Attributes:
         step: the checkpoint's step (environment transitions).
-        meta: the checkpoint's JSON metadata (``kind``, ``env_step``, ``n_updates``, ``seeds``...).
+        meta: the checkpoint's JSON metadata (``executor``, ``env_saved``, ``env_step``, ``n_updates``, ``seeds``...).
         items: ``{name: tree}``: each restored item in the structure of the target given for it,
             or as the flat list of its arrays where no target was given.
         path: the checkpoint folder.
@@ -206,8 +204,8 @@ class Checkpointer:
         meta: JSON-able fields written into every checkpoint's metadata (the runner records a
             run's seeds this way).
 
-    ``save(step, agent)`` is the hook the host loop calls; the compiled loop calls
-    ``save(step, agent, loop_state=state, iteration=i, seeds=seeds)``.
+    ``save(step, payload)`` writes a ``kitae.loops.state.Payload`` (an agent is turned into one
+    with ``payload_from_agent``); ``restore_latest(target)`` reads the newest readable one.
     """
 
     def __init__(self, directory: str | Path, max_to_keep: int = 3, *,
@@ -264,17 +262,13 @@ class Checkpointer:
 
     # -- saving ---------------------------------------------------------------------------------
 
-    def save(self, step: int, agent: Any, *, loop_state: Any = None, iteration: int | None = None,
-             seeds: list[int] | None = None, extra: dict | None = None) -> Path:
+    def save(self, step: int, payload: Any, *, extra: dict | None = None) -> Path:
         """Saves the whole training state at ``step`` (environment transitions).
 
         Args:
             step: the step, used as the folder name.
-            agent: the agent (host loop: its state, keys, counters and buffer are saved).
-            loop_state: the compiled loop's ``LoopState`` (then the agent's own attributes are not
-                saved: the loop state holds them).
-            iteration: the index of the next iteration of the compiled loop.
-            seeds: the seeds a vmapped compiled run trains (the loop state's leading axis).
+            payload: a ``kitae.loops.state.Payload`` (what the executors hand their checkpoint
+                callback), or an agent (its facade's state, as ``agent.save()`` does).
             extra: more JSON metadata to keep with the checkpoint.
 
         Returns:
@@ -285,9 +279,11 @@ class Checkpointer:
         step = int(step)
         if self.saved and self.saved[-1] == step and step in self.all_steps():
             return self.path(step)  # already saved at this step (a periodic save, then the final one)
+        if not isinstance(payload, Payload):
+            payload = payload_from_agent(payload)
         if self.before_save is not None:
             self.before_save()
-        items, meta = agent_items(agent, loop_state=loop_state, iteration=iteration, seeds=seeds)
+        items, meta = payload_items(payload)
         meta.update({**self.meta, **{k: v for k, v in meta.items() if v is not None}})
         meta.update(step=step, written_at=time.strftime("%Y-%m-%dT%H:%M:%S"), **(extra or {}))
         named = {name: [_to_numpy(x) for x in leaves] for name, (paths, leaves) in items.items()}
@@ -329,8 +325,7 @@ class Checkpointer:
             target: ``{item name: tree}``: each named item is poured into that tree's structure
                 (its leaves, arrays or ``jax.ShapeDtypeStruct``, give the expected shapes and
                 dtypes; static parts such as optimizer functions are kept). Items without a target
-                come back as flat lists of arrays. Item names: ``agent_state``, ``agent_key``,
-                ``key_block``, ``buffer`` (host loop), ``loop_state`` (compiled loop).
+                come back as flat lists of arrays. The one item is ``loop_state``.
 
         Raises:
             CheckpointCorrupt: the checkpoint is missing, truncated or damaged on disk.
@@ -421,128 +416,78 @@ class Checkpointer:
 
 
 # ---------------------------------------------------------------------------------------------
-# What an agent's checkpoint holds
+# The payload's items and restore targets
 # ---------------------------------------------------------------------------------------------
 
 
-def agent_items(agent: Any, *, loop_state: Any = None, iteration: int | None = None,
-                seeds: list[int] | None = None) -> tuple[dict[str, tuple[list[str], list[Any]]], dict]:
-    """The named array items and the JSON metadata of an agent's training state."""
+def payload_items(payload: Payload) -> tuple[dict[str, tuple[list[str], list[Any]]], dict]:
+    """The named array items and the JSON metadata of a payload."""
+    state = payload.state
+    env_step = np.asarray(state.env_step)
+    n_updates = np.asarray(state.n_updates)
     meta: dict[str, Any] = {
         "format": FORMAT,
-        "agent": type(agent).__name__,
-        "task_name": agent.config.env_cfg.task_name,
-        "seed": agent.config.seed,
-        "n_updates": int(getattr(agent, "n_updates", 0)),
+        "executor": payload.meta.get("executor", "host"),
+        "seeds": payload.meta.get("seeds"),
+        "env_saved": state.env is not None,
+        "env_step": int(env_step.max()) if env_step.size else 0,
+        "n_updates": int(n_updates.max()) if n_updates.size else 0,
     }
-    if loop_state is not None:
-        env_step = np.asarray(loop_state.env_step)
-        meta.update(kind="compiled", iteration=int(iteration or 0), seeds=seeds,
-                    env_step=int(env_step.max()) if env_step.size else 0)
-        return {"loop_state": _flatten(loop_state)}, meta
-    meta.update(kind="host", env_step=int(getattr(agent, "env_step", 0)),
-                key_index=int(getattr(agent, "_key_index", 0)), seeds=seeds)
-    items = {
-        "agent_state": _flatten(agent.state),
-        "agent_key": (["key"], [agent.key]),
-        "key_block": (["key_block"], [np.asarray(getattr(agent, "_key_block", np.zeros((0, 2), np.uint32)))]),
-    }
-    buffer_state = getattr(getattr(agent, "buffer", None), "state", None)
-    if buffer_state is not None:
-        items["buffer"] = _flatten(buffer_state)
-    return items, meta
+    return {"loop_state": _flatten(state)}, meta
 
 
-def buffer_target(agent: Any, entries: list[dict]) -> Any:
-    """The ``BufferState`` structure a host agent's saved buffer is poured into, rebuilt from the
-    saved paths and the agent's experience type (the buffer is created on the first ``add``, so
-    a fresh agent has none to restore into)."""
-    from kitae.buffer import BufferState, Experience
-
-    experience_type = getattr(agent, "experience_type", Experience)
-    by_path = {entry["path"]: jax.ShapeDtypeStruct(tuple(entry["shape"]), np.dtype(entry["dtype"])) for entry in entries}
+def buffer_target(experience_type: type, entries: list[dict], prefix: str = ".buffer") -> BufferState | None:
+    """The ``BufferState`` structure a saved buffer is poured into, rebuilt from the saved paths
+    (``<prefix>.data.<field>``, ``<prefix>.position``, ``<prefix>.size``) and the agent's
+    experience type; ``None`` when no buffer was saved (a run stopped before its first step)."""
+    by_path = {entry["path"][len(prefix):]: jax.ShapeDtypeStruct(tuple(entry["shape"]), np.dtype(entry["dtype"]))
+               for entry in entries if entry["path"].startswith(prefix + ".")}
+    if not by_path:
+        return None
 
     def field(name: str) -> Any:
-        """The field's array, or for a multi-agent buffer its dict keyed by agent (paths
-        ``.data.<name>['<agent>']``, the keys read back with ``ast.literal_eval``: no code runs)."""
-        if f".data.{name}" in by_path:
-            return by_path[f".data.{name}"]
-        prefix = f".data.{name}["
-        per_agent = {ast.literal_eval(path[len(prefix):-1]): shape for path, shape in by_path.items()
-                     if path.startswith(prefix) and path.endswith("]")}
-        if not per_agent:
-            raise KeyError(f".data.{name}")
-        return per_agent
+        """The field's array, or its dicts for dict leaves (keyed by agent, by ``Dict``
+        observation key; paths ``.data.<name>['<key>']...``, the keys read back with
+        ``ast.literal_eval``: no code runs); ``None`` for a field that holds no array
+        (``Experience.truncated`` left out)."""
+        if any(path == f".data.{name}" or path.startswith(f".data.{name}[") for path in by_path):
+            return _nested(by_path, f".data.{name}")
+        return None
 
     try:
         data = experience_type(**{f: field(f) for f in experience_type._fields})
-        target = BufferState(data=data, position=by_path[".position"], size=by_path[".size"])
+        return BufferState(data=data, position=by_path[".position"], size=by_path[".size"])
     except KeyError as error:
         raise CheckpointMismatch(
             f"the saved buffer does not hold the agent's experience fields {experience_type._fields} "
             f"(missing {error})"
         ) from None
-    return target
 
 
-def host_target(agent: Any) -> Callable[[dict], dict]:
-    """``restore_latest`` target for a host-loop checkpoint of ``agent``."""
-
-    def target(meta: dict) -> dict:
-        if meta.get("kind") != "host":
-            raise CheckpointMismatch(f"checkpoint step {meta.get('step')} is a {meta.get('kind')} checkpoint, not host")
-        out = {"agent_state": agent.state}
-        if "buffer" in meta.get("items", {}):
-            out["buffer"] = buffer_target(agent, meta["items"]["buffer"])
-        return out
-
-    return target
-
-
-def apply_to_agent(agent: Any, restored: Restored, seed_index: int = 0) -> Any:
-    """Sets the agent's state, keys, counters (and for host checkpoints its buffer) from a
-    restored checkpoint. For a compiled checkpoint of several seeds, ``seed_index`` picks one."""
-    meta, items = restored.meta, restored.items
-    if meta["kind"] == "compiled":
-        loop_state = items["loop_state"]
-        if not hasattr(loop_state, "agent_state"):
-            raise CheckpointMismatch("restore the loop_state item into a LoopState target first")
-        if meta.get("seeds"):
-            loop_state = jax.tree_util.tree_map(lambda x: x[seed_index], loop_state)
-        agent.state = loop_state.agent_state
-        agent.key = loop_state.agent_key
-        agent._key_block, agent._key_index = np.zeros((0, 2), np.uint32), 0
-        agent.env_step = int(np.asarray(loop_state.env_step))
-    else:
-        agent.state = items["agent_state"]
-        agent.key = jax.device_put(np.asarray(items["agent_key"][0]))
-        agent._key_block = np.asarray(items["key_block"][0])
-        agent._key_index = int(meta.get("key_index", 0))
-        agent.env_step = int(meta.get("env_step", 0))
-        if "buffer" in items and hasattr(agent, "buffer"):
-            agent.buffer.state = items["buffer"]
-    agent.n_updates = int(meta.get("n_updates", 0))
-    return agent
+def _nested(by_path: dict[str, Any], prefix: str) -> Any:
+    """Dicts nested under ``prefix`` (paths ``prefix['a']['b']``), keys read with ``ast.literal_eval``."""
+    if prefix in by_path:
+        return by_path[prefix]
+    out: dict[Any, Any] = {}
+    for path in by_path:
+        if path.startswith(prefix + "["):
+            key_text = path[len(prefix) + 1:path.index("]", len(prefix))]
+            key = ast.literal_eval(key_text)
+            if key not in out:
+                out[key] = _nested(by_path, f"{prefix}[{key_text}]")
+    return out
 
 
-def mark_episodes_cut(agent: Any) -> None:
-    """Marks the newest transition of each environment in a host agent's buffer as truncated.
-
-    A resumed host run resets its Gymnasium environments (their state is not saved), so the
-    episodes that were running when the checkpoint was written end there: as truncated
-    episodes (bootstrap from the stored real next observation; no return is carried into the
-    next, unrelated, transition). Buffers without a ``truncated`` field are left as they are.
-    """
-    import jax.numpy as jnp
-
-    buffer = getattr(agent, "buffer", None)
-    state = getattr(buffer, "state", None)
-    if state is None or int(state.size) == 0 or "truncated" not in getattr(state.data, "_fields", ()):
-        return
-    last = (int(state.position) - 1) % state.capacity
-    truncated = state.data.truncated
-    if isinstance(truncated, dict):  # multi-agent: one array per agent
-        truncated = {k: jnp.asarray(v).at[last].set(True) for k, v in truncated.items()}
-    else:
-        truncated = jnp.asarray(truncated).at[last].set(True)
-    buffer.state = state._replace(data=state.data._replace(truncated=truncated))
+def restore_target(agent: Any, meta: dict, env_target: LoopState | None = None) -> dict[str, Any]:
+    """The ``restore`` target of a checkpoint of ``agent``: ``env_target`` for a payload with an
+    environment part (the executor's abstract ``LoopState``), else a ``LoopState`` rebuilt from the
+    agent (its state's structure) and the checkpoint's own description of its buffer."""
+    if env_target is not None:
+        return {"loop_state": env_target}
+    entries = meta.get("items", {}).get("loop_state", [])
+    scalar = jax.ShapeDtypeStruct((), np.int32)
+    key = next((jax.ShapeDtypeStruct(tuple(e["shape"]), np.dtype(e["dtype"])) for e in entries
+                if e["path"] == ".agent_key"), jax.ShapeDtypeStruct((2,), np.uint32))
+    target = LoopState(agent_state=agent.state, agent_key=key,
+                       buffer=buffer_target(agent.experience_type, entries), env_step=scalar, n_updates=scalar)
+    return {"loop_state": target}

@@ -1,0 +1,109 @@
+"""Evaluation: episodes of the deterministic policy (``agent.act(..., deterministic=True)``).
+
+Each executor evaluates in its own kind of environment: ``evaluate_host`` steps Gymnasium,
+EnvPool and PettingZoo vector environments from Python, ``evaluate_jax`` runs every episode of a
+JAX environment together in one compiled loop.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kitae.config import check_positive_int
+from kitae.envs.make import EnvSpec, make_jax_env, make_vec_env
+from kitae.loops.multi_agent import evaluate_team_returns
+
+__all__ = ["evaluate_host", "evaluate_jax"]
+
+
+def _deterministic(agent: Any) -> Any:
+    """``(params, key, observations) -> actions`` with the deterministic policy, compiled."""
+    return jax.jit(lambda params, key, obs: agent.act(params, key, obs, jnp.zeros((), jnp.int32), True)[0])
+
+
+def evaluate_host(agent: Any, spec: EnvSpec, episodes: int, seed: int = 0) -> np.ndarray:
+    """Raw returns of ``episodes`` episodes, run as vector environments of up to 64, environment
+    ``i`` seeded ``seed + i`` and counted for its first episode only; for PettingZoo environments,
+    the team's return (the sum over agents); EnvPool Atari: whole games with unclipped rewards.
+
+    Returns:
+        ``(episodes,)`` float64.
+    """
+    check_positive_int("episodes", episodes)
+    env_kwargs = None
+    if spec.source == "envpool":
+        from kitae.envs.envpool_env import evaluation_kwargs
+
+        env_kwargs = evaluation_kwargs(spec.name)
+    act = _deterministic(agent)
+    params = agent.acting_params(agent.state)
+    key = jax.random.PRNGKey(seed)
+    returns: list[float] = []
+    while len(returns) < episodes:
+        n = min(64, episodes - len(returns))
+        env = make_vec_env(spec, n, env_kwargs=env_kwargs)
+        try:
+            observations, _ = env.reset(seed=seed + len(returns))
+            totals, done = np.zeros(n), np.zeros(n, bool)
+            while not done.all():
+                key, act_key = jax.random.split(key)
+                actions = act(params, act_key, observations)
+                if isinstance(actions, dict):  # PettingZoo: the team's reward; all agents end together
+                    observations, rewards, terminations, truncations, _ = env.step(
+                        {name: np.asarray(a) for name, a in actions.items()})
+                    rewards = np.sum(list(rewards.values()), axis=0)
+                    terminations = np.any(list(terminations.values()), axis=0)
+                    truncations = np.any(list(truncations.values()), axis=0)
+                else:
+                    observations, rewards, terminations, truncations, _ = env.step(np.asarray(actions))
+                totals += np.where(done, 0.0, rewards)
+                done |= np.logical_or(terminations, truncations)
+        finally:
+            env.close()
+        returns.extend(totals.tolist())
+    return np.asarray(returns)
+
+
+def evaluate_jax(agent: Any, spec: EnvSpec, episodes: int, seed: int = 0) -> np.ndarray:
+    """Raw returns of ``episodes`` episodes of a JAX environment, one per copy, all run together
+    in one compiled loop that stops when every copy has finished its first episode; multi-agent
+    (JaxMARL): the team's return.
+
+    Returns:
+        ``(episodes,)`` float64.
+    """
+    check_positive_int("episodes", episodes)
+    env = make_jax_env(spec, episodes)
+    params = agent.acting_params(agent.state)
+
+    def act(key: jax.Array, observation: Any) -> Any:
+        return agent.act(params, key, observation, jnp.zeros((), jnp.int32), True)[0]
+
+    if getattr(env, "agents", None) is not None:
+        return evaluate_team_returns(env, act, jax.random.PRNGKey(seed))[:, 0]
+    limit = int(getattr(env.params, "max_steps_in_episode", getattr(env.params, "episode_length", 100_000))) + 1
+
+    def evaluate(key: jax.Array) -> jax.Array:
+        key, reset_key = jax.random.split(key)
+        observation, env_state = env.reset(reset_key)
+
+        def cond(carry: tuple) -> jax.Array:
+            t, *_, done = carry
+            return jnp.logical_and(t < limit, jnp.logical_not(jnp.all(done)))
+
+        def body(carry: tuple) -> tuple:
+            t, key, observation, env_state, returns, done = carry
+            key, act_key, step_key = jax.random.split(key, 3)
+            ts = env.step(step_key, env_state, act(act_key, observation))
+            returns = returns + jnp.where(done, 0.0, ts.reward)
+            done = jnp.logical_or(done, jnp.logical_or(ts.terminated, ts.truncated))
+            return t + 1, key, ts.observation, ts.state, returns, done
+
+        carry = (0, key, observation, env_state, jnp.zeros(episodes, jnp.float32), jnp.zeros(episodes, bool))
+        return jax.lax.while_loop(cond, body, carry)[4]
+
+    return np.asarray(jax.jit(evaluate)(jax.random.PRNGKey(seed)), dtype=np.float64)

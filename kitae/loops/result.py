@@ -1,0 +1,142 @@
+"""What a run returns, whatever the executor: ``RunResult``, and the ``Episodes`` it reports."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import numpy as np
+
+__all__ = ["Episodes", "RunResult", "concat_episodes"]
+
+
+class Episodes(NamedTuple):
+    """Finished training episodes of one seed, as parallel arrays.
+
+    The host loop reports each episode (``count`` 1); the compiled loop reports, for each iteration
+    in which episodes ended, their mean (``count`` of them).
+
+    Attributes:
+        step: ``(n,)`` environment step at which they ended (the iteration's end for the compiled loop).
+        return_: ``(n,)`` the return (mean over ``count`` episodes); multi-agent: the team's, the
+            sum of the agents' returns.
+        length: ``(n,)`` the length (mean over ``count``).
+        count: ``(n,)`` how many episodes each row stands for.
+        agent_returns: multi-agent: ``{agent: (n,)}`` each agent's return (mean); else ``None``.
+        seed_index: which seed of the run.
+    """
+
+    step: np.ndarray
+    return_: np.ndarray
+    length: np.ndarray
+    count: np.ndarray
+    agent_returns: dict[str, np.ndarray] | None = None
+    seed_index: int = 0
+
+    @classmethod
+    def empty(cls, seed_index: int = 0, agents: tuple[str, ...] | None = None) -> "Episodes":
+        zeros = np.zeros(0)
+        return cls(zeros.astype(np.int64), zeros, zeros, zeros.astype(np.int64),
+                   None if agents is None else {a: zeros for a in agents}, seed_index)
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+
+def concat_episodes(parts: list[Episodes], seed_index: int = 0) -> Episodes:
+    """One ``Episodes`` from several, in order."""
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return Episodes.empty(seed_index)
+    agents = parts[0].agent_returns
+    return Episodes(
+        np.concatenate([p.step for p in parts]), np.concatenate([p.return_ for p in parts]),
+        np.concatenate([p.length for p in parts]), np.concatenate([p.count for p in parts]),
+        None if agents is None else {a: np.concatenate([p.agent_returns[a] for p in parts]) for a in agents},
+        seed_index,
+    )
+
+
+@dataclasses.dataclass
+class RunResult:
+    """The result of a training run, from any executor.
+
+    Attributes:
+        executor: ``"host"`` or ``"compiled"``.
+        seeds: the seeds trained (several only for a compiled run of seeds in one program).
+        state: the final ``kitae.loops.state.LoopState`` (leading seed axis when ``batched``).
+        episodes: one ``Episodes`` per seed: the episodes that ended in this run.
+        update_steps: one array per seed: the environment steps after which updates happened.
+        start_step: environment steps when this run started (0 unless it went on from a state).
+        env_steps: environment steps at the end (counted from the start of training).
+        compile_seconds: time spent tracing and compiling (or loading from the cache): the compiled
+            program, or the host loop's first act and first update.
+        train_seconds: time spent training, compilation excluded.
+        stopped: the run was stopped early (a callback's ``should_stop``).
+        batched: the state has a leading seed axis (seeds trained together in one program).
+        metrics: compiled runs: the per-iteration ``IterationMetrics`` (numpy), else ``None``.
+    """
+
+    executor: str
+    seeds: list[int]
+    state: Any
+    episodes: list[Episodes]
+    update_steps: list[np.ndarray]
+    start_step: int
+    env_steps: int
+    compile_seconds: float
+    train_seconds: float
+    stopped: bool = False
+    batched: bool = False
+    metrics: Any = None
+
+    @property
+    def n_updates(self) -> int:
+        """Updates made in this run (by the first seed)."""
+        return len(self.update_steps[0])
+
+    @property
+    def sps(self) -> float:
+        """Environment transitions per second of training in this run, summed over seeds."""
+        done = (self.env_steps - self.start_step) * len(self.seeds)
+        return done / self.train_seconds if self.train_seconds else float("nan")
+
+    @property
+    def episode_returns(self) -> list[float]:
+        """The first seed's episode returns, in order (host runs: one per episode)."""
+        return self.episodes[0].return_.tolist()
+
+    def final_return(self, seed_index: int = 0, last: int = 10) -> float:
+        """Mean return of (about) the last ``last`` finished episodes of one seed: rows are taken
+        whole from the end until they hold ``last`` episodes (nan if none finished)."""
+        e = self.episodes[seed_index]
+        total, count = 0.0, 0
+        for ret, n in zip(e.return_[::-1], e.count[::-1]):
+            total, count = total + float(ret) * int(n), count + int(n)
+            if count >= last:
+                break
+        return total / count if count else float("nan")
+
+    def mean_return(self, last: int = 10) -> float:
+        """``final_return(0, last)``: the first seed's mean return of its last ``last`` episodes."""
+        return self.final_return(0, last)
+
+    def final_agent_returns(self, seed_index: int = 0, last: int = 10) -> dict[str, float]:
+        """Multi-agent runs: ``{agent: mean return}`` over the same episodes as ``final_return``
+        (whose team return is their sum)."""
+        e = self.episodes[seed_index]
+        if e.agent_returns is None:
+            raise ValueError("final_agent_returns is for multi-agent runs; this run has a single agent")
+        totals, count = {agent: 0.0 for agent in e.agent_returns}, 0
+        for i in range(len(e) - 1, -1, -1):
+            count += int(e.count[i])
+            for agent in totals:
+                totals[agent] += float(e.agent_returns[agent][i]) * int(e.count[i])
+            if count >= last:
+                break
+        return {agent: (total / count if count else float("nan")) for agent, total in totals.items()}
+
+    def episode_curve(self, seed_index: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """``(steps, returns)`` of one seed's finished episodes (rows)."""
+        e = self.episodes[seed_index]
+        return e.step, e.return_

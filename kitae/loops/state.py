@@ -1,0 +1,140 @@
+"""What a run carries from step to step, and what a checkpoint holds: one ``LoopState`` for every executor.
+
+``LoopState`` is a pytree of arrays: the agent's state and key, the buffer, the counters, and
+(where the executor can save it) the environment. A checkpoint is a ``Payload``: a ``LoopState``
+and a little JSON metadata. The host loop's environments are Python objects that cannot be
+saved, so its payloads have no environment part; the compiled loop's have one. Any executor
+starts from any payload: one without an environment resets the environments (seeded from the
+seed and the step) and marks the episodes that were running as cut (truncated) at that step.
+
+Key discipline, the same in every executor: before each vector step the loop key is split into
+(next loop key, key of this step's ``act``); an update due at the end of a step splits it into
+(next loop key, key of the update). The same seed and config therefore give the same keys in
+every executor.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kitae.buffer import BufferState
+
+__all__ = ["EnvCarry", "LoopState", "Payload", "payload_from_agent", "apply_loop_state", "mark_episodes_cut",
+           "pick_seed", "reset_seed"]
+
+
+class EnvCarry(NamedTuple):
+    """The environment part of a compiled run's state (a pytree).
+
+    Attributes:
+        key: the PRNG key of the environment steps.
+        state: the environments' state, batched ``(E, ...)``.
+        observation: the observations to act on next, ``(E, *obs_shape)`` (dicts keyed by agent
+            in multi-agent environments).
+        episode_return: each environment's running return ``(E,)`` (``{agent: (E,)}``).
+        episode_length: each environment's running episode length ``(E,)``.
+    """
+
+    key: jax.Array
+    state: Any
+    observation: Any
+    episode_return: Any
+    episode_length: jax.Array
+
+
+class LoopState(NamedTuple):
+    """Everything a run carries from one step to the next (a pytree; leaves carry a leading seed
+    axis when seeds train together in one program).
+
+    Attributes:
+        agent_state: the agent's ``AgentPyTree``.
+        agent_key: the loop key, split for every act and every update.
+        buffer: the ``BufferState`` (``None`` before the host loop's first step).
+        env_step: int32, environment transitions so far, summed over environments.
+        n_updates: int32, updates made so far.
+        env: an ``EnvCarry`` (compiled loop), or ``None`` (host loop: its environments cannot be
+            saved).
+    """
+
+    agent_state: Any
+    agent_key: jax.Array
+    buffer: BufferState | None
+    env_step: jax.Array
+    n_updates: jax.Array
+    env: EnvCarry | None = None
+
+
+class Payload(NamedTuple):
+    """A checkpoint's content: the loop state and its JSON metadata.
+
+    ``meta`` holds ``executor`` (``"host"`` or ``"compiled"``), ``seeds`` (the seeds of the
+    state's leading axis, or ``None``) and ``env_saved`` (whether ``state.env`` is there).
+    """
+
+    state: LoopState
+    meta: dict
+
+
+def payload_from_agent(agent: Any, executor: str = "host") -> Payload:
+    """The payload of an agent facade's state: parameters, optimizer and target parameters, key,
+    buffer and counters (no environment)."""
+    buffer = getattr(agent, "buffer", None)
+    state = LoopState(
+        agent_state=agent.state,
+        agent_key=jnp.asarray(agent.key),
+        buffer=None if buffer is None else buffer.state,
+        env_step=jnp.asarray(int(agent.env_step), jnp.int32),
+        n_updates=jnp.asarray(int(getattr(agent, "n_updates", 0)), jnp.int32),
+    )
+    return Payload(state, {"executor": executor, "seeds": None, "env_saved": False})
+
+
+def pick_seed(tree: Any, seed_index: int) -> Any:
+    """Row ``seed_index`` of every leaf (one seed of a batched state)."""
+    return jax.tree_util.tree_map(lambda x: x[seed_index], tree)
+
+
+def apply_loop_state(agent: Any, state: LoopState, seed_index: int | None = None) -> Any:
+    """Sets the agent facade's state, key, counters and buffer from a loop state (row
+    ``seed_index`` of a batched one). Returns the agent."""
+    if seed_index is not None:
+        state = pick_seed(state, seed_index)
+    agent.state = state.agent_state
+    agent.key = state.agent_key
+    agent._key_block, agent._key_index = np.zeros((0, 2), np.uint32), 0
+    agent.env_step = int(np.asarray(state.env_step))
+    agent.n_updates = int(np.asarray(state.n_updates))
+    buffer = getattr(agent, "buffer", None)
+    if buffer is not None and state.buffer is not None:
+        buffer.state = state.buffer
+    return agent
+
+
+def mark_episodes_cut(buffer: BufferState | None, cut: Any = True) -> BufferState | None:
+    """The buffer with its newest row marked truncated (every environment, every agent) where
+    ``cut`` holds (a bool, possibly a traced array).
+
+    Used when a run goes on without its environments' state (a host-loop resume): the episodes
+    that were running end there, as truncated episodes (bootstrap from the stored real next
+    observation; nothing carried into the next, unrelated, transition). A buffer without a
+    ``truncated`` field is returned as it is; an empty one is unchanged. Pure: runs eagerly (host
+    loop) and traced (compiled loop).
+    """
+    if buffer is None or getattr(buffer.data, "truncated", None) is None:
+        return buffer
+    last = (buffer.position - 1) % buffer.capacity
+    cut = jnp.logical_and(jnp.asarray(cut), buffer.size > 0)
+    truncated = jax.tree_util.tree_map(
+        lambda x: jnp.asarray(x).at[last].set(jnp.logical_or(jnp.asarray(x)[last], cut)), buffer.data.truncated
+    )
+    return buffer._replace(data=buffer.data._replace(truncated=truncated))
+
+
+def reset_seed(seed: int, step: int) -> int:
+    """The seed of the environments' reset when a run goes on at ``step`` without their state
+    (``seed`` itself at step 0)."""
+    return int(np.random.SeedSequence([seed, step]).generate_state(1)[0]) if step else seed

@@ -1,0 +1,157 @@
+"""What a run leaves on disk: the run directory's files.
+
+``runs/<run_name>/`` holds ``config.yaml`` (the resolved config), ``checkpoints/<step>/``
+(``kitae.runs.checkpoints``), ``logs/`` (TensorBoard), ``metrics.jsonl`` (one JSON object per
+logged point), ``summary.json`` (written when the run ends) and ``curve.png``
+(``kitae.runs.plotting``). Nothing here is pickled. ``docs/runs.md`` describes each file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import resource
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from kitae.config import AlgoConfig
+from kitae.runs.errors import RunError
+
+
+def state_fingerprint(state: Any) -> str:
+    """A SHA-256 of every array leaf of ``state`` (dtype, shape and bytes, in tree order).
+
+    Two runs with equal fingerprints hold bit-identical parameters, optimizer states and targets.
+    """
+    digest = hashlib.sha256()
+    for leaf in jax.tree_util.tree_leaves(state):
+        array = np.asarray(leaf)
+        digest.update(str(array.dtype).encode())
+        digest.update(str(array.shape).encode())
+        digest.update(np.ascontiguousarray(array).tobytes())
+    return digest.hexdigest()
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process, in MiB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class MetricsFile:
+    """Appends one JSON object per line to ``metrics.jsonl``."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("a")
+
+    def write(self, **values: Any) -> None:
+        self._file.write(json.dumps({k: _plain(v) for k, v in values.items()}) + "\n")
+
+    def flush(self) -> None:
+        """Pushes the written rows to disk (before a checkpoint, so it never runs ahead of them)."""
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, (np.generic, np.ndarray)):
+        return value.tolist()
+    if isinstance(value, jax.Array):
+        return np.asarray(value).tolist()
+    return value
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    """The objects of a ``metrics.jsonl`` file (blank or torn last lines skipped)."""
+    rows = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def write_summary(run_dir: str | Path, **fields: Any) -> dict:
+    """Writes ``summary.json`` (atomically: a temporary file renamed over the old one)."""
+    path = Path(run_dir) / "summary.json"
+    tmp = path.with_suffix(".json.tmp")
+    data = {k: _plain(v) for k, v in fields.items()}
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(path)
+    return data
+
+
+def default_run_dir(algo: str, env_name: str, seed: int) -> Path:
+    """``runs/<algo>-<env name>-s<seed>-<date>-<time>``."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{algo.lower()}-{env_name.replace('/', '-')}-s{seed}-{stamp}"
+
+
+def check_run_dir(run_dir: str | Path) -> Path:
+    """``run_dir`` as a ``Path`` if it is a kitae run directory (it has ``config.yaml``); else ``RunError``."""
+    run_dir = Path(run_dir)
+    if not run_dir.exists():
+        raise RunError(f"run directory {str(run_dir)!r} does not exist")
+    if not run_dir.is_dir():
+        raise RunError(f"{str(run_dir)!r} is not a directory; give a run directory (runs/<name>)")
+    if not (run_dir / "config.yaml").is_file():
+        raise RunError(f"{str(run_dir)!r} is not a kitae run directory: it has no config.yaml")
+    return run_dir
+
+
+def read_run_config(run_dir: str | Path) -> AlgoConfig:
+    """The ``AlgoConfig`` of a run directory (``config.yaml``); ``RunError`` if it is unusable."""
+    run_dir = check_run_dir(run_dir)
+    try:
+        return AlgoConfig.from_yaml(run_dir / "config.yaml")
+    except (ValueError, TypeError, KeyError) as error:
+        raise RunError(f"config.yaml in {str(run_dir)!r} is unusable: {error}".replace("\n", " ")) from None
+
+
+def write_config(run_dir: Path, config: AlgoConfig) -> None:
+    """Writes ``config.yaml`` atomically (a temporary file renamed over the old one)."""
+    tmp = run_dir / "config.yaml.tmp"
+    config.to_yaml(tmp)
+    tmp.replace(run_dir / "config.yaml")
+
+
+def final_return_from_rows(rows: list[dict], seed: int, last: int = 10) -> float:
+    """Mean return of (about) the last ``last`` training episodes of ``seed`` in metrics rows
+    (each row stands for ``episodes`` episodes, 1 if absent; rows are taken whole from the end
+    until ``last`` episodes)."""
+    total, count = 0.0, 0
+    for row in reversed(rows):
+        if row.get("seed", seed) != seed or "episodic_return" not in row:
+            continue
+        n = int(row.get("episodes", 1))
+        total, count = total + float(row["episodic_return"]) * n, count + n
+        if count >= last:
+            break
+    return total / count if count else float("nan")
+
+
+def truncate_metrics(path: Path, keep_until: dict[Any, int]) -> None:
+    """Keeps the rows of each seed logged at or before its step in ``keep_until`` (atomically)."""
+    if not path.exists():
+        return
+    lines = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        seed = row.get("seed")
+        limit = keep_until.get(seed, keep_until.get(None, 0))
+        if row.get("step", 0) <= limit:
+            lines.append(line)
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(line + "\n" for line in lines))
+    tmp.replace(path)

@@ -1,0 +1,361 @@
+"""Training a run into its run directory: the one road of ``kitae train``, ``kitae resume``,
+``agent.train(env)`` and ``agent.resume(env)``.
+
+Every entry point resolves its run once (``kitae.runs.resolve``), turns it into plans (an agent,
+its environments, where it starts, where its checkpoints go) and hands them to ``execute``, which
+writes the run directory (``docs/runs.md``): ``config.yaml``, ``checkpoints/<step>/`` every
+``train_cfg.save_frequency`` steps, at the end and when stopped with Ctrl-C or SIGTERM,
+``logs/`` (TensorBoard), ``metrics.jsonl``, ``summary.json`` and ``curve.png``.
+
+A host-loop run of several seeds trains them one after the other (one checkpoint folder per seed,
+``checkpoints/seed-<seed>/``); a compiled run trains them together in one program.
+
+Resuming goes on from the newest readable checkpoint: the run's total becomes ``steps`` (default
+its ``train_cfg.n_env_steps``; ``config.yaml`` records a new total); ``metrics.jsonl`` drops the
+rows logged after the checkpoint; the new TensorBoard event file purges the old file's events past
+it. A compiled run comes back whole (environments included) and ends bit for bit where an
+uninterrupted one ends; a host run's environments are reset and the episodes that were running
+are marked truncated at the cut.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from kitae.loops.callbacks import WriterLogger
+from kitae.loops.result import RunResult
+from kitae.loops.state import LoopState, apply_loop_state, pick_seed
+from kitae.runs.callbacks import CheckpointSaver, MetricsLogger
+from kitae.runs.checkpoints import CheckpointError, Checkpointer
+from kitae.runs.errors import RunError
+from kitae.runs.load import checkpoint_dirs, restore_error, restore_payload, run_seeds
+from kitae.runs.plotting import curves_from_metrics, plot_curves
+from kitae.runs.progress import ProgressBar
+from kitae.runs.resolve import ResolvedRun, RunSpec, make_run_env, resolve_agent, resolve_run_dir, resolve_train
+from kitae.runs.rundir import (
+    MetricsFile,
+    check_run_dir,
+    final_return_from_rows,
+    peak_rss_mb,
+    read_metrics,
+    read_run_config,
+    state_fingerprint,
+    truncate_metrics,
+    write_config,
+    write_summary,
+)
+from kitae.runs.signals import StopRequest, stop_on_signals
+
+__all__ = ["train_run", "resume_run", "train_agent", "resume_agent", "Plan", "execute"]
+
+
+@dataclasses.dataclass
+class Plan:
+    """One executor call of a run.
+
+    Attributes:
+        directory: where its checkpoints go.
+        seed: the seed (host runs of several seeds: one plan per seed).
+        seeds: the seeds of a compiled run of several seeds (one plan, one program), else ``None``.
+        agent: its agent (made from the run when ``None``).
+        env: its environments (made from the run when ``None``).
+        start: the ``LoopState`` it goes on from (``None``: the agent's own state, or fresh seeds).
+        finished: the seed had already reached the total (nothing to train).
+    """
+
+    directory: Path
+    seed: int
+    seeds: list[int] | None = None
+    agent: Any = None
+    env: Any = None
+    start: LoopState | None = None
+    finished: bool = False
+
+
+@contextlib.contextmanager
+def _tensorboard(run_dir: Path, purge_step: int | None = None) -> Iterator[Any]:
+    from tensorboardX import SummaryWriter
+
+    writer = SummaryWriter(str(run_dir / "logs"), purge_step=purge_step)
+    try:
+        yield writer
+    finally:
+        writer.close()
+
+
+def _fingerprints(result: RunResult) -> list[str]:
+    states = result.state.agent_state
+    if result.batched:
+        return [state_fingerprint(pick_seed(states, i)) for i in range(len(result.seeds))]
+    return [state_fingerprint(states)]
+
+
+def execute(run: ResolvedRun, plans: list[Plan], total: int, *, quiet: bool, purge_step: int | None = None,
+            describe_config: bool = True, callbacks: Any = (), extra_summary: dict | None = None
+            ) -> tuple[dict, list[RunResult]]:
+    """Trains the plans until ``total`` environment steps and writes the run directory.
+
+    Returns:
+        ``(summary, results)``: the summary written to ``summary.json`` (or, when a signal stopped
+        the run, ``{"stopped": True, "steps": ..., "checkpoint": ...}``) and each plan's
+        ``RunResult``.
+    """
+    run_dir = run.run_dir
+    clock = time.perf_counter()
+    metrics = MetricsFile(run_dir / "metrics.jsonl")
+    results: list[RunResult] = []
+    fingerprints: list[str] = []
+    stopped: dict | None = None
+    steps = 0
+    try:
+        with _tensorboard(run_dir, purge_step) as writer, stop_on_signals() as stop:
+            if describe_config:
+                writer.add_text("config", "```\n" + run.config.to_yaml() + "\n```")
+
+            def flush() -> None:  # what a checkpoint has seen is on disk before it
+                metrics.flush()
+                writer.flush()
+
+            for index, plan in enumerate(plans):
+                agent = plan.agent if plan.agent is not None else run.make_agent(plan.seed)
+                if plan.finished:
+                    fingerprints.append(state_fingerprint(agent.state))
+                    steps = max(steps, int(agent.env_step))
+                    continue
+                env = plan.env if plan.env is not None else make_run_env(run.env, run.config.env_cfg.n_envs)
+                # a host run of several seeds records them all (also those not started when it stops)
+                meta = {"run_seeds": run.seeds} if run.seeds and plan.seeds is None else None
+                saver = CheckpointSaver(Checkpointer(plan.directory, before_save=flush, meta=meta))
+                bar = ProgressBar(f"{type(agent).__name__} {run.env.id}", quiet)
+                if run.executor.name == "compiled" and index == 0:
+                    bar.message("compiling the training program (one XLA program, run in segments)...")
+                seeds = plan.seeds or [plan.seed]
+                extra = [WriterLogger(writer)] if index == 0 else []
+                try:
+                    result = run.executor.run(
+                        agent, env, total, start=plan.start, seeds=plan.seeds,
+                        callbacks=[MetricsLogger(metrics, seeds), saver, bar, stop, *extra, *callbacks],
+                    )
+                finally:
+                    bar.close()
+                if not result.batched:
+                    apply_loop_state(agent, result.state)
+                results.append(result)
+                fingerprints.extend(_fingerprints(result))
+                steps = result.env_steps
+                if result.stopped:
+                    stopped = _stopped(run_dir, saver.last, result.env_steps, stop)
+                    break
+    finally:
+        metrics.close()
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    _plot(run, rows)
+    if stopped is not None:
+        return stopped, results
+    trained = results
+    train_seconds = sum(r.train_seconds for r in trained)
+    done = sum((r.env_steps - r.start_step) * len(r.seeds) for r in trained)
+    seeds = run.seeds
+    finals = [final_return_from_rows(rows, seed) for seed in (seeds or [run.config.seed])]
+    summary = write_summary(
+        run_dir,
+        algo=run.algo,
+        env=run.env.id,
+        **({"seeds": seeds} if seeds else {"seed": run.config.seed}),
+        steps=steps,
+        wall_seconds=time.perf_counter() - clock,
+        compile_seconds=float(np.mean([r.compile_seconds for r in trained])) if trained else 0.0,
+        train_seconds=train_seconds,
+        sps=(done / train_seconds / (len(seeds) if seeds else 1)) if train_seconds else float("nan"),
+        final_return=finals if seeds else finals[0],
+        peak_rss_mb=peak_rss_mb(),
+        state_fingerprint=fingerprints if seeds else fingerprints[0],
+        **(extra_summary or {}),
+    )
+    return {**summary, "run_dir": str(run_dir)}, results
+
+
+def _plot(run: ResolvedRun, rows: list[dict]) -> None:
+    plot_curves({f"{run.algo} {run.env.id}": curves_from_metrics(rows, counts=True)}, run.run_dir / "curve.png",
+                title=run.run_dir.name)
+
+
+def _stopped(run_dir: Path, checkpoint: Path | None, steps: int, stop: StopRequest) -> dict:
+    where = str(checkpoint) if checkpoint is not None else None
+    if checkpoint is not None and checkpoint.is_relative_to(run_dir.absolute()):  # as the user named the run
+        where = str(run_dir / checkpoint.relative_to(run_dir.absolute()))
+    return {"stopped": True, "signal": stop.name, "signum": stop.signal, "steps": steps, "checkpoint": where,
+            "run_dir": str(run_dir)}
+
+
+# ---------------------------------------------------------------------------------------------
+# kitae train / agent.train
+# ---------------------------------------------------------------------------------------------
+
+
+def _holds_a_run(run_dir: Path) -> bool:
+    return run_dir.exists() and any(run_dir.iterdir())
+
+
+def train_run(spec: RunSpec) -> dict:
+    """Trains as ``spec`` says and writes the run directory; returns the summary (or, when the
+    run was stopped by a signal, ``{"stopped": True, "steps": ..., "checkpoint": ...}``).
+
+    Raises:
+        RunError, ValueError, TypeError, FileNotFoundError: for bad input, before anything is
+        written (the run directory is created only once the config is valid).
+    """
+    run, env = resolve_train(spec)
+    if _holds_a_run(run.run_dir):
+        env.close()
+        raise RunError(f"run directory {str(run.run_dir)!r} already exists and is not empty; choose another --run-dir")
+    agent = run.make_agent()
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    write_config(run.run_dir, run.config)
+    root = run.run_dir / "checkpoints"
+    if run.seeds and run.executor.name == "host":
+        plans = [Plan(root / f"seed-{seed}", seed, agent=agent if i == 0 else None, env=env if i == 0 else None)
+                 for i, seed in enumerate(run.seeds)]
+    else:
+        plans = [Plan(root, run.config.seed, seeds=run.seeds, agent=agent, env=env)]
+    return execute(run, plans, run.total, quiet=spec.quiet)[0]
+
+
+def train_agent(agent: Any, env: Any, n_env_steps: int | None, *, callbacks: Any = (), quiet: bool = True
+                ) -> RunResult:
+    """``agent.train(env, n_env_steps)``: trains ``n_env_steps`` more steps (default
+    ``train_cfg.n_env_steps``) from the agent's state into ``agent.run_dir``, as ``kitae train`` does."""
+    from kitae.config import check_positive_int
+
+    n_env_steps = agent.config.train_cfg.n_env_steps if n_env_steps is None else n_env_steps
+    check_positive_int("n_env_steps", n_env_steps)
+    run = resolve_agent(agent, env)
+    fresh = agent.env_step == 0 and agent.n_updates == 0
+    if fresh and _holds_a_run(run.run_dir):
+        env.close()
+        raise RunError(
+            f"run directory {str(run.run_dir)!r} already holds a run; go on with agent.resume(env), or give the "
+            "agent another run_name or run_dir"
+        )
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    if not (run.run_dir / "config.yaml").exists():
+        write_config(run.run_dir, run.config)
+    plan = Plan(run.run_dir / "checkpoints", agent.config.seed, agent=agent, env=env)
+    summary, results = execute(run, [plan], int(agent.env_step) + n_env_steps, quiet=quiet, describe_config=fresh,
+                               callbacks=list(callbacks) if not hasattr(callbacks, "on_start") else [callbacks])
+    return results[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# kitae resume / agent.resume
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_total(run_dir: Path, reached: int, total: int) -> None:
+    if reached >= total:
+        raise RunError(
+            f"the run in {str(run_dir)!r} already reached step {reached:,} of {total:,}; pass --steps N with "
+            f"N > {reached} to train it further"
+        )
+
+
+def _prepare_resume(run: ResolvedRun, keep: dict[Any, int]) -> None:
+    """Checked: from here on the run directory changes."""
+    if run.total != read_run_config(run.run_dir).train_cfg.n_env_steps:
+        write_config(run.run_dir, run.config)
+    truncate_metrics(run.run_dir / "metrics.jsonl", keep)
+
+
+def resume_run(run_dir: str | Path, steps: int | None = None, quiet: bool = False) -> dict:
+    """Goes on training the run in ``run_dir`` from its newest readable checkpoint until ``steps``
+    environment steps in all (default: the run's ``train_cfg.n_env_steps``), then writes the
+    summary as ``kitae train`` does. Everything is checked before anything is written.
+
+    Raises:
+        RunError: no such run directory, no readable checkpoint, a run already at ``steps``...
+    """
+    run_dir = check_run_dir(run_dir)
+    seeds = run_seeds(run_dir)
+    run = resolve_run_dir(run_dir, steps=steps, seeds=seeds)
+    dirs = checkpoint_dirs(run_dir)
+    env = make_run_env(run.env, run.config.env_cfg.n_envs)
+    plans: list[Plan] = []
+    try:
+        if None in dirs:  # one folder: one seed, or seeds trained together in one program
+            agent = run.make_agent()
+            payload, restored = restore_payload(agent, env, run.executor, dirs[None])
+            batched = payload.meta.get("seeds")
+            plans.append(Plan(dirs[None], run.config.seed, seeds=batched, agent=agent, env=env, start=payload.state))
+            keep = {seed: restored.step for seed in (batched or [run.config.seed])}
+        else:  # a host run of several seeds, one after the other
+            keep = {}
+            for i, seed in enumerate(seeds or []):
+                agent = run.make_agent(seed)
+                directory = dirs.get(seed, run_dir / "checkpoints" / f"seed-{seed}")
+                try:
+                    payload, restored = restore_payload(agent, None, run.executor, directory)
+                except CheckpointError as error:
+                    if i == 0 or not str(error).startswith("no checkpoint in"):
+                        raise
+                    plans.append(Plan(directory, seed, agent=agent))  # not started yet
+                    keep[seed] = 0
+                    continue
+                step = restored.step
+                plans.append(Plan(directory, seed, agent=agent, env=env if not plans else None, start=payload.state,
+                                  finished=step >= run.total))
+                if step >= run.total:
+                    apply_loop_state(agent, payload.state)
+                keep[seed] = step
+    except CheckpointError as error:
+        env.close()
+        raise restore_error(error) from None
+    try:
+        _check_total(run_dir, min(keep.values()), run.total)
+    except RunError:
+        env.close()
+        raise
+    first_step = keep[(seeds or [run.config.seed])[0]]
+    _prepare_resume(run, keep)
+    if not quiet:
+        print(f"resuming {run_dir} from step {first_step:,} to {run.total:,} steps", file=sys.stderr)
+    return execute(run, plans, run.total, quiet=quiet, purge_step=first_step + 1, describe_config=False,
+                   extra_summary={"resumed_from": first_step})[0]
+
+
+def resume_agent(agent: Any, env: Any, n_env_steps: int | None = None, *, callbacks: Any = (),
+                 quiet: bool = True) -> RunResult:
+    """``agent.resume(env, n_env_steps)``: restores ``agent`` from the newest readable checkpoint in
+    ``<run_dir>/checkpoints`` and trains on until ``n_env_steps`` in all (default
+    ``config.train_cfg.n_env_steps``), writing the run directory as ``kitae resume`` does.
+
+    Raises:
+        RunError: no readable checkpoint, or one already at ``n_env_steps``.
+    """
+    from kitae.config import check_positive_int
+
+    run = resolve_agent(agent, env)
+    total = agent.config.train_cfg.n_env_steps if n_env_steps is None else n_env_steps
+    check_positive_int("n_env_steps", total)
+    directory = run.run_dir / "checkpoints"
+    try:
+        payload, restored = restore_payload(agent, env, run.executor, directory)
+    except CheckpointError as error:
+        raise restore_error(error) from None
+    batched = payload.meta.get("seeds")
+    if not batched:
+        apply_loop_state(agent, payload.state)
+    _check_total(run.run_dir, restored.step, total)
+    truncate_metrics(run.run_dir / "metrics.jsonl", {seed: restored.step for seed in (batched or [agent.config.seed])})
+    plan = Plan(directory, agent.config.seed, seeds=batched, agent=agent, env=env, start=payload.state)
+    _, results = execute(dataclasses.replace(run, seeds=batched), [plan], total, quiet=quiet,
+                         purge_step=restored.step + 1, describe_config=False,
+                         callbacks=list(callbacks) if not hasattr(callbacks, "on_start") else [callbacks],
+                         extra_summary={"resumed_from": restored.step})
+    return results[0]

@@ -212,7 +212,7 @@ if __name__ == "__main__":
     stats = dqn.train(env, dqn.config.train_cfg.n_env_steps)
     first = sum(stats.episode_returns[:10]) / max(1, len(stats.episode_returns[:10]))
     print(
-        f"{stats.global_step} steps in {stats.wall_seconds:.1f} s ({stats.global_step / stats.wall_seconds:,.0f} steps/s), "
+        f"{stats.env_steps} steps in {stats.train_seconds:.1f} s ({stats.sps:,.0f} steps/s), "
         f"{len(stats.episode_returns)} episodes: mean return of the first 10 {first:.1f}, "
         f"of the last 10 {stats.mean_return(10):.1f}"
     )

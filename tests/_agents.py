@@ -240,6 +240,7 @@ def config_from_spaces(
     batch_size: int = 64,
     n_epochs: int = 1,
     n_env_steps: int = 10_000,
+    task_name: str = "test",
 ) -> cfg.AlgoConfig:
     """An ``AlgoConfig`` for tests from one environment's spaces."""
     return cfg.AlgoConfig(
@@ -250,7 +251,7 @@ def config_from_spaces(
         ),
         train_cfg=cfg.TrainConfig(n_env_steps=n_env_steps),
         env_cfg=cfg.EnvConfig(
-            task_name="test", observation_space=observation_space, action_space=action_space, n_envs=n_envs,
+            task_name=task_name, observation_space=observation_space, action_space=action_space, n_envs=n_envs,
         ),
     )
 

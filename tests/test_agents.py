@@ -103,24 +103,16 @@ def test_train_writes_tensorboard_logs(tmp_path, cartpole4):
     assert steps == [100, 200, 300, 400, 404]
 
 
-def test_losses_are_logged_as_means_every_log_frequency_steps(tmp_path):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    from tensorboardX import SummaryWriter
+def test_losses_are_logged_as_means_every_log_frequency_steps():
+    from kitae.loops.callbacks import LossMeans
 
-    from kitae.loops.train import _LossLog
-
-    writer = SummaryWriter(str(tmp_path))
-    log = _LossLog(writer, 10)
-    log.add({"a": 1.0}, 4, 4)
-    log.add({"a": 3.0}, 8, 4)
-    log.add({"a": 5.0}, 12, 4)  # crosses 10: the mean of the three
-    log.flush(14)  # nothing since: no point
-    log.add({"a": 7.0}, 16, 4)
-    log.flush(16)  # the end of training writes what is left
-    writer.close()
-    events = EventAccumulator(str(tmp_path))
-    events.Reload()
-    assert [(e.step, e.value) for e in events.Scalars("losses/a")] == [(12, 3.0), (16, 7.0)]
+    log = LossMeans(10)
+    assert log.add(4, {"a": 1.0}) is None
+    assert log.add(8, {"a": 3.0}) is None
+    assert log.add(12, {"a": 5.0}) == (12, {"a": 3.0})  # crosses 10: the mean of the three
+    assert log.flush(14) is None  # nothing since: no point
+    assert log.add(16, {"a": 7.0}) is None
+    assert log.flush(16) == (16, {"a": 7.0})  # the end of training writes what is left
 
 
 def test_agent_construction_rejects_bad_inputs(cartpole4):
@@ -142,6 +134,35 @@ def test_train_rejects_bad_step_counts(cartpole4):
     agent = TinyDQN("x", make_config(cartpole4, TinyDQNParams()), run_dir="unused")
     with pytest.raises(ValueError, match="n_env_steps"):
         agent.train(cartpole4, 0)
+
+
+def test_an_agent_that_cannot_act_is_refused(cartpole4):
+    from _agents import tiny_dqn_explore_factory, tiny_dqn_process_factory, tiny_dqn_state_factory, tiny_dqn_update_factory
+
+    class Mute(OffPolicyAgent):
+        pass
+
+    with pytest.raises(TypeError, match="defines no way to act"):
+        Mute("x", make_config(cartpole4, TinyDQNParams()), tiny_dqn_state_factory, tiny_dqn_explore_factory,
+             tiny_dqn_process_factory, tiny_dqn_update_factory)
+
+
+def test_act_is_a_pure_function_of_its_inputs(cartpole4):
+    """A guide-style agent (explore written against its attributes) acts as a pure function: the
+    same inputs give the same actions, jitted or not, and the agent's own state and key are untouched."""
+    agent = TinyDQN("x", make_config(cartpole4, TinyDQNParams(exploration=0.5)), run_dir="unused")
+    state, key, block = agent.state, agent.key, agent._key_index
+    observation = np.asarray(cartpole4.reset(seed=0)[0])
+    act = jax.jit(agent.act, static_argnames="deterministic")
+    a1, p1 = act(state, jax.random.PRNGKey(3), observation, np.int32(0))
+    a2, p2 = act(state, jax.random.PRNGKey(3), observation, np.int32(0))
+    a3, _ = agent.act(state, jax.random.PRNGKey(3), observation, np.int32(0))
+    np.testing.assert_array_equal(a1, a2)
+    np.testing.assert_array_equal(p1, p2)
+    np.testing.assert_array_equal(a1, a3)
+    greedy, _ = act(state, jax.random.PRNGKey(4), observation, np.int32(0), deterministic=True)
+    np.testing.assert_array_equal(greedy, np.argmax(state.qvalue.apply_fn(state.qvalue.params, observation), -1))
+    assert agent.state is state and agent.key is key and agent._key_index == block
 
 
 def test_base_agent_is_abstract():

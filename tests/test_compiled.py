@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -14,8 +15,10 @@ import numpy as np
 import pytest
 
 from _agents import TinyA2C, TinyA2CParams, TinyDQN, TinyDQNParams, make_config
-from kitae.envs.jax_env import GymnaxEnv, VecJaxEnv, make_jax_env
+from kitae.envs.jax_env import GymnaxEnv, VecJaxEnv
+from kitae.envs.make import make_jax_env
 from kitae.loops.compiled import compiled_train, make_loop_functions
+from kitae.loops.state import payload_from_agent
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -80,7 +83,8 @@ def test_make_jax_env_rejects_unknown_ids():
 @pytest.fixture(scope="module")
 def a2c_setup():
     env = make_jax_env("gymnax:CartPole-v1", 4)
-    config = make_config(env, TinyA2CParams(), max_buffer_size=16, batch_size=32, n_epochs=2)
+    config = make_config(env, TinyA2CParams(), max_buffer_size=16, batch_size=32, n_epochs=2,
+                         task_name="gymnax:CartPole-v1")
     return env, config
 
 
@@ -88,9 +92,11 @@ def test_on_policy_compiled_run(a2c_setup):
     env, config = a2c_setup
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    config = dataclasses.replace(config, train_cfg=dataclasses.replace(config.train_cfg, log_frequency=64))
     agent = TinyA2C("c", config, run_dir="run")
     initial = agent.state
     result = agent.train(env, 4 * 16 * 10)  # a JAX environment: the compiled loop
+    assert result.executor == "compiled"
     events = EventAccumulator("run/logs")
     events.Reload()
     assert {"charts/episodic_return", "losses/loss_value", "charts/SPS"} <= set(events.Tags()["scalars"])
@@ -125,10 +131,12 @@ def test_compiled_runs_are_deterministic_and_seeds_match_single_runs(a2c_setup):
 def test_single_seed_initial_state_is_the_agents(a2c_setup):
     env, config = a2c_setup
     agent = TinyA2C("c", config, run_dir="unused")
-    init, _ = make_loop_functions(agent, env)
-    loop_state = jax.jit(init)(jnp.uint32(config.seed))
+    fresh, attach, _ = make_loop_functions(agent, env)
+    loop_state = jax.jit(fresh)(jnp.uint32(config.seed))
     assert _leaves_equal(loop_state.agent_state, agent.state)
     np.testing.assert_array_equal(loop_state.agent_key, agent.key)
+    attached = jax.jit(attach)(payload_from_agent(agent).state, jnp.uint32(config.seed))
+    assert _leaves_equal(attached, loop_state)  # a fresh agent facade starts where the seed does
 
 
 def test_off_policy_compiled_run_respects_start_step():
@@ -185,7 +193,7 @@ def test_sharded_seeds_match_unsharded(tmp_path):
         sys.path.insert(0, {str(ROOT / "tests")!r})
         import jax, numpy as np
         from _agents import TinyA2C, TinyA2CParams, make_config
-        from kitae.envs.jax_env import make_jax_env
+        from kitae.envs.make import make_jax_env
         from kitae.loops.compiled import compiled_train
         assert jax.device_count() == 4
         env = make_jax_env("gymnax:CartPole-v1", 4)

@@ -145,7 +145,7 @@ def test_vectorized_train_counts_transitions_over_all_environments():
     config = make_config(env, TinyDQNParams(start_step=0), max_buffer_size=100, batch_size=8)
     agent = TinyDQN("test", config, run_dir="unused")
     stats = vectorized_train(0, agent, env, 42, AlgoType.OFF_POLICY)
-    assert stats.global_step == 44  # 11 vector steps of 4 environments
+    assert stats.env_steps == 44  # 11 vector steps of 4 environments
     assert agent.buffer.size == 11
     assert stats.episode_returns[:4] == [3.0] * 4
     assert stats.episode_lengths[:4] == [3] * 4

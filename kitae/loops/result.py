@@ -106,6 +106,11 @@ class RunResult:
         """The first seed's episode returns, in order (host runs: one per episode)."""
         return self.episodes[0].return_.tolist()
 
+    @property
+    def episode_lengths(self) -> list[float]:
+        """The first seed's episode lengths, in the order of ``episode_returns``."""
+        return self.episodes[0].length.tolist()
+
     def final_return(self, seed_index: int = 0, last: int = 10) -> float:
         """Mean return of (about) the last ``last`` finished episodes of one seed: rows are taken
         whole from the end until they hold ``last`` episodes (nan if none finished)."""

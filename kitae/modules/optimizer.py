@@ -67,10 +67,10 @@ def learning_rate(opt_state: Any) -> jax.Array:
     Raises:
         ValueError: for an optimizer state without an injected learning rate.
     """
-    states = jax.tree_util.tree_leaves(
-        opt_state, is_leaf=lambda x: isinstance(x, optax.InjectHyperparamsState)
-    )
-    for state in states:
-        if isinstance(state, optax.InjectHyperparamsState):
+    def injected(x: Any) -> bool:
+        return isinstance(x, tuple) and hasattr(x, "hyperparams") and "learning_rate" in x.hyperparams
+
+    for state in jax.tree_util.tree_leaves(opt_state, is_leaf=injected):
+        if injected(state):
             return state.hyperparams["learning_rate"]
     raise ValueError("this optimizer state holds no learning rate; make the optimizer with optimizer_factory")

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from kitae.buffer import BufferState
@@ -144,6 +145,15 @@ def _unflatten_into(name: str, target: Any, arrays: list[np.ndarray], described:
         for leaf, a in zip(leaves, arrays)
     ]
     return jax.tree_util.tree_unflatten(treedef, values)
+
+
+def _without_unwanted_env(target: Any, entries: list[dict], arrays: list[np.ndarray]) -> tuple[list, list]:
+    """A loop state saved with its environments, restored into a target without them (an agent
+    loaded for evaluation needs no environment): the ``.env`` arrays are left out."""
+    if not isinstance(target, LoopState) or target.env is not None:
+        return entries, arrays
+    keep = [i for i, entry in enumerate(entries) if not entry["path"].startswith(".env")]
+    return [entries[i] for i in keep], [arrays[i] for i in keep]
 
 
 def _drop_closed_loop_callbacks() -> None:
@@ -372,6 +382,7 @@ class Checkpointer:
                     )
                 arrays.append(array)
             if target is not None and target.get(name) is not None:
+                entries, arrays = _without_unwanted_env(target[name], entries, arrays)
                 items[name] = _unflatten_into(name, target[name], arrays, entries, step)
             else:
                 items[name] = arrays
@@ -479,15 +490,29 @@ def _nested(by_path: dict[str, Any], prefix: str) -> Any:
 
 
 def restore_target(agent: Any, meta: dict, env_target: LoopState | None = None) -> dict[str, Any]:
-    """The ``restore`` target of a checkpoint of ``agent``: ``env_target`` for a payload with an
-    environment part (the executor's abstract ``LoopState``), else a ``LoopState`` rebuilt from the
-    agent (its state's structure) and the checkpoint's own description of its buffer."""
+    """The ``restore`` target of a checkpoint of ``agent``.
+
+    With ``env_target`` (the executor's abstract ``LoopState``, for a payload with an environment
+    part that a run goes on from), that. Otherwise a ``LoopState`` without environments: the
+    agent's state structure (with a leading seed axis for a checkpoint of several seeds trained
+    together), and the key, buffer and counters as the checkpoint describes them.
+    """
     if env_target is not None:
         return {"loop_state": env_target}
     entries = meta.get("items", {}).get("loop_state", [])
+    saved = {e["path"]: jax.ShapeDtypeStruct(tuple(e["shape"]), np.dtype(e["dtype"])) for e in entries}
+    seeds = meta.get("seeds")
+    agent_state = agent.state
+    if seeds:
+        agent_state = jax.tree_util.tree_map(
+            lambda x: jax.ShapeDtypeStruct((len(seeds), *np.shape(x)), jnp.asarray(x).dtype), agent.state
+        )
     scalar = jax.ShapeDtypeStruct((), np.int32)
-    key = next((jax.ShapeDtypeStruct(tuple(e["shape"]), np.dtype(e["dtype"])) for e in entries
-                if e["path"] == ".agent_key"), jax.ShapeDtypeStruct((2,), np.uint32))
-    target = LoopState(agent_state=agent.state, agent_key=key,
-                       buffer=buffer_target(agent.experience_type, entries), env_step=scalar, n_updates=scalar)
+    target = LoopState(
+        agent_state=agent_state,
+        agent_key=saved.get(".agent_key", jax.ShapeDtypeStruct((2,), np.uint32)),
+        buffer=buffer_target(agent.experience_type, entries),
+        env_step=saved.get(".env_step", scalar),
+        n_updates=saved.get(".n_updates", scalar),
+    )
     return {"loop_state": target}

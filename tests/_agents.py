@@ -43,6 +43,7 @@ class QNetwork(nn.Module):
 TDBatch = namedtuple("TDBatch", ["observation", "action", "return_"])
 
 
+@cfg.register_algo_params
 @dataclass
 class TinyDQNParams:
     exploration: float = 0.1
@@ -129,6 +130,7 @@ class TinyDQN(OffPolicyAgent):
 A2CBatch = namedtuple("A2CBatch", ["observation", "action", "advantage", "return_"])
 
 
+@cfg.register_algo_params
 @dataclass
 class TinyA2CParams:
     gamma: float = 0.99

@@ -13,19 +13,20 @@ import numpy as np
 import pytest
 
 from _agents import TinyA2C, TinyA2CParams, TinyDQN, TinyDQNParams, make_config
-from kitae.checkpoint import (
+from kitae.envs.make import make_jax_env, make_vec_env
+from kitae.loops.callbacks import Callback
+from kitae.loops.compiled import compiled_train, loop_state_shape
+from kitae.loops.state import apply_loop_state
+from kitae.runs.callbacks import CheckpointSaver
+from kitae.runs.checkpoints import (
     Checkpointer,
     CheckpointCorrupt,
     CheckpointError,
     CheckpointMismatch,
     CheckpointWarning,
-    apply_to_agent,
-    host_target,
+    restore_target,
 )
-from kitae.envs.jax_env import make_jax_env
-from kitae.envs.make import make_vec_env
-from kitae.loops.compiled import LoopStart, compiled_train, loop_state_shape
-from kitae.rundir import state_fingerprint
+from kitae.runs.rundir import state_fingerprint
 
 
 def _equal(a, b) -> bool:
@@ -40,15 +41,18 @@ def _dqn_config(env, save_frequency=-1, **kwargs):
     return dataclasses.replace(config, train_cfg=dataclasses.replace(config.train_cfg, save_frequency=save_frequency))
 
 
+def _target(agent):
+    """``restore_latest``'s target for a checkpoint of ``agent`` (without environments)."""
+    return lambda meta: restore_target(agent, meta)
+
+
 @pytest.fixture(scope="module")
 def trained_dqn(tmp_path_factory):
     """A TinyDQN trained 200 steps in the host loop, checkpointing every 50 steps."""
     directory = tmp_path_factory.mktemp("dqn") / "checkpoints"
     env = make_vec_env("CartPole-v1", 2)
     agent = TinyDQN("t", _dqn_config(env, save_frequency=50), run_dir=directory.parent)
-    checkpointer = Checkpointer(directory, max_to_keep=3)
-    agent.train(env, 200, checkpointer=checkpointer)
-    checkpointer.close()
+    agent.train(env, 200)  # the run directory's checkpoints: the newest 3 kept
     return agent, directory
 
 
@@ -63,14 +67,12 @@ def test_host_checkpoint_holds_the_whole_training_state(trained_dqn):
     assert checkpointer.latest_step() == 200
     fresh = _fresh_dqn()
     assert not _equal(fresh.state, agent.state)
-    restored = checkpointer.restore(200, host_target(fresh)(checkpointer.read_meta(200)))
-    apply_to_agent(fresh, restored)
+    restored = checkpointer.restore(200, restore_target(fresh, checkpointer.read_meta(200)))
+    apply_loop_state(fresh, restored.items["loop_state"])
     assert _equal(fresh.state, agent.state)  # params, target params, optimizer state
     assert state_fingerprint(fresh.state) == state_fingerprint(agent.state)
     assert _equal(fresh.buffer.state, agent.buffer.state)  # the replay buffer
-    np.testing.assert_array_equal(fresh.key, agent.key)
-    np.testing.assert_array_equal(fresh._key_block, agent._key_block)
-    assert fresh._key_index == agent._key_index
+    np.testing.assert_array_equal(fresh.key, agent.key)  # the loop key
     assert fresh.env_step == agent.env_step == 200 and fresh.n_updates == agent.n_updates > 0
     # the restored agent goes on exactly as the original: same keys, same buffer, same update
     assert _equal(fresh.nextkey(), agent.nextkey())
@@ -85,10 +87,12 @@ def test_checkpoints_are_json_and_orbax_arrays_never_pickle(trained_dqn, monkeyp
     _, directory = trained_dqn
     step_dir = directory / "200"
     meta = json.loads((step_dir / "meta" / "metadata").read_text())
-    assert meta["format"] == "kitae-checkpoint/1" and meta["kind"] == "host" and meta["env_step"] == 200
-    entry = meta["items"]["agent_state"][0]
-    assert set(entry) == {"path", "shape", "dtype", "sha256"} and entry["path"].startswith(".qvalue")
-    assert {".data.observation", ".position", ".size"} <= {e["path"] for e in meta["items"]["buffer"]}
+    assert meta["format"] == "kitae-checkpoint/2" and meta["executor"] == "host" and meta["env_step"] == 200
+    assert meta["env_saved"] is False and meta["n_updates"] > 0
+    entry = meta["items"]["loop_state"][0]
+    assert set(entry) == {"path", "shape", "dtype", "sha256"} and entry["path"].startswith(".agent_state.qvalue")
+    paths = {e["path"] for e in meta["items"]["loop_state"]}
+    assert {".buffer.data.observation", ".buffer.position", ".buffer.size", ".agent_key", ".env_step"} <= paths
 
     def no_pickle(*args, **kwargs):
         raise AssertionError("a checkpoint must never be unpickled")
@@ -97,7 +101,7 @@ def test_checkpoints_are_json_and_orbax_arrays_never_pickle(trained_dqn, monkeyp
     monkeypatch.setattr(pickle, "loads", no_pickle)
     monkeypatch.setattr(pickle, "Unpickler", no_pickle)
     fresh = _fresh_dqn()
-    Checkpointer(directory).restore(200, host_target(fresh)(meta))
+    Checkpointer(directory).restore(200, restore_target(fresh, meta))
 
 
 def test_writes_go_to_a_temporary_folder_renamed_when_complete(tmp_path, monkeypatch):
@@ -119,7 +123,7 @@ def test_writes_go_to_a_temporary_folder_renamed_when_complete(tmp_path, monkeyp
     (tmp_path / "checkpoints" / "9.orbax-checkpoint-tmp-123").mkdir()
     (tmp_path / "checkpoints" / "9.orbax-checkpoint-tmp-123" / "junk").write_text("x")
     assert checkpointer.all_steps() == [7] and checkpointer.latest_step() == 7
-    assert Checkpointer(tmp_path / "checkpoints").restore_latest(host_target(_fresh_dqn())).step == 7
+    assert Checkpointer(tmp_path / "checkpoints").restore_latest(_target(_fresh_dqn())).step == 7
 
 
 def _copy_checkpoints(directory: Path, tmp_path: Path) -> Path:
@@ -148,9 +152,9 @@ def test_a_damaged_checkpoint_is_detected_and_the_previous_one_used(trained_dqn,
     checkpointer = Checkpointer(copy)
     fresh = _fresh_dqn()
     with pytest.raises(CheckpointCorrupt, match="step 200"):
-        checkpointer.restore(200, host_target(fresh)(checkpointer.read_meta(200)))
+        checkpointer.restore(200, restore_target(fresh, checkpointer.read_meta(200)))
     with pytest.warns(CheckpointWarning, match=r"checkpoint step 200 .*using checkpoint step 150"):
-        restored = checkpointer.restore_latest(host_target(fresh))
+        restored = checkpointer.restore_latest(_target(fresh))
     assert restored.step == 150 and restored.meta["env_step"] == 150
     # the damaged checkpoint is left on disk as it was (restoring changes nothing)
     assert checkpointer.all_steps() == [100, 150, 200]
@@ -164,9 +168,9 @@ def test_no_readable_checkpoint_is_one_clear_error(trained_dqn, tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no warning when nothing could be restored
         with pytest.raises(CheckpointError, match="no readable checkpoint.*step 200.*step 150.*step 100"):
-            Checkpointer(copy).restore_latest(host_target(_fresh_dqn()))
+            Checkpointer(copy).restore_latest(_target(_fresh_dqn()))
     with pytest.raises(CheckpointError, match="no checkpoint in"):
-        Checkpointer(tmp_path / "empty").restore_latest(host_target(_fresh_dqn()))
+        Checkpointer(tmp_path / "empty").restore_latest(_target(_fresh_dqn()))
 
 
 def test_a_checkpoint_of_another_configuration_is_a_mismatch_not_a_fallback(trained_dqn):
@@ -174,7 +178,7 @@ def test_a_checkpoint_of_another_configuration_is_a_mismatch_not_a_fallback(trai
     env = make_vec_env("Acrobot-v1", 2)  # 6 observations, 3 actions: other shapes
     other = TinyDQN("t", _dqn_config(env), run_dir="unused")
     with pytest.raises(CheckpointMismatch, match="does not match"):
-        Checkpointer(directory).restore_latest(host_target(other))
+        Checkpointer(directory).restore_latest(_target(other))
 
 
 def test_max_to_keep_and_replacing_a_step(tmp_path):
@@ -199,7 +203,8 @@ def test_max_to_keep_and_replacing_a_step(tmp_path):
 @pytest.fixture(scope="module")
 def a2c_setup():
     env = make_jax_env("gymnax:CartPole-v1", 4)
-    config = make_config(env, TinyA2CParams(), max_buffer_size=16, batch_size=32, n_epochs=2)
+    config = make_config(env, TinyA2CParams(), max_buffer_size=16, batch_size=32, n_epochs=2,
+                         task_name="gymnax:CartPole-v1")
     config = dataclasses.replace(config, train_cfg=dataclasses.replace(config.train_cfg, save_frequency=128))
     return env, config
 
@@ -227,23 +232,30 @@ def test_a_compiled_run_restored_from_its_loop_state_ends_where_it_would_have(a2
     env, config = a2c_setup
     steps, full = STEPS, whole_run
 
-    stop_after = iter([False, True])  # stop after the second segment
+    class StopAfterTwo(Callback):  # stop after the second segment
+        calls = 0
+
+        def should_stop(self) -> bool:
+            self.calls += 1
+            return self.calls >= 2
+
     agent = TinyA2C("c", config, run_dir="unused")
     checkpointer = Checkpointer(tmp_path / "checkpoints")
-    part = compiled_train(agent, env, steps, checkpointer=checkpointer, segment_iterations=2,
-                          should_stop=lambda: next(stop_after, True))
+    part = compiled_train(agent, env, steps, callbacks=[CheckpointSaver(checkpointer), StopAfterTwo()],
+                          segment_iterations=2)
     assert part.stopped and part.env_steps == 256  # saves every 128 steps: segments of 2 iterations
     assert checkpointer.all_steps() == [128, 256]
 
     again = TinyA2C("c", config, run_dir="unused")
     restored = checkpointer.restore_latest({"loop_state": loop_state_shape(again, env)})
-    assert restored.meta["kind"] == "compiled" and restored.meta["iteration"] == 4
+    assert restored.meta["executor"] == "compiled" and restored.meta["env_saved"] and restored.meta["env_step"] == 256
     assert _equal(restored.items["loop_state"], part.state)  # environment state, buffer, keys...
-    start = LoopStart(restored.items["loop_state"], restored.meta["iteration"], restored.meta["n_updates"])
-    rest = compiled_train(again, env, steps, checkpointer=checkpointer, start=start,
-                          segment_iterations=2)
+    rest = compiled_train(again, env, steps, callbacks=[CheckpointSaver(checkpointer)],
+                          start=restored.items["loop_state"], segment_iterations=2)
     assert rest.start_step == 256 and rest.env_steps == steps and not rest.stopped
     assert state_fingerprint(rest.state) == state_fingerprint(full.state)
     assert again.n_updates == 7 and again.env_step == steps
     assert checkpointer.all_steps() == [256, 384, 448]
-    apply_to_agent(TinyA2C("c", config, run_dir="unused"), restored)  # a loaded agent takes its state
+    loaded = TinyA2C("c", config, run_dir="unused")
+    apply_loop_state(loaded, restored.items["loop_state"])  # a loaded agent takes its state
+    assert _equal(loaded.state, part.state.agent_state)

@@ -17,10 +17,12 @@ import numpy as np
 import pytest
 
 from _agents import TinyDQN, TinyDQNParams, make_config
-from kitae.checkpoint import Checkpointer, apply_to_agent, host_target, mark_episodes_cut
 from kitae.cli import main
-from kitae.envs.make import make_vec_env
-from kitae.rundir import read_metrics, state_fingerprint
+from kitae.envs.make import EnvSpec, make_vec_env
+from kitae.loops.state import mark_episodes_cut
+from kitae.runs import RunError
+from kitae.runs.checkpoints import Checkpointer
+from kitae.runs.rundir import read_metrics, state_fingerprint
 
 
 def _equal(a, b) -> bool:
@@ -53,44 +55,58 @@ def _dqn(run_dir, save_frequency=50):
     return TinyDQN("t", config, run_dir=run_dir), env
 
 
-def test_agent_resume_continues_a_host_run_from_its_checkpoint(tmp_path):
+def test_a_run_started_from_python_saves_resumes_and_loads_like_one_from_the_command_line(tmp_path):
+    run_dir = tmp_path / "run"
+    agent, env = _dqn(run_dir)  # save_frequency 50, n_env_steps 200
+    result = agent.train(env, 100)
+    assert result.env_steps == 100 and agent.env_step == 100
+    for name in ("config.yaml", "metrics.jsonl", "summary.json", "curve.png", "logs"):
+        assert (run_dir / name).exists(), name
+    assert Checkpointer(run_dir / "checkpoints").all_steps() == [50, 100]  # every 50 steps and at the end
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 100 and summary["state_fingerprint"] == state_fingerprint(agent.state)
+
+    loaded = TinyDQN.unserialize(run_dir)
+    assert type(loaded) is TinyDQN and loaded.env_step == 100 and loaded.n_updates == agent.n_updates
+    assert _equal(loaded.state, agent.state) and _equal(loaded.buffer.state, agent.buffer.state)
+
+    resumed, env = _dqn(run_dir)
+    result = resumed.resume(env)  # to the config's 200 steps in all
+    assert result.start_step == 100 and result.env_steps == 200 and resumed.env_step == 200
+    assert resumed.n_updates == agent.n_updates + result.n_updates and result.n_updates == 50
+    assert Checkpointer(run_dir / "checkpoints").all_steps() == [100, 150, 200]
+    assert json.loads((run_dir / "summary.json").read_text())["resumed_from"] == 100
+    assert state_fingerprint(TinyDQN.unserialize(run_dir).state) == state_fingerprint(resumed.state)
+    with pytest.raises(RunError, match="already reached step 200"):
+        _dqn(run_dir)[0].resume(make_vec_env("CartPole-v1", 2), 200)
+    with pytest.raises(RunError, match="already holds a run"):  # a fresh agent does not overwrite it
+        _dqn(run_dir)[0].train(make_vec_env("CartPole-v1", 2), 100)
+
+
+def test_a_resumed_host_run_marks_the_interrupted_episodes_truncated(tmp_path):
     agent, env = _dqn(tmp_path / "run")
-    agent.train(env, 100, checkpointer=Checkpointer(tmp_path / "run" / "checkpoints"))
-    saved_state, saved_updates = agent.state, agent.n_updates
-
-    again, env = _dqn(tmp_path / "run")
-    restored = Checkpointer(tmp_path / "run" / "checkpoints").restore_latest(host_target(again))
-    assert restored.step == 100
-    apply_to_agent(again, restored)
-    assert _equal(again.state, saved_state) and again.n_updates == saved_updates
-    mark_episodes_cut(again)  # the environments restart: the running episodes end at the cut
-    last = (int(again.buffer.state.position) - 1) % again.buffer.state.capacity
-    truncated = np.asarray(again.buffer.state.data.truncated)
+    agent.train(env, 100)
+    buffer = agent.buffer.state
+    cut = mark_episodes_cut(buffer)
+    last = (int(buffer.position) - 1) % buffer.capacity
+    truncated = np.asarray(cut.data.truncated)
     assert truncated[last].all()
-    np.testing.assert_array_equal(np.delete(truncated, last, 0), np.delete(np.asarray(agent.buffer.state.data.truncated), last, 0))
-
-    resumed, env = _dqn(tmp_path / "run")
-    stats = resumed.resume(env)  # to the config's 200 steps in all
-    assert stats.global_step == 200 and resumed.env_step == 200
-    assert resumed.n_updates == saved_updates + stats.n_updates and stats.n_updates == 50
-    assert Checkpointer(tmp_path / "run" / "checkpoints").all_steps() == [100, 150, 200]
-    with pytest.raises(ValueError, match="asks for no more"):
-        _dqn(tmp_path / "run")[0].resume(make_vec_env("CartPole-v1", 2), 200)
+    np.testing.assert_array_equal(np.delete(truncated, last, 0), np.delete(np.asarray(buffer.data.truncated), last, 0))
+    assert mark_episodes_cut(buffer, False) is not buffer and _equal(mark_episodes_cut(buffer, False), buffer)
 
 
 @pytest.mark.parametrize("algo", ["ppo", "dqn"])
 def test_unserialize_gives_identical_parameters_and_actions(tmp_path, algo):
     from kitae.algos.collections import get_algorithm
-    from kitae.presets import build_config, resolve
+    from kitae.runs.presets import build_config, resolve
 
-    agent_cls, _ = get_algorithm(algo)
+    agent_cls, params_cls = get_algorithm(algo)
     env = make_vec_env("CartPole-v1", 2)
-    resolved = resolve(algo, "CartPole-v1", overrides={"n_envs": 2, "n_env_steps": 256},
+    spec = EnvSpec.parse("CartPole-v1")
+    resolved = resolve(algo, params_cls, spec, overrides={"n_envs": 2, "n_env_steps": 256},
                        sets=["update_cfg.max_buffer_size=32", "update_cfg.batch_size=32"])
-    config = build_config(algo, "CartPole-v1", env, resolved)
+    config = build_config(params_cls, spec, env, resolved)
     run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    config.to_yaml(run_dir / "config.yaml")
     agent = agent_cls("run", config, run_dir=run_dir)
     agent.train(env, 256)
     path = agent.save()
@@ -177,9 +193,9 @@ def test_sigterm_stops_a_host_run_cleanly_and_resume_finishes_it(tmp_path):
 
     assert main(["resume", str(run_dir), "--steps", "6000", "--quiet"]) == 0
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["steps"] == 6000 and summary["resumed_from"] == stopped_at
+    assert summary["steps"] == 6144 and summary["resumed_from"] == stopped_at  # whole rollouts of 32 x 8
     steps = [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")]
-    assert steps == sorted(steps) and steps[-1] <= 6000 and any(s > stopped_at for s in steps)
+    assert steps == sorted(steps) and steps[-1] <= 6144 and any(s > stopped_at for s in steps)
     tb = _scalar_steps(run_dir, "charts/episodic_return")
     assert tb == sorted(tb)  # the events logged past the checkpoint were purged
     from kitae.config import AlgoConfig

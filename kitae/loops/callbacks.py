@@ -11,7 +11,8 @@ When the hooks are called:
 - ``on_episodes(episodes)`` with the episodes that ended (host loop: after the step where they
   ended; compiled loop: after each segment, one row per iteration);
 - ``on_losses(step, losses, seed_index)`` with the mean of each update's info over the updates of
-  the last ``train_cfg.log_frequency`` environment steps (the same points in every executor);
+  the last ``train_cfg.log_frequency`` environment steps, and of those since then at every
+  checkpoint and at the end (the same points in every executor, resumed or not);
 - ``on_progress(progress)`` about twice a second (host loop) or after each segment (compiled);
 - ``on_checkpoint(payload)`` when a checkpoint is due (``kitae.schedule``), when the run is
   stopped, and at the end;
@@ -131,16 +132,17 @@ class LossMeans:
     """Means of each update's info over the updates of every ``log_frequency`` environment steps.
 
     ``add(step, info)`` after each update; it returns ``(step, means)`` when ``step`` crossed a
-    multiple of ``log_frequency`` since the previous update, else ``None``; ``flush(step)`` returns
-    what is left at the end. One ``add_scalar`` per loss and update would cost an off-policy agent
-    more than acting does.
+    multiple of ``log_frequency`` since the previous update (or ``start``), else ``None``;
+    ``flush(step)`` returns what is left: the executors flush at every checkpoint and at the end,
+    so a run resumed from a checkpoint writes the same points as one that never stopped. One
+    ``add_scalar`` per loss and update would cost an off-policy agent more than acting does.
     """
 
-    def __init__(self, log_frequency: int) -> None:
+    def __init__(self, log_frequency: int, start: int = 0) -> None:
         self.log_frequency = log_frequency
         self.sums: dict[str, float] = {}
         self.count = 0
-        self.last_step = 0
+        self.last_step = start
 
     def add(self, step: int, info: dict[str, float]) -> tuple[int, dict[str, float]] | None:
         crossed = step // self.log_frequency > self.last_step // self.log_frequency

@@ -444,9 +444,9 @@ class CompiledExecutor:
     def _segments(self, compiled: Any, state: LoopState, first: int, total: int, length: int, schedule: Any,
                   seeds: list[int], batched: bool, agent: Any, callbacks: Callback) -> tuple:
         """Runs the plan's segments, reporting to the callbacks between them."""
-        losses = LossMeans(agent.config.train_cfg.log_frequency)
-        chunks, train_seconds, stopped, done = [], 0.0, False, first
         first_step = first * schedule.steps_per_iteration
+        losses = LossMeans(agent.config.train_cfg.log_frequency, first_step)
+        chunks, train_seconds, stopped, done = [], 0.0, False, first
         for index, n, save in segment_plan(first, total, schedule, length):
             clock = time.perf_counter()
             state, rows = compiled(state, jnp.int32(n), jnp.int32(index))
@@ -470,10 +470,9 @@ class CompiledExecutor:
                                            float(np.mean(latest)) if latest else None))
             stopped = done < total and callbacks.should_stop()
             if save or stopped:
-                if done == total or stopped:
-                    logged = losses.flush(step)
-                    if logged is not None:
-                        callbacks.on_losses(*logged, 0 if batched else None)
+                logged = losses.flush(step)  # the loss points do not depend on where a run was cut
+                if logged is not None:
+                    callbacks.on_losses(*logged, 0 if batched else None)
                 callbacks.on_checkpoint(self._payload(state, seeds if batched else None))
             if stopped:
                 break

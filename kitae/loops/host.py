@@ -292,12 +292,15 @@ class HostExecutor:
         acting = agent.acting_params(agent_state)
         n_envs, per_iteration = env.num_envs, schedule.steps_per_iteration
         experience_type = agent.experience_type
-        losses = LossMeans(agent.config.train_cfg.log_frequency)
+        losses = LossMeans(agent.config.train_cfg.log_frequency, first)
         tracker = _Episodes(env, parallel)
         found: list[Episodes] = []
         update_steps: list[int] = []
 
         def payload(step: int) -> Payload:
+            logged = losses.flush(step)  # the loss points do not depend on where a run was cut
+            if logged is not None:
+                callbacks.on_losses(*logged, None)
             loop_state = LoopState(agent_state, key, buffer.state, np.asarray(step, np.int32),
                                    np.asarray(n_updates, np.int32))
             return Payload(loop_state, {"executor": self.name, "seeds": None, "env_saved": False})
@@ -358,9 +361,6 @@ class HostExecutor:
                 stopped = True
                 break
 
-        logged = losses.flush(env_step)
-        if logged is not None:
-            callbacks.on_losses(*logged, None)
         train_seconds = max(time.perf_counter() - begin - compile_seconds, 0.0)
         callbacks.on_progress(Progress(env_step, (env_step - first) / max(train_seconds, 1e-9), latest_return))
         final = payload(env_step)

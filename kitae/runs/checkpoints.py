@@ -152,7 +152,7 @@ def _without_unwanted_env(target: Any, entries: list[dict], arrays: list[np.ndar
     loaded for evaluation needs no environment): the ``.env`` arrays are left out."""
     if not isinstance(target, LoopState) or target.env is not None:
         return entries, arrays
-    keep = [i for i, entry in enumerate(entries) if not entry["path"].startswith(".env")]
+    keep = [i for i, entry in enumerate(entries) if not entry["path"].startswith(".env.")]
     return [entries[i] for i in keep], [arrays[i] for i in keep]
 
 

@@ -31,15 +31,9 @@ HERE = Path(__file__).resolve().parent
 
 
 def _agent(seed: int = 0):
-    from kitae.algos.collections import get_algorithm
-    from kitae.envs.jax_env import make_jax_env
-    from kitae.presets import build_config, resolve
+    from kitae.runs import preset_agent
 
-    resolved = resolve("ppo", "gymnax:CartPole-v1", overrides={"seed": seed})
-    env = make_jax_env("gymnax:CartPole-v1", resolved["n_envs"])
-    config = build_config("ppo", "gymnax:CartPole-v1", env, resolved)
-    agent_cls, _ = get_algorithm("ppo")
-    return agent_cls("bench", config, run_dir="/tmp/kitae-bench/compiled"), env
+    return preset_agent("ppo", "gymnax:CartPole-v1", seed=seed, run_dir="/tmp/kitae-bench/compiled")
 
 
 def worker(mode: str, steps: int, n_seeds: int) -> dict:

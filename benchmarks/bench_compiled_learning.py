@@ -29,16 +29,10 @@ CASES = [
 
 
 def run_case(algo: str, env_id: str, steps: int, threshold: float, seeds: list[int]) -> dict:
-    from kitae.algos.collections import get_algorithm
-    from kitae.envs.jax_env import make_jax_env
     from kitae.loops.compiled import compiled_train
-    from kitae.presets import build_config, resolve
+    from kitae.runs import preset_agent
 
-    resolved = resolve(algo, env_id, overrides={"n_env_steps": steps})
-    env = make_jax_env(env_id, resolved["n_envs"])
-    config = build_config(algo, env_id, env, resolved)
-    agent_cls, _ = get_algorithm(algo)
-    agent = agent_cls(f"bench-{algo}", config, run_dir=f"/tmp/kitae-bench/compiled-{algo}")
+    agent, env = preset_agent(algo, env_id, steps=steps, run_dir=f"/tmp/kitae-bench/compiled-{algo}")
     start = time.perf_counter()
     result = compiled_train(agent, env, steps, seeds=seeds)
     finals = [result.final_return(i) for i in range(len(seeds))]

@@ -93,26 +93,26 @@ def cartpole(seeds: list[int]) -> dict:
 
 
 def pong(n_steps: int, seed: int = 0) -> dict:
-    from kitae.algos.collections.ppo import PPO
-    from kitae.envs.make import make_vec_env
-    from kitae.presets import build_config, resolve
-
-    resolved = resolve("ppo", "envpool:Pong-v5", overrides={"seed": seed, "n_env_steps": n_steps})
-    env = make_vec_env("envpool:Pong-v5", resolved["n_envs"])
-    config = build_config("ppo", "envpool:Pong-v5", env, resolved)
-    agent = PPO(f"bench-envpool-pong-{seed}", config, run_dir=f"/tmp/kitae-bench/envpool-pong-{seed}")
-
-    marks: list[tuple[int, float]] = []  # (step, wall seconds) at each update
-
-    def progress(step: int, stats) -> None:
-        if stats.n_updates > len(marks):
-            marks.append((step, stats.wall_seconds))
-            print(f"Pong: step {step}, {stats.wall_seconds:.0f} s, {stats.n_updates} updates", flush=True)
-
+    from kitae.loops.callbacks import Callback
     from kitae.loops.train import vectorized_train
+    from kitae.runs import preset_agent
 
+    agent, env = preset_agent("ppo", "envpool:Pong-v5", seed=seed, steps=n_steps,
+                              run_dir=f"/tmp/kitae-bench/envpool-pong-{seed}")
+    config = agent.config
+    marks: list[tuple[int, float]] = []  # (step, wall seconds) at each update
     start = time.perf_counter()
-    stats = vectorized_train(seed, agent, env, n_steps, agent.algo_type, progress_fn=progress)
+
+    class Marks(Callback):
+        """Notes the time of each update (a losses point per update: log_frequency is a rollout)."""
+
+        def on_losses(self, step: int, losses: dict, seed_index) -> None:
+            marks.append((step, time.perf_counter() - start))
+            print(f"Pong: step {step}, {marks[-1][1]:.0f} s, {len(marks)} updates", flush=True)
+
+    rollout = config.update_cfg.max_buffer_size * config.env_cfg.n_envs
+    agent.config.train_cfg.log_frequency = rollout
+    stats = vectorized_train(seed, agent, env, n_steps, agent.algo_type, callbacks=[Marks()])
     wall = time.perf_counter() - start
     # steady speed: from the first update (which compiles) to the last, one rollout + update each
     if len(marks) < 2:
@@ -122,7 +122,7 @@ def pong(n_steps: int, seed: int = 0) -> dict:
     run_seconds = wall - stats.compile_seconds
     full = 2_000_000 / sps + stats.compile_seconds
     result = {
-        "name": "envpool_ppo_pong", "env_id": "envpool:Pong-v5", "seed": seed, "steps": stats.global_step,
+        "name": "envpool_ppo_pong", "env_id": "envpool:Pong-v5", "seed": seed, "steps": stats.env_steps,
         "n_envs": config.env_cfg.n_envs, "updates": stats.n_updates, "wall_seconds": wall,
         "compile_seconds": stats.compile_seconds, "run_seconds": run_seconds,
         "seconds_per_rollout_and_update": intervals, "sps_after_compile": sps,
@@ -135,7 +135,7 @@ def pong(n_steps: int, seed: int = 0) -> dict:
         "full_run_command": "kitae train ppo envpool:Pong-v5 --steps 2000000",
         "algo_params": repr(config.algo_params), "update_cfg": repr(config.update_cfg),
     }
-    print(f"Pong: {stats.global_step} steps, compile {stats.compile_seconds:.1f} s, {sps:,.0f} steps/s after "
+    print(f"Pong: {stats.env_steps} steps, compile {stats.compile_seconds:.1f} s, {sps:,.0f} steps/s after "
           f"compilation; 2M steps would take {full / 60:.0f} min", flush=True)
     (RESULTS / "envpool_ppo_pong.json").write_text(json.dumps(result, indent=2))
     return result

@@ -66,17 +66,14 @@ def main() -> None:
     parser.add_argument("--output", default=str(HERE / "results" / "jaxmarl_simple_spread.json"))
     args = parser.parse_args()
 
-    from kitae.algos.collections.ppo import PPO
-    from kitae.envs.jax_env import make_jax_env
+    from kitae.envs.make import make_jax_env
     from kitae.loops.compiled import compiled_train
     from kitae.loops.multi_agent import evaluate_team_returns as evaluate
-    from kitae.presets import build_config, resolve
+    from kitae.runs import preset_agent
 
-    resolved = resolve("ppo", ENV_ID, overrides={"n_env_steps": args.steps})
-    env = make_jax_env(ENV_ID, resolved["n_envs"])
-    config = build_config("ppo", ENV_ID, env, resolved)
+    agent, env = preset_agent("ppo", ENV_ID, steps=args.steps, run_dir="/tmp/kitae-bench/ippo-spread")
+    config = agent.config
     steps = config.train_cfg.n_env_steps
-    agent = PPO("bench-ippo-spread", config, run_dir="/tmp/kitae-bench/ippo-spread")
     start = time.perf_counter()
     result = compiled_train(agent, env, steps, seeds=args.seeds)
     wall = time.perf_counter() - start

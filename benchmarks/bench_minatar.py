@@ -66,7 +66,7 @@ def main() -> None:
 
     import kitae.config as cfg
     from kitae.algos.collections.ppo import PPO, PPOParams
-    from kitae.envs.jax_env import make_jax_env
+    from kitae.envs.make import make_jax_env
     from kitae.loops.compiled import compiled_train
 
     n_envs = 64

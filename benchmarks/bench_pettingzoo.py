@@ -139,7 +139,7 @@ def main() -> None:
         )
         agent = PPO(f"bench-pettingzoo-{seed}", config, run_dir=f"/tmp/kitae-bench/pettingzoo-{seed}")
         start = time.perf_counter()
-        stats = vectorized_train(seed, agent, env, args.steps, agent.algo_type, use_cache=False)
+        stats = vectorized_train(seed, agent, env, args.steps, agent.algo_type)
         wall = time.perf_counter() - start
 
         env = make_vec_env(ENV_ID, args.n_envs, vectorization_mode=mode)
@@ -152,10 +152,10 @@ def main() -> None:
             "eval_return": float(np.mean(trained_return)), "eval_return_std": float(np.std(trained_return)),
             "first_100_return": float(np.mean(stats.episode_returns[:100])),
             "final_return": stats.mean_return(100),
-            "final_agent_returns": {a: float(np.mean(r[-100:])) for a, r in stats.agent_episode_returns.items()},
-            "steps": stats.global_step, "episodes": len(stats.episode_returns), "updates": stats.n_updates,
+            "final_agent_returns": stats.final_agent_returns(0, last=100),
+            "steps": stats.env_steps, "episodes": len(stats.episode_returns), "updates": stats.n_updates,
             "wall_seconds": wall, "compile_seconds": stats.compile_seconds,
-            "sps": stats.global_step / wall, "sps_after_compile": stats.global_step / (wall - stats.compile_seconds),
+            "sps": stats.env_steps / wall, "sps_after_compile": stats.env_steps / (wall - stats.compile_seconds),
         }
         run["margin"] = run["eval_return"] - run["random_return"]
         run["margin_in_random_std"] = run["margin"] / run["random_return_std"]
@@ -163,7 +163,7 @@ def main() -> None:
         print(f"seed {seed}: random {run['random_return']:.1f} +- {run['random_return_std']:.1f}, PPO eval "
               f"{run['eval_return']:.1f} +- {run['eval_return_std']:.1f} (training: first 100 episodes "
               f"{run['first_100_return']:.1f}, last 100 {run['final_return']:.1f}), margin {run['margin']:.1f}; "
-              f"{stats.global_step} steps in {wall:.1f} s ({stats.compile_seconds:.1f} s compiling)", flush=True)
+              f"{stats.env_steps} steps in {wall:.1f} s ({stats.compile_seconds:.1f} s compiling)", flush=True)
 
     result = {
         "name": "pettingzoo_ppo_simple_spread", "env_id": ENV_ID,

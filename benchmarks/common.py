@@ -67,11 +67,11 @@ def run_learning(
             (step for step, _ in _rolling(stats, last_episodes) if _ >= threshold), None
         )
         runs.append({
-            "seed": seed, "final_return": final, "wall_seconds": wall, "sps": stats.global_step / wall,
-            "steps": stats.global_step, "episodes": len(stats.episode_returns), "first_step_at_threshold": first_hit,
+            "seed": seed, "final_return": final, "wall_seconds": wall, "sps": stats.env_steps / wall,
+            "steps": stats.env_steps, "episodes": len(stats.episode_returns), "first_step_at_threshold": first_hit,
         })
         print(f"[{name}] seed {seed}: final return {final:.1f} (threshold {threshold}), "
-              f"{stats.global_step} steps in {wall:.1f} s, first at threshold: {first_hit}", flush=True)
+              f"{stats.env_steps} steps in {wall:.1f} s, first at threshold: {first_hit}", flush=True)
     result = {
         "name": name, "env_id": env_id, "n_envs": n_envs, "n_env_steps": n_env_steps, "threshold": threshold,
         "passed": all(r["final_return"] >= threshold for r in runs),

@@ -99,7 +99,7 @@ def _kitae(task: str, seed: int, compiled: bool = False) -> dict:
     sys.path.insert(0, str(HERE))
     import kitae.config as cfg
     from common import build_config
-    from kitae.envs.jax_env import make_jax_env
+    from kitae.envs.make import make_jax_env
     from kitae.envs.make import make_vec_env
 
     spec = TASKS[task]

@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from kitae.algos.collections.sac import SAC
-from kitae.envs.jax_env import make_jax_env
-from kitae.presets import build_config, resolve
+from kitae.envs.make import make_jax_env
+from kitae.runs import preset_agent
 
 ENV_ID = "brax:inverted_pendulum"
 
@@ -39,11 +39,11 @@ def evaluate(agent: SAC, episodes: int = 10, seed: int = 123) -> np.ndarray:
 
 def main() -> None:
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else 20_000
-    resolved = resolve("sac", ENV_ID, overrides={"n_env_steps": steps})
-    env = make_jax_env(ENV_ID, resolved["n_envs"])  # BraxEnv("inverted_pendulum"), generalized backend
+    # the preset of `kitae train sac brax:inverted_pendulum`; the environment is a BraxEnv
+    # ("inverted_pendulum", generalized backend) in a VecJaxEnv
+    agent, env = preset_agent("sac", ENV_ID, steps=steps, run_dir="runs/example-brax-sac")
     print(f"{env}: observations {env.single_observation_space}, actions {env.single_action_space}")
-    agent = SAC("example-brax-sac", build_config("sac", ENV_ID, env, resolved))
-    run = agent.train(env, steps)  # a VecJaxEnv trains in the compiled loop
+    run = agent.train(env, steps)  # a VecJaxEnv trains in the compiled loop; writes runs/example-brax-sac
     print(f"compile {run.compile_seconds:.1f} s, train {run.train_seconds:.1f} s ({run.sps:,.0f} steps/s)")
     print(f"mean return of the last 10 training episodes: {run.final_return():.1f}")
     returns = evaluate(agent)

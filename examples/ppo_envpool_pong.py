@@ -3,31 +3,25 @@
 Run: ``.venv/bin/python examples/ppo_envpool_pong.py [N_ENV_STEPS]`` (default 10_240: a quick look;
 Pong needs a few million steps to learn). Needs ``pip install -e '.[envpool]'``.
 
-It builds the environment with ``make_vec_env("envpool:Pong-v5", 8)`` (84x84 grayscale frames,
-stack of 4, laid out ``(84, 84, 4)`` uint8, episodic life, clipped rewards), takes the Atari PPO
-preset (CleanRL's settings: 8 envs x 128 steps, 4 epochs of 4 minibatches, lr 2.5e-4 annealed,
-clip 0.1, entropy 0.01, one NatureCNN shared by actor and critic), trains in the host loop and
-prints the returns of the last episodes. ``kitae train ppo envpool:Pong-v5`` does the same from
-the command line, with a run directory.
+It takes the agent and environments ``kitae train ppo envpool:Pong-v5`` would
+(``kitae.runs.preset_agent``: ``make_vec_env("envpool:Pong-v5", 8)``, 84x84 grayscale frames,
+stack of 4, laid out ``(84, 84, 4)`` uint8, episodic life, clipped rewards; the Atari PPO preset,
+CleanRL's settings: 8 envs x 128 steps, 4 epochs of 4 minibatches, lr 2.5e-4 annealed, clip 0.1,
+entropy 0.01, one NatureCNN shared by actor and critic), trains in the host loop into
+``runs/example-ppo-pong`` and prints the returns of the last episodes.
 """
 
 import sys
 
-from kitae.algos.collections.ppo import PPO
-from kitae.envs.make import make_vec_env
-from kitae.presets import build_config, resolve
+from kitae.runs import preset_agent
 
 
 def main(n_env_steps: int = 10_240) -> None:
-    env_id = "envpool:Pong-v5"
-    resolved = resolve("ppo", env_id, overrides={"n_env_steps": n_env_steps, "seed": 0})
-    # Atari options can be changed here, e.g. env_kwargs={"episodic_life": False, "stack_num": 2}
-    env = make_vec_env(env_id, resolved["n_envs"])
+    # Atari options: kitae.envs.make.make_vec_env("envpool:Pong-v5", 8, env_kwargs={"stack_num": 2})
+    agent, env = preset_agent("ppo", "envpool:Pong-v5", steps=n_env_steps, seed=0, run_dir="runs/example-ppo-pong")
     print(f"observations {env.single_observation_space}, actions {env.single_action_space}")
-    config = build_config("ppo", env_id, env, resolved)
-    agent = PPO("example-ppo-pong", config)
     stats = agent.train(env, n_env_steps)  # closes env at the end
-    print(f"{stats.global_step} steps in {stats.wall_seconds:.0f} s ({stats.compile_seconds:.0f} s compiling), "
+    print(f"{stats.env_steps} steps in {stats.train_seconds:.0f} s ({stats.compile_seconds:.0f} s compiling), "
           f"{stats.n_updates} updates, {len(stats.episode_returns)} episodes")
     if stats.episode_returns:
         print(f"mean return of the last {min(10, len(stats.episode_returns))} episodes: {stats.mean_return(10):.1f} "

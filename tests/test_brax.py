@@ -24,7 +24,8 @@ pytestmark = [
 ]
 
 from kitae.envs.brax_env import BraxEnv, BraxParams, brax_env_names  # noqa: E402
-from kitae.envs.jax_env import VecJaxEnv, make_jax_env  # noqa: E402
+from kitae.envs.jax_env import VecJaxEnv  # noqa: E402
+from kitae.envs.make import EnvSpec, make_jax_env  # noqa: E402
 
 ENV = "inverted_pendulum"
 
@@ -150,13 +151,14 @@ def test_bad_ids_and_arguments_fail_clearly():
 
 def _agent(algo: str, n_envs: int, sets: list[str]):
     from kitae.algos.collections import get_algorithm
-    from kitae.presets import build_config, resolve
+    from kitae.runs.presets import build_config, resolve
 
-    env_id = f"brax:{ENV}"
-    resolved = resolve(algo, env_id, sets=sets, overrides={"n_envs": n_envs})
-    env = make_jax_env(env_id, n_envs, episode_length=50)
-    config = build_config(algo, env_id, env, resolved)
-    return get_algorithm(algo)[0](f"test-{algo}", config), env
+    agent_cls, params_cls = get_algorithm(algo)
+    spec = EnvSpec.parse(f"brax:{ENV}")
+    resolved = resolve(algo, params_cls, spec, sets=sets, overrides={"n_envs": n_envs})
+    env = make_jax_env(spec, n_envs, episode_length=50)
+    config = build_config(params_cls, spec, env, resolved)
+    return agent_cls(f"test-{algo}", config), env
 
 
 PPO_SETS = ["update_cfg.max_buffer_size=16", "update_cfg.batch_size=32", "update_cfg.n_epochs=2",

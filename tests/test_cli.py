@@ -12,7 +12,8 @@ import yaml
 
 from kitae.cli import main
 from kitae.config import AlgoConfig
-from kitae.rundir import read_metrics
+from kitae.envs.make import EnvSpec
+from kitae.runs.rundir import read_metrics
 
 
 def _bad(capsys, argv: list[str], *expected: str) -> str:
@@ -104,15 +105,16 @@ def test_help_says_what_and_shows_an_example(capsys, command):
 
 
 def test_presets_and_overrides_resolve_in_order(tmp_path):
-    from kitae.presets import resolve
+    from kitae.algos.collections.ppo import PPOParams
+    from kitae.runs.presets import resolve
 
-    base = resolve("ppo", "gymnax:CartPole-v1")
+    base = resolve("ppo", PPOParams, EnvSpec.parse("gymnax:CartPole-v1"))
     assert base["n_envs"] == 4 and base["update_cfg"]["learning_rate"] == "lin_2.5e-4"
-    gym_preset = resolve("ppo", "CartPole-v1")
+    gym_preset = resolve("ppo", PPOParams, EnvSpec.parse("CartPole-v1"))
     assert gym_preset["n_envs"] == 8 and gym_preset["update_cfg"]["n_epochs"] == 20
     file = tmp_path / "c.yaml"
     file.write_text(yaml.safe_dump({"n_envs": 2, "update_cfg": {"n_epochs": 3}}))
-    resolved = resolve("ppo", "CartPole-v1", config_file=str(file), overrides={"n_envs": 6},
+    resolved = resolve("ppo", PPOParams, EnvSpec.parse("CartPole-v1"), config_file=str(file), overrides={"n_envs": 6},
                        sets=["update_cfg.n_epochs=5", "algo_params.gamma=0.9"])
     assert resolved["n_envs"] == 6
     assert resolved["update_cfg"]["n_epochs"] == 5 and resolved["update_cfg"]["batch_size"] == 256

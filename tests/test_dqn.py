@@ -293,31 +293,31 @@ def test_one_update_changes_the_parameters():
     assert int(agent.state.qvalue.step) == 1
 
 
-def _cartpole_agent(seed: int) -> tuple[DQN, gym.vector.VectorEnv]:
+def _cartpole_agent(seed: int, name: str = "a") -> tuple[DQN, gym.vector.VectorEnv]:
     env = make_vec_env("CartPole-v1", 2)
     params = DQNParams(start_step=200, skip_steps=50, target_update_interval=10, hidden=(32,))
     config = make_config(
         params, observation_space=env.single_observation_space, action_space=env.single_action_space,
         n_envs=2, seed=seed, n_env_steps=1000, batch_size=32, n_epochs=4, max_buffer_size=1000,
     )
-    return DQN(f"dqn-{seed}", config, run_dir="runs/dqn"), env
+    return DQN(f"dqn-{seed}", config, run_dir=f"runs/dqn-{name}"), env
 
 
 def test_short_training_run_and_same_seed_gives_identical_parameters():
     agent_a, env_a = _cartpole_agent(3)
     stats = agent_a.train(env_a, 1000)
-    assert stats.global_step == 1000
+    assert stats.env_steps == 1000
     assert stats.n_updates == (1000 - 200) // 50 + 1 and len(stats.episode_returns) > 0
     assert int(agent_a.state.qvalue.step) == 4 * stats.n_updates
 
-    agent_b, env_b = _cartpole_agent(3)
+    agent_b, env_b = _cartpole_agent(3, "b")
     agent_b.train(env_b, 1000)
     for a, b in zip(jax.tree_util.tree_leaves(agent_a.state), jax.tree_util.tree_leaves(agent_b.state)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_trains_in_the_compiled_loop_with_a_traced_step():
-    from kitae.envs.jax_env import make_jax_env
+    from kitae.envs.make import make_jax_env
     from kitae.loops.compiled import compiled_train
 
     env = make_jax_env("gymnax:CartPole-v1", 2)

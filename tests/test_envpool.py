@@ -305,7 +305,7 @@ def test_bad_n_envs_video_seed_and_actions_are_refused():
 def test_dqn_trains_a_few_updates_on_envpool_cartpole_and_same_seed_same_parameters():
     from kitae.algos.collections.dqn import DQN, DQNParams
 
-    def run(seed):
+    def run(seed, name):
         env = make_vec_env("envpool:CartPole-v1", 2)
         config = cfg.AlgoConfig(
             seed=seed,
@@ -316,23 +316,23 @@ def test_dqn_trains_a_few_updates_on_envpool_cartpole_and_same_seed_same_paramet
             env_cfg=cfg.EnvConfig(task_name="envpool:CartPole-v1", observation_space=env.single_observation_space,
                                   action_space=env.single_action_space, n_envs=2),
         )
-        agent = DQN(f"dqn-envpool-{seed}", config, run_dir="runs/dqn-envpool")
+        agent = DQN(f"dqn-envpool-{seed}", config, run_dir=f"runs/dqn-envpool-{name}")
         before = agent.state.qvalue.params
         stats = agent.train(env, 400)
         return agent, before, stats
 
-    agent, before, stats = run(4)
-    assert stats.global_step == 400 and stats.n_updates == (400 - 100) // 50 + 1
+    agent, before, stats = run(4, "a")
+    assert stats.env_steps == 400 and stats.n_updates == (400 - 100) // 50 + 1
     assert len(stats.episode_returns) > 0 and all(r >= 8 for r in stats.episode_returns)
     assert sum(stats.episode_lengths) <= 400
     assert not _tree_equal(before, agent.state.qvalue.params)
-    again, _, _ = run(4)
+    again, _, _ = run(4, "b")
     assert _tree_equal(agent.state, again.state)
 
 
 @pytest.mark.slow  # compiles the NatureCNN update: 8 to 33 s here, depending on the load
 def test_kitae_train_ppo_on_envpool_pong_runs_a_few_updates_in_the_host_loop(tmp_path):
-    from kitae.runner import RunSpec, train_run
+    from kitae.runs import RunSpec, train_run
 
     sets = ["update_cfg.max_buffer_size=16", "update_cfg.batch_size=16", "update_cfg.n_epochs=1"]
     with pytest.warns(UserWarning, match=r"envpool: environments train in the host loop"):
@@ -346,7 +346,7 @@ def test_kitae_train_ppo_on_envpool_pong_runs_a_few_updates_in_the_host_loop(tmp
     assert config.env_cfg.observation_space.shape == (84, 84, 4)
     assert config.env_cfg.observation_space.dtype == np.uint8
 
-    from kitae.runner import load_agent
+    from kitae.runs import load_agent
 
     agent = load_agent(tmp_path / "pong")
     assert int(agent.state.actor_critic.step) == 4  # 64 steps = 2 rollouts of 16 x 2, each 1 epoch of 2 minibatches

@@ -23,7 +23,7 @@ from kitae.algos.collections.ppo import PPO, PPOParams
 from kitae.algos.collections.sac import SAC, SACParams
 from kitae.algos.collections.td3 import TD3, TD3Params
 from kitae.buffer import Experience, ReplayBuffer
-from kitae.envs.jax_env import make_jax_env
+from kitae.envs.make import make_jax_env
 from kitae.envs.make import make_vec_env
 from kitae.envs.wrappers import frame_stack
 from kitae.loops.compiled import compiled_train

@@ -450,7 +450,7 @@ def test_shared_parameter_training_smoke(algo, continuous, update, tmp_path):
     stats = vectorized_train(0, agent, env, 60, agent.algo_type, writer=writer)
     writer.close()
     assert env.closed
-    assert stats.global_step == 60 and stats.n_updates >= 3
+    assert stats.env_steps == 60 and stats.n_updates >= 3
     # 2 copies of 10-step episodes: 6 episodes, each agent's return logged; team = sum over agents
     assert stats.episode_lengths == [10] * 6
     assert set(stats.agent_episode_returns) == {"agent_0", "agent_1"}
@@ -472,14 +472,14 @@ def test_host_loop_stores_each_agents_own_transitions():
 
     env = SyncVecParallelEnv([functools.partial(CountParallelEnv, limit=4)] * 3)
     config = cfg.AlgoConfig(
-        seed=0, algo_params=PPOParams(), update_cfg=cfg.UpdateConfig(max_buffer_size=1000, batch_size=6),
+        seed=0, algo_params=PPOParams(), update_cfg=cfg.UpdateConfig(max_buffer_size=10, batch_size=6),
         train_cfg=cfg.TrainConfig(), env_cfg=cfg.EnvConfig("count", env.single_observation_space,
                                                           env.single_action_space, n_envs=3, n_agents=2))
     agent = PPO("count", config)
     copies = env.copies
-    stats = vectorized_train(0, agent, env, 30, agent.algo_type)
-    rows, size = agent.buffer._rows, agent.buffer.size
-    assert size == 10 and stats.episode_returns == [4 * (1 + 2)] * 6  # team = a0's 4 * 1 + a1's 4 * 2
+    stats = vectorized_train(0, agent, env, 30, agent.algo_type)  # one rollout of 10 vector steps, one update
+    rows, size = agent.buffer._rows, 10  # the update emptied the buffer; its rows are still there
+    assert agent.n_updates == 1 and agent.buffer.size == 0 and stats.episode_returns == [4 * (1 + 2)] * 6  # team = a0's 4 * 1 + a1's 4 * 2
     assert stats.agent_episode_returns == {"a0": [4.0] * 6, "a1": [8.0] * 6}
     for i, copy in enumerate(copies):
         for index, agent_name in enumerate(("a0", "a1")):
@@ -530,9 +530,11 @@ def test_vectorized_train_checks_n_agents():
 def test_multi_agent_replay_buffer_survives_a_checkpoint(tmp_path):
     import jax
 
-    from kitae.checkpoint import Checkpointer, apply_to_agent
+    from kitae.loops.executor import executor_for
+    from kitae.loops.state import apply_loop_state
     from kitae.loops.train import vectorized_train
-    from kitae.runner import restore_host
+    from kitae.runs.checkpoints import Checkpointer
+    from kitae.runs.load import restore_payload
 
     env = _spread()
     agent_cls, config = _config("dqn", env, 40, max_buffer_size=100, batch_size=16)
@@ -542,7 +544,8 @@ def test_multi_agent_replay_buffer_survives_a_checkpoint(tmp_path):
     with Checkpointer(tmp_path / "checkpoints") as checkpointer:
         checkpointer.save(40, agent)
     fresh = agent_cls("ckpt", config)
-    apply_to_agent(fresh, restore_host(fresh, tmp_path / "checkpoints"))
+    payload, _ = restore_payload(fresh, None, executor_for(env), tmp_path / "checkpoints")
+    apply_loop_state(fresh, payload.state)
     assert jax.tree_util.tree_structure(agent.buffer.state) == jax.tree_util.tree_structure(fresh.buffer.state)
     for saved, restored in ((agent.buffer.state, fresh.buffer.state), (agent.state, fresh.state)):
         for x, y in zip(jax.tree_util.tree_leaves(saved), jax.tree_util.tree_leaves(restored)):
@@ -557,7 +560,7 @@ def test_multi_agent_replay_buffer_survives_a_checkpoint(tmp_path):
 
 @needs_mpe2
 def test_kitae_train_and_eval_pettingzoo(tmp_path):
-    from kitae.runner import RunSpec, eval_run, resume_run, train_run
+    from kitae.runs import RunSpec, eval_run, resume_run, train_run
 
     run_dir = tmp_path / "run"
     summary = train_run(RunSpec("ppo", "pettingzoo:mpe2.simple_spread_v3", steps=256, n_envs=2, quiet=True,

@@ -402,18 +402,18 @@ def test_config_yaml_round_trip():
 # ---------------------------------------------------------------------------------------------
 
 
-def _short_run(seed):
+def _short_run(seed, name):
     env = make_vec_env("CartPole-v1", 2)
     config = _env_config(env, PPOParams(normalize_observations=True, normalize_rewards=True), seed=seed,
                          max_buffer_size=16, batch_size=8, n_epochs=2, n_env_steps=256)
-    agent = PPO("det", config, run_dir="runs/det")
+    agent = PPO("det", config, run_dir=f"runs/det-{name}")
     stats = agent.train(env, 256)
     return agent, stats
 
 
 def test_same_seed_gives_bit_identical_parameters():
-    a, stats_a = _short_run(seed=5)
-    b, stats_b = _short_run(seed=5)
+    a, stats_a = _short_run(seed=5, name="a")
+    b, stats_b = _short_run(seed=5, name="b")
     assert stats_a.n_updates == 8
     assert _leaves_equal(a.state, b.state)
     assert stats_a.episode_returns == stats_b.episode_returns
@@ -429,7 +429,7 @@ def test_smoke_training_run_continuous():
                          learning_rate_annealing=True)
     agent = PPO("smoke", config, run_dir="runs/smoke")
     stats = agent.train(env, 2048)
-    assert stats.global_step == 2048 and stats.n_updates == 8
+    assert stats.env_steps == 2048 and stats.n_updates == 8
     assert len(stats.episode_returns) > 0
     assert all(np.all(np.isfinite(x)) for x in jax.tree_util.tree_leaves(agent.state))
     assert int(agent.state.actor_critic.step) == 8 * 2 * 4

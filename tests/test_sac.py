@@ -285,7 +285,7 @@ def test_random_actions_before_start_step_then_policy_actions(agent):
     assert np.mean(np.abs(np.asarray(log_probs) + 2 * math.log(2.0)) < 1e-6) < 0.01  # not the uniform density
     # explore_fn with a known key: the policy's sample, scaled to the bounds
     key = jax.random.PRNGKey(5)
-    got, got_log_probs = agent.explore_fn(agent._acting_state(), key, obs, env_step=100, deterministic=False)
+    got, got_log_probs = agent.explore_fn(agent.acting_params(agent.state), key, obs, env_step=100, deterministic=False)
     sample_key, _ = jax.random.split(key)
     dist = agent.state.policy.apply_fn(agent.state.policy.params, obs)
     sampled, sampled_log_probs = dist.sample_and_log_prob(sample_key)
@@ -300,7 +300,7 @@ def test_explore_switch_works_with_a_traced_step(agent):
 
     @jax.jit
     def act(step):
-        return agent.explore_fn(agent._acting_state(), jax.random.PRNGKey(0), obs, env_step=step)[1]
+        return agent.explore_fn(agent.acting_params(agent.state), jax.random.PRNGKey(0), obs, env_step=step)[1]
 
     np.testing.assert_allclose(act(jnp.int32(99)), -2 * math.log(2.0), rtol=1e-6)
     assert not np.allclose(act(jnp.int32(100)), -2 * math.log(2.0))
@@ -387,25 +387,27 @@ def test_params_round_trip_through_yaml():
 # ---------------------------------------------------------------------------------------------
 
 
-def _train(seed: int, n_steps: int = 2000):
+def _train(seed: int, n_steps: int = 2000, name: str = "a"):
     env = make_vec_env("Pendulum-v1", 2)
     config = make_config(
         env.single_action_space, env.single_observation_space, seed=seed, n_envs=2, batch_size=32,
         start_step=200,
     )
-    agent = SAC(f"train-{seed}", config, run_dir="run")
+    agent = SAC(f"train-{seed}", config, run_dir=f"run-{name}")
     stats = agent.train(env, n_steps)
     return agent, stats
 
 
 def test_short_training_run_is_deterministic_and_compiles_once():
     agent, stats = _train(seed=3)
-    assert stats.global_step == 2000
+    assert stats.env_steps == 2000
     assert stats.n_updates == (2000 - 200) // 2 + 1  # one update per vector step from step 200 on
     assert len(stats.episode_returns) == 10 and all(np.isfinite(stats.episode_returns))  # 1000 steps per env
     assert int(agent.state.qvalue.step) == stats.n_updates
     # crossing start_step and the changing env_step recompiled nothing
-    assert agent.explore_fn._cache_size() == 1
-    assert agent._update_fn._cache_size() == 1
-    again, _ = _train(seed=3)
+    from kitae.loops.collect import compiled_steps
+
+    assert compiled_steps(agent).act._cache_size() == 1
+    assert compiled_steps(agent).update._cache_size() == 1
+    again, _ = _train(seed=3, name="b")
     assert leaves_equal(agent.state, again.state)

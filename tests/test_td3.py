@@ -255,7 +255,7 @@ def test_explore_and_select_action_in_env_units():
     assert np.all(np.abs(np.asarray(noisy)) <= 2.0)
     agent.env_step = 20  # a different step does not recompile
     agent.explore(obs)
-    assert agent.explore_fn._cache_size() == 1
+    assert agent._act_jit._cache_size() == 2  # one exploring, one deterministic
 
 
 # ---------------------------------------------------------------------------------------------
@@ -327,13 +327,13 @@ def _pendulum_config(env, seed: int, n_env_steps: int) -> cfg.AlgoConfig:
 
 @pytest.mark.slow
 def test_training_smoke_run_is_deterministic():
-    def run():
+    def run(name):
         env = make_vec_env("Pendulum-v1", 2)
-        agent = TD3("td3-smoke", _pendulum_config(env, seed=3, n_env_steps=1200), run_dir="smoke")
+        agent = TD3("td3-smoke", _pendulum_config(env, seed=3, n_env_steps=1200), run_dir=f"smoke-{name}")
         return agent, agent.train(env, 1200)
 
-    (a, stats_a), (b, stats_b) = run(), run()
-    assert stats_a.global_step == 1200
+    (a, stats_a), (b, stats_b) = run("a"), run("b")
+    assert stats_a.env_steps == 1200
     assert stats_a.n_updates == 501  # at steps 200, 202, ..., 1200
     assert int(a.state.critic.step) == 501 and int(a.state.actor.step) == 250  # every second critic update
     assert len(stats_a.episode_returns) == 6  # 600 steps per env: three 200-step episodes each

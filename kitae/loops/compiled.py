@@ -54,6 +54,7 @@ from kitae.loops.state import (
     mark_episodes_cut,
     payload_from_agent,
     pick_seed,
+    strongly_typed,
 )
 
 __all__ = ["CompiledExecutor", "IterationMetrics", "compiled_train", "make_loop_functions", "loop_state_shape",
@@ -168,9 +169,8 @@ def make_loop_functions(agent: Any, env: VecJaxEnv) -> tuple[Callable, Callable,
         )
         out = LoopState(state.agent_state, jnp.asarray(state.agent_key), buffer, step,
                         jnp.asarray(state.n_updates, jnp.int32), carry)
-        # strongly typed leaves (a Python scalar turned array is weakly typed): a fresh and a
-        # restored state then trace, compile and compute the same program
-        return jax.tree_util.tree_map(lambda x: x.astype(x.dtype) if getattr(x, "weak_type", False) else x, out)
+        # strongly typed leaves: a fresh and a restored state trace, compile and compute the same program
+        return strongly_typed(out)
 
     def fresh(seed: jax.Array) -> LoopState:
         agent_key, agent_state = agent.initial_state(seed)

@@ -34,7 +34,7 @@ from kitae.loops.collect import compiled_steps, make_experience
 from kitae.loops.episodes import track_episodes
 from kitae.loops.multi_agent import AgentEpisodes
 from kitae.loops.result import Episodes, RunResult, concat_episodes
-from kitae.loops.state import LoopState, Payload, mark_episodes_cut, payload_from_agent, reset_seed
+from kitae.loops.state import LoopState, Payload, mark_episodes_cut, payload_from_agent, reset_seed, strongly_typed
 
 __all__ = ["HostExecutor", "check_env", "process_termination", "episode_statistics", "EnvLike"]
 
@@ -287,7 +287,7 @@ class HostExecutor:
         steps = compiled_steps(agent)
         buffer = agent.make_buffer()  # a host holder of the loop state's buffer
         buffer.state = mark_episodes_cut(state.buffer) if first > 0 else state.buffer
-        agent_state, key = state.agent_state, np.asarray(state.agent_key)
+        agent_state, key = strongly_typed(state.agent_state), jax.numpy.asarray(state.agent_key)
         n_updates = int(np.asarray(state.n_updates))
         acting = agent.acting_params(agent_state)
         n_envs, per_iteration = env.num_envs, schedule.steps_per_iteration

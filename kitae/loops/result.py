@@ -107,9 +107,21 @@ class RunResult:
         return self.episodes[0].return_.tolist()
 
     @property
+    def episode_steps(self) -> list[int]:
+        """The environment steps at which the first seed's episodes ended, in the order of ``episode_returns``."""
+        return self.episodes[0].step.tolist()
+
+    @property
     def episode_lengths(self) -> list[float]:
         """The first seed's episode lengths, in the order of ``episode_returns``."""
         return self.episodes[0].length.tolist()
+
+    @property
+    def agent_episode_returns(self) -> dict[str, list[float]]:
+        """Multi-agent runs: ``{agent: the first seed's returns of that agent}``, in the order of
+        ``episode_returns`` (the team's); ``{}`` for a single agent."""
+        agents = self.episodes[0].agent_returns
+        return {} if agents is None else {a: v.tolist() for a, v in agents.items()}
 
     def final_return(self, seed_index: int = 0, last: int = 10) -> float:
         """Mean return of (about) the last ``last`` finished episodes of one seed: rows are taken

@@ -24,7 +24,7 @@ import numpy as np
 from kitae.buffer import BufferState
 
 __all__ = ["EnvCarry", "LoopState", "Payload", "payload_from_agent", "apply_loop_state", "mark_episodes_cut",
-           "pick_seed", "reset_seed"]
+           "pick_seed", "reset_seed", "strongly_typed"]
 
 
 class EnvCarry(NamedTuple):
@@ -91,6 +91,18 @@ def payload_from_agent(agent: Any, executor: str = "host") -> Payload:
         n_updates=jnp.asarray(int(getattr(agent, "n_updates", 0)), jnp.int32),
     )
     return Payload(state, {"executor": executor, "seeds": None, "env_saved": False})
+
+
+def strongly_typed(tree: Any) -> Any:
+    """Every leaf as a strongly typed array (a Python scalar, such as a fresh ``TrainState``'s step
+    counter, or a weakly typed array is not): a state a run starts from then has the types of the
+    state it carries after an update or a restore, and compiled functions trace once."""
+
+    def typed(x: Any) -> Any:
+        x = jnp.asarray(x)
+        return x.astype(x.dtype) if getattr(x, "weak_type", False) else x
+
+    return jax.tree_util.tree_map(typed, tree)
 
 
 def pick_seed(tree: Any, seed_index: int) -> Any:

@@ -14,6 +14,7 @@ writes ``benchmarks/results/brax_<algo>_<env>.json``. Needs ``pip install -e ".[
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import resource
@@ -46,22 +47,38 @@ def run_case(algo: str, env_id: str, steps: int, threshold: float, seeds: list[i
         every = max(1, len(x) // 50)
         curves[str(seed)] = [[int(a), round(float(b), 2)] for a, b in zip(x[::every], y[::every])]
     row = {
-        "algo": algo, "env_id": env_id, "backend": env.env.backend, "episode_length": env.params.episode_length,
-        "n_envs": env.num_envs, "steps_per_seed": result.env_steps, "seeds": seeds, "threshold": threshold,
-        "final_returns": finals, "passed": all(f >= threshold for f in finals),
-        "compile_seconds": result.compile_seconds, "compilation_cache": cache,
-        "train_seconds": result.train_seconds, "wall_seconds": wall,
-        "sps_all_seeds": result.sps, "sps_per_seed": result.sps / len(seeds),
+        "algo": algo,
+        "env_id": env_id,
+        "backend": env.env.backend,
+        "episode_length": env.params.episode_length,
+        "n_envs": env.num_envs,
+        "steps_per_seed": result.env_steps,
+        "seeds": seeds,
+        "threshold": threshold,
+        "final_returns": finals,
+        "passed": all(f >= threshold for f in finals),
+        "compile_seconds": result.compile_seconds,
+        "compilation_cache": cache,
+        "train_seconds": result.train_seconds,
+        "wall_seconds": wall,
+        "sps_all_seeds": result.sps,
+        "sps_per_seed": result.sps / len(seeds),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "settings": {k: resolved[k] for k in ("n_envs", "algo_params", "update_cfg")},
+        "settings": {
+            "n_envs": config.env_cfg.n_envs,
+            "algo_params": dataclasses.asdict(config.algo_params),
+            "update_cfg": config.update_cfg.to_dict(),
+        },
         "curves": curves,
         "command": " ".join(["python", *sys.argv]),
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
     }
-    print(f"{algo} {env_id}: final {[round(f, 1) for f in finals]} (threshold {threshold}), "
-          f"compile {row['compile_seconds']:.1f} s, train {row['train_seconds']:.1f} s, "
-          f"{row['sps_all_seeds']:,.0f} steps/s over {len(seeds)} seeds, peak {row['peak_rss_mb']:.0f} MB",
-          flush=True)
+    print(
+        f"{algo} {env_id}: final {[round(f, 1) for f in finals]} (threshold {threshold}), "
+        f"compile {row['compile_seconds']:.1f} s, train {row['train_seconds']:.1f} s, "
+        f"{row['sps_all_seeds']:,.0f} steps/s over {len(seeds)} seeds, peak {row['peak_rss_mb']:.0f} MB",
+        flush=True,
+    )
     return row
 
 

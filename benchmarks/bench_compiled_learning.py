@@ -37,15 +37,25 @@ def run_case(algo: str, env_id: str, steps: int, threshold: float, seeds: list[i
     result = compiled_train(agent, env, steps, seeds=seeds)
     finals = [result.final_return(i) for i in range(len(seeds))]
     row = {
-        "algo": algo, "env_id": env_id, "steps": result.env_steps, "seeds": seeds, "threshold": threshold,
-        "final_returns": finals, "passed": all(f >= threshold for f in finals),
-        "compile_seconds": result.compile_seconds, "train_seconds": result.train_seconds,
-        "wall_seconds": time.perf_counter() - start, "sps_all_seeds": result.sps,
+        "algo": algo,
+        "env_id": env_id,
+        "steps": result.env_steps,
+        "seeds": seeds,
+        "threshold": threshold,
+        "final_returns": finals,
+        "passed": all(f >= threshold for f in finals),
+        "compile_seconds": result.compile_seconds,
+        "train_seconds": result.train_seconds,
+        "wall_seconds": time.perf_counter() - start,
+        "sps_all_seeds": result.sps,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
-    print(f"{algo} {env_id}: final {[round(f, 1) for f in finals]} (threshold {threshold}), "
-          f"compile {row['compile_seconds']:.1f} s, train {row['train_seconds']:.1f} s, "
-          f"{row['sps_all_seeds']:,.0f} steps/s over {len(seeds)} seeds", flush=True)
+    print(
+        f"{algo} {env_id}: final {[round(f, 1) for f in finals]} (threshold {threshold}), "
+        f"compile {row['compile_seconds']:.1f} s, train {row['train_seconds']:.1f} s, "
+        f"{row['sps_all_seeds']:,.0f} steps/s over {len(seeds)} seeds",
+        flush=True,
+    )
     return row
 
 

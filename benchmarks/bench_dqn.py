@@ -50,10 +50,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import kitae.config as cfg  # noqa: E402
-from common import run_learning, seeds_argument  # noqa: E402
+from common import run_learning, seeds_argument
 
-from kitae.algos.collections.dqn import DQN, DQNParams  # noqa: E402
+import kitae.config as cfg
+from kitae.algos.collections.dqn import DQN, DQNParams
 
 ENV_ID = "CartPole-v1"
 N_ENVS = 1

@@ -35,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MACHINE = f"{platform.machine()}, {platform.python_version()}"
@@ -58,7 +58,8 @@ def throughput(n_envs: int = 8, vector_steps: int = 20_000, repeats: int = 5) ->
     makers = {
         "kitae EnvPoolVectorEnv (SAME_STEP)": lambda: make_vec_env("envpool:CartPole-v1", n_envs),
         "envpool make_gymnasium (NEXT_STEP, no adapter)": lambda: envpool.make_gymnasium(
-            "CartPole-v1", num_envs=n_envs, seed=0),
+            "CartPole-v1", num_envs=n_envs, seed=0
+        ),
         "gymnasium SyncVectorEnv (SAME_STEP)": lambda: make_vec_env("CartPole-v1", n_envs),
     }
     rows = {}
@@ -71,10 +72,18 @@ def throughput(n_envs: int = 8, vector_steps: int = 20_000, repeats: int = 5) ->
         sps = [vector_steps * n_envs / t for t in times]
         rows[name] = {"median_sps": statistics.median(sps), "sps": sps}
         print(f"{name}: median {statistics.median(sps):,.0f} transitions/s", flush=True)
-    result = {"name": "envpool_throughput", "load_average_1_5_15min_at_end": list(os.getloadavg()),
-              "env": "CartPole-v1", "n_envs": n_envs, "vector_steps": vector_steps,
-              "repeats": repeats, "actions": "uniform random, drawn beforehand", "results": rows, "machine": MACHINE,
-              "command": "python benchmarks/bench_envpool.py --only throughput"}
+    result = {
+        "name": "envpool_throughput",
+        "load_average_1_5_15min_at_end": list(os.getloadavg()),
+        "env": "CartPole-v1",
+        "n_envs": n_envs,
+        "vector_steps": vector_steps,
+        "repeats": repeats,
+        "actions": "uniform random, drawn beforehand",
+        "results": rows,
+        "machine": MACHINE,
+        "command": "python benchmarks/bench_envpool.py --only throughput",
+    }
     (RESULTS / "envpool_throughput.json").write_text(json.dumps(result, indent=2))
     return result
 
@@ -97,8 +106,9 @@ def pong(n_steps: int, seed: int = 0) -> dict:
     from kitae.loops.train import vectorized_train
     from kitae.runs import preset_agent
 
-    agent, env = preset_agent("ppo", "envpool:Pong-v5", seed=seed, steps=n_steps,
-                              run_dir=f"/tmp/kitae-bench/envpool-pong-{seed}")
+    agent, env = preset_agent(
+        "ppo", "envpool:Pong-v5", seed=seed, steps=n_steps, run_dir=f"/tmp/kitae-bench/envpool-pong-{seed}"
+    )
     config = agent.config
     marks: list[tuple[int, float]] = []  # (step, wall seconds) at each update
     start = time.perf_counter()
@@ -122,21 +132,34 @@ def pong(n_steps: int, seed: int = 0) -> dict:
     run_seconds = wall - stats.compile_seconds
     full = 2_000_000 / sps + stats.compile_seconds
     result = {
-        "name": "envpool_ppo_pong", "env_id": "envpool:Pong-v5", "seed": seed, "steps": stats.env_steps,
-        "n_envs": config.env_cfg.n_envs, "updates": stats.n_updates, "wall_seconds": wall,
-        "compile_seconds": stats.compile_seconds, "run_seconds": run_seconds,
-        "seconds_per_rollout_and_update": intervals, "sps_after_compile": sps,
+        "name": "envpool_ppo_pong",
+        "env_id": "envpool:Pong-v5",
+        "seed": seed,
+        "steps": stats.env_steps,
+        "n_envs": config.env_cfg.n_envs,
+        "updates": stats.n_updates,
+        "wall_seconds": wall,
+        "compile_seconds": stats.compile_seconds,
+        "run_seconds": run_seconds,
+        "seconds_per_rollout_and_update": intervals,
+        "sps_after_compile": sps,
         "episodes": len(stats.episode_returns),
         "mean_return_last_10": stats.mean_return(10) if stats.episode_returns else None,
-        "extrapolated_2M_seconds": full, "extrapolated_2M_minutes": full / 60,
-        "fits_40_min": full < 40 * 60, "machine": MACHINE,
+        "extrapolated_2M_seconds": full,
+        "extrapolated_2M_minutes": full / 60,
+        "fits_40_min": full < 40 * 60,
+        "machine": MACHINE,
         "load_average_1_5_15min_at_end": list(os.getloadavg()),
         "command": f"python benchmarks/bench_envpool.py --only pong --pong-steps {n_steps}",
         "full_run_command": "kitae train ppo envpool:Pong-v5 --steps 2000000",
-        "algo_params": repr(config.algo_params), "update_cfg": repr(config.update_cfg),
+        "algo_params": repr(config.algo_params),
+        "update_cfg": repr(config.update_cfg),
     }
-    print(f"Pong: {stats.env_steps} steps, compile {stats.compile_seconds:.1f} s, {sps:,.0f} steps/s after "
-          f"compilation; 2M steps would take {full / 60:.0f} min", flush=True)
+    print(
+        f"Pong: {stats.env_steps} steps, compile {stats.compile_seconds:.1f} s, {sps:,.0f} steps/s after "
+        f"compilation; 2M steps would take {full / 60:.0f} min",
+        flush=True,
+    )
     (RESULTS / "envpool_ppo_pong.json").write_text(json.dumps(result, indent=2))
     return result
 

@@ -8,7 +8,8 @@ seeds. Settings: the preset ``jaxmarl:MPE_simple_spread_v3`` of ``kitae/presets/
 
 Returns are TEAM returns: the sum of the three agents' returns over an episode (26 transitions).
 Both policies are scored by ONE function (``kitae.loops.multi_agent.evaluate_team_returns``):
-``--eval-envs`` environments run for ``--eval-episodes`` whole episodes each from keys that depend only on ``--eval-seed``, the
+``--eval-envs`` environments run for ``--eval-episodes`` whole episodes each from keys that depend only on
+``--eval-seed``, the
 trained agents acting as they trained (sampling from the policy) and greedily (the mode), the
 random policy drawing each agent's action uniformly from ``Discrete(5)``. The last training
 episodes' mean team return (``CompiledRun.final_return``) is recorded too.
@@ -20,12 +21,14 @@ Run: ``.venv/bin/python benchmarks/bench_jaxmarl.py [--steps N] [--seeds 0 1 2]`
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import resource
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import numpy as np
@@ -49,7 +52,7 @@ def agent_policy(agent: Any, state: Any, deterministic: bool) -> Callable:
     """The trained agent's actions from ``state``: sampled as in training, or the policy's mode."""
 
     def act(key: jax.Array, observation: dict) -> dict:
-        keys = {a: k for a, k in zip(observation, jax.random.split(key, len(observation)))}
+        keys = dict(zip(observation, jax.random.split(key, len(observation))))
         actions, _ = agent.explore_fn(state, keys, observation, deterministic=deterministic)
         return actions
 
@@ -77,9 +80,12 @@ def main() -> None:
     start = time.perf_counter()
     result = compiled_train(agent, env, steps, seeds=args.seeds)
     wall = time.perf_counter() - start
-    print(f"IPPO {ENV_ID}: {len(args.seeds)} seeds x {result.env_steps:,} steps, compile "
-          f"{result.compile_seconds:.1f} s, train {result.train_seconds:.1f} s, "
-          f"{result.sps:,.0f} env steps/s over all seeds", flush=True)
+    print(
+        f"IPPO {ENV_ID}: {len(args.seeds)} seeds x {result.env_steps:,} steps, compile "
+        f"{result.compile_seconds:.1f} s, train {result.train_seconds:.1f} s, "
+        f"{result.sps:,.0f} env steps/s over all seeds",
+        flush=True,
+    )
 
     eval_env = make_jax_env(ENV_ID, args.eval_envs)
     eval_key = jax.random.PRNGKey(args.eval_seed)
@@ -87,7 +93,7 @@ def main() -> None:
     random_mean = float(random_returns.mean())
     runs = []
     for i, seed in enumerate(args.seeds):
-        state = jax.tree_util.tree_map(lambda x: x[i], result.state.agent_state)
+        state = jax.tree_util.tree_map(lambda x, i=i: x[i], result.state.agent_state)
         sampled = evaluate(eval_env, agent_policy(agent, state, False), eval_key, args.eval_episodes)
         greedy = evaluate(eval_env, agent_policy(agent, state, True), eval_key, args.eval_episodes)
         run = {
@@ -101,22 +107,26 @@ def main() -> None:
             "margin_greedy_vs_random": float(greedy.mean()) - random_mean,
         }
         runs.append(run)
-        print(f"  seed {seed}: training {run['final_training_return']:.1f}, eval sampled "
-              f"{run['eval_return_sampled']:.1f}, greedy {run['eval_return_greedy']:.1f}; random {random_mean:.1f}; "
-              f"margin (sampled) {run['margin_sampled_vs_random']:+.1f}", flush=True)
+        print(
+            f"  seed {seed}: training {run['final_training_return']:.1f}, eval sampled "
+            f"{run['eval_return_sampled']:.1f}, greedy {run['eval_return_greedy']:.1f}; random {random_mean:.1f}; "
+            f"margin (sampled) {run['margin_sampled_vs_random']:+.1f}",
+            flush=True,
+        )
 
     margins = [r["margin_sampled_vs_random"] for r in runs]
     row = {
         "name": "ippo_simple_spread_compiled",
         "env_id": ENV_ID,
-        "command": "python benchmarks/bench_jaxmarl.py" + (f" --steps {args.steps}" if args.steps else "")
-                   + f" --seeds {' '.join(map(str, args.seeds))}",
+        "command": "python benchmarks/bench_jaxmarl.py"
+        + (f" --steps {args.steps}" if args.steps else "")
+        + f" --seeds {' '.join(map(str, args.seeds))}",
         "algo": "ppo (IPPO: one set of parameters shared by the 3 agents)",
         "n_envs": env.num_envs,
         "n_agents": env.n_agents,
         "steps_per_seed": result.env_steps,
         "seeds": args.seeds,
-        "config": {"algo_params": resolved["algo_params"], "update_cfg": resolved["update_cfg"]},
+        "config": {"algo_params": dataclasses.asdict(config.algo_params), "update_cfg": config.update_cfg.to_dict()},
         "return_definition": "team return: the sum of the 3 agents' returns over one 26-step episode",
         "evaluation": {"envs": args.eval_envs, "episodes_per_env": args.eval_episodes, "seed": args.eval_seed},
         "random_policy_return": random_mean,
@@ -132,10 +142,13 @@ def main() -> None:
         "agent_transitions_per_second_all_seeds": result.sps * env.n_agents,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "machine": f"{platform.machine()}, {platform.python_version()}, jax {jax.__version__}, "
-                   f"{jax.devices()[0].platform} x{jax.device_count()}",
+        f"{jax.devices()[0].platform} x{jax.device_count()}",
     }
-    print(f"margin over random (sampled policy): min {row['min_margin_sampled_vs_random']:+.1f}, "
-          f"mean {row['mean_margin_sampled_vs_random']:+.1f}", flush=True)
+    print(
+        f"margin over random (sampled policy): min {row['min_margin_sampled_vs_random']:+.1f}, "
+        f"mean {row['mean_margin_sampled_vs_random']:+.1f}",
+        flush=True,
+    )
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(row, indent=2) + "\n")

@@ -42,8 +42,13 @@ def random_policy_return(env, n_steps: int, seed: int = 0) -> tuple[float, int]:
         ts = env.step(step_key, state, actions)
         ended = jnp.logical_or(ts.terminated, ts.truncated)
         running, lengths, returns, _ = track_episodes(jnp, running, lengths, ts.reward, ended)
-        return (ts.state, running, lengths, total + jnp.sum(jnp.where(ended, returns, 0.0)),
-                count + jnp.sum(ended)), None
+        return (
+            ts.state,
+            running,
+            lengths,
+            total + jnp.sum(jnp.where(ended, returns, 0.0)),
+            count + jnp.sum(ended),
+        ), None
 
     @jax.jit
     def run(key):
@@ -74,11 +79,21 @@ def main() -> None:
     config = cfg.AlgoConfig(
         seed=args.seeds[0],
         algo_params=PPOParams(gamma=0.99, gae_lambda=0.95, clip_coef=0.2, entropy_coef=0.01, value_coef=0.5),
-        update_cfg=cfg.UpdateConfig(learning_rate=5e-4, learning_rate_annealing=True, max_grad_norm=0.5,
-                                    max_buffer_size=128, batch_size=1024, n_epochs=4),
+        update_cfg=cfg.UpdateConfig(
+            learning_rate=5e-4,
+            learning_rate_annealing=True,
+            max_grad_norm=0.5,
+            max_buffer_size=128,
+            batch_size=1024,
+            n_epochs=4,
+        ),
         train_cfg=cfg.TrainConfig(n_env_steps=args.steps),
-        env_cfg=cfg.EnvConfig(task_name=ENV_ID, observation_space=env.single_observation_space,
-                              action_space=env.single_action_space, n_envs=n_envs),
+        env_cfg=cfg.EnvConfig(
+            task_name=ENV_ID,
+            observation_space=env.single_observation_space,
+            action_space=env.single_action_space,
+            n_envs=n_envs,
+        ),
     )
     agent = PPO("bench-minatar", config, run_dir="/tmp/kitae-bench/minatar")
     start = time.perf_counter()
@@ -87,16 +102,24 @@ def main() -> None:
     finals = [result.final_return(i) for i in range(len(args.seeds))]
     random_return, random_episodes = random_policy_return(env, 2_000)
     row = {
-        "algo": "ppo", "env_id": ENV_ID, "encoder": "MinAtarCNN", "n_envs": n_envs,
-        "steps_per_seed": result.env_steps, "seeds": list(args.seeds),
-        "final_returns": finals, "median_final_return": float(np.median(finals)),
-        "random_policy_return": random_return, "random_policy_episodes": random_episodes,
-        "compile_seconds": result.compile_seconds, "train_seconds": result.train_seconds,
-        "wall_seconds": wall, "sps_all_seeds": result.sps,
+        "algo": "ppo",
+        "env_id": ENV_ID,
+        "encoder": "MinAtarCNN",
+        "n_envs": n_envs,
+        "steps_per_seed": result.env_steps,
+        "seeds": list(args.seeds),
+        "final_returns": finals,
+        "median_final_return": float(np.median(finals)),
+        "random_policy_return": random_return,
+        "random_policy_episodes": random_episodes,
+        "compile_seconds": result.compile_seconds,
+        "train_seconds": result.train_seconds,
+        "wall_seconds": wall,
+        "sps_all_seeds": result.sps,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "machine": f"{platform.machine()}, {jax.devices()[0].platform}, {jax.device_count()} device(s)",
         "command": f".venv/bin/python benchmarks/bench_minatar.py --steps {args.steps} --seeds "
-                   + " ".join(map(str, args.seeds)),
+        + " ".join(map(str, args.seeds)),
     }
     print(json.dumps(row, indent=2))
     path = HERE / "results" / "minatar_breakout.json"

@@ -51,7 +51,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kitae.envs.make import make_vec_env  # noqa: E402  (no JAX: worker processes import this file)
+from kitae.envs.make import make_vec_env
 
 ENV_ID = "pettingzoo:mpe2.simple_spread_v3"
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -61,8 +61,14 @@ PPO_PARAMS = dict(gamma=0.95, gae_lambda=0.95, clip_coef=0.2, entropy_coef=0.01,
 def update_cfg(n_envs: int, rollout: int):
     import kitae.config as cfg
 
-    return cfg.UpdateConfig(learning_rate=7e-4, learning_rate_annealing=True, max_grad_norm=0.5,
-                            max_buffer_size=rollout, batch_size=n_envs * rollout * 3 // 2, n_epochs=5)
+    return cfg.UpdateConfig(
+        learning_rate=7e-4,
+        learning_rate_annealing=True,
+        max_grad_norm=0.5,
+        max_buffer_size=rollout,
+        batch_size=n_envs * rollout * 3 // 2,
+        n_epochs=5,
+    )
 
 
 def team_returns(env, act, episodes: int, seed: int) -> list[float]:
@@ -119,8 +125,11 @@ def main() -> None:
     args = parser.parse_args()
 
     speeds = {mode: throughput(mode, args.n_envs) for mode in ("sync", "async")}
-    print(f"random-action env steps/s with {args.n_envs} copies: " +
-          ", ".join(f"{mode} {sps:,.0f}" for mode, sps in speeds.items()), flush=True)
+    print(
+        f"random-action env steps/s with {args.n_envs} copies: "
+        + ", ".join(f"{mode} {sps:,.0f}" for mode, sps in speeds.items()),
+        flush=True,
+    )
     mode = max(speeds, key=speeds.get) if args.mode == "fastest" else args.mode
 
     runs = []
@@ -131,11 +140,17 @@ def main() -> None:
 
         env = make_vec_env(ENV_ID, args.n_envs, vectorization_mode=mode)
         config = cfg.AlgoConfig(
-            seed=seed, algo_params=PPOParams(**PPO_PARAMS), update_cfg=update_cfg(args.n_envs, args.rollout),
+            seed=seed,
+            algo_params=PPOParams(**PPO_PARAMS),
+            update_cfg=update_cfg(args.n_envs, args.rollout),
             train_cfg=cfg.TrainConfig(n_env_steps=args.steps),
-            env_cfg=cfg.EnvConfig(task_name=ENV_ID, observation_space=env.single_observation_space,
-                                  action_space=env.single_action_space, n_envs=env.num_envs,
-                                  n_agents=env.num_agents),
+            env_cfg=cfg.EnvConfig(
+                task_name=ENV_ID,
+                observation_space=env.single_observation_space,
+                action_space=env.single_action_space,
+                n_envs=env.num_envs,
+                n_agents=env.num_agents,
+            ),
         )
         agent = PPO(f"bench-pettingzoo-{seed}", config, run_dir=f"/tmp/kitae-bench/pettingzoo-{seed}")
         start = time.perf_counter()
@@ -143,34 +158,51 @@ def main() -> None:
         wall = time.perf_counter() - start
 
         env = make_vec_env(ENV_ID, args.n_envs, vectorization_mode=mode)
-        trained_return = team_returns(env, lambda obs: {a: np.asarray(x) for a, x in agent.explore(obs)[0].items()},
-                                      args.eval_episodes, 1000 + seed)
+        trained_return = team_returns(
+            env,
+            lambda obs, agent=agent: {a: np.asarray(x) for a, x in agent.explore(obs)[0].items()},
+            args.eval_episodes,
+            1000 + seed,
+        )
         env.close()
         run = {
             "seed": seed,
-            "random_return": float(np.mean(random_return)), "random_return_std": float(np.std(random_return)),
-            "eval_return": float(np.mean(trained_return)), "eval_return_std": float(np.std(trained_return)),
+            "random_return": float(np.mean(random_return)),
+            "random_return_std": float(np.std(random_return)),
+            "eval_return": float(np.mean(trained_return)),
+            "eval_return_std": float(np.std(trained_return)),
             "first_100_return": float(np.mean(stats.episode_returns[:100])),
             "final_return": stats.mean_return(100),
             "final_agent_returns": stats.final_agent_returns(0, last=100),
-            "steps": stats.env_steps, "episodes": len(stats.episode_returns), "updates": stats.n_updates,
-            "wall_seconds": wall, "compile_seconds": stats.compile_seconds,
-            "sps": stats.env_steps / wall, "sps_after_compile": stats.env_steps / (wall - stats.compile_seconds),
+            "steps": stats.env_steps,
+            "episodes": len(stats.episode_returns),
+            "updates": stats.n_updates,
+            "wall_seconds": wall,
+            "compile_seconds": stats.compile_seconds,
+            "sps": stats.env_steps / wall,
+            "sps_after_compile": stats.env_steps / (wall - stats.compile_seconds),
         }
         run["margin"] = run["eval_return"] - run["random_return"]
         run["margin_in_random_std"] = run["margin"] / run["random_return_std"]
         runs.append(run)
-        print(f"seed {seed}: random {run['random_return']:.1f} +- {run['random_return_std']:.1f}, PPO eval "
-              f"{run['eval_return']:.1f} +- {run['eval_return_std']:.1f} (training: first 100 episodes "
-              f"{run['first_100_return']:.1f}, last 100 {run['final_return']:.1f}), margin {run['margin']:.1f}; "
-              f"{stats.env_steps} steps in {wall:.1f} s ({stats.compile_seconds:.1f} s compiling)", flush=True)
+        print(
+            f"seed {seed}: random {run['random_return']:.1f} +- {run['random_return_std']:.1f}, PPO eval "
+            f"{run['eval_return']:.1f} +- {run['eval_return_std']:.1f} (training: first 100 episodes "
+            f"{run['first_100_return']:.1f}, last 100 {run['final_return']:.1f}), margin {run['margin']:.1f}; "
+            f"{stats.env_steps} steps in {wall:.1f} s ({stats.compile_seconds:.1f} s compiling)",
+            flush=True,
+        )
 
     result = {
-        "name": "pettingzoo_ppo_simple_spread", "env_id": ENV_ID,
+        "name": "pettingzoo_ppo_simple_spread",
+        "env_id": ENV_ID,
         "env_kwargs": "defaults: N=3, local_ratio=0.5, max_cycles=25, discrete actions",
         "team_return": "sum over the 3 agents of their episode returns",
-        "command": "python " + " ".join(sys.argv), "vectorization_mode": mode,
-        "vec_env_random_sps": speeds, "n_envs": args.n_envs, "n_env_steps": args.steps,
+        "command": "python " + " ".join(sys.argv),
+        "vectorization_mode": mode,
+        "vec_env_random_sps": speeds,
+        "n_envs": args.n_envs,
+        "n_env_steps": args.steps,
         "eval_episodes": args.eval_episodes,
         "mean_random_return": float(np.mean([r["random_return"] for r in runs])),
         "mean_eval_return": float(np.mean([r["eval_return"] for r in runs])),
@@ -179,14 +211,30 @@ def main() -> None:
         "median_wall_seconds": float(np.median([r["wall_seconds"] for r in runs])),
         "median_compile_seconds": float(np.median([r["compile_seconds"] for r in runs])),
         "passed": all(r["margin"] > 0 for r in runs),
-        "runs": runs, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "runs": runs,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "machine": f"{platform.machine()}, {platform.python_version()}",
-        "algo_params": repr(PPOParams(**PPO_PARAMS)), "update_cfg": repr(update_cfg(args.n_envs, args.rollout)),
+        "algo_params": repr(PPOParams(**PPO_PARAMS)),
+        "update_cfg": repr(update_cfg(args.n_envs, args.rollout)),
     }
     RESULTS.mkdir(exist_ok=True)
     Path(args.output).write_text(json.dumps(result, indent=2))
-    print(json.dumps({k: result[k] for k in ("mean_random_return", "mean_eval_return", "mean_margin", "min_margin",
-                                             "median_wall_seconds", "passed")}, indent=2))
+    print(
+        json.dumps(
+            {
+                k: result[k]
+                for k in (
+                    "mean_random_return",
+                    "mean_eval_return",
+                    "mean_margin",
+                    "min_margin",
+                    "median_wall_seconds",
+                    "passed",
+                )
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

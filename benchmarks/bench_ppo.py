@@ -48,9 +48,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import kitae.config as cfg  # noqa: E402
-from common import run_learning  # noqa: E402
-from kitae.algos.collections.ppo import PPO, PPOParams  # noqa: E402
+from common import run_learning
+
+import kitae.config as cfg
+from kitae.algos.collections.ppo import PPO, PPOParams
 
 CARTPOLE = dict(
     env_id="CartPole-v1",
@@ -58,12 +59,22 @@ CARTPOLE = dict(
     n_env_steps=100_000,
     threshold=475.0,
     algo_params=PPOParams(
-        gamma=0.98, gae_lambda=0.8, clip_coef=0.2, clip_value_loss=False, entropy_coef=0.0, value_coef=0.5,
+        gamma=0.98,
+        gae_lambda=0.8,
+        clip_coef=0.2,
+        clip_value_loss=False,
+        entropy_coef=0.0,
+        value_coef=0.5,
         normalize_advantages=True,
     ),
     update_cfg=cfg.UpdateConfig(
-        learning_rate=1e-3, learning_rate_annealing=True, max_grad_norm=0.5,
-        max_buffer_size=32, batch_size=256, n_epochs=20, shared_encoder=False,
+        learning_rate=1e-3,
+        learning_rate_annealing=True,
+        max_grad_norm=0.5,
+        max_buffer_size=32,
+        batch_size=256,
+        n_epochs=20,
+        shared_encoder=False,
     ),
 )
 
@@ -73,12 +84,25 @@ PENDULUM = dict(
     n_env_steps=300_000,
     threshold=-250.0,
     algo_params=PPOParams(
-        gamma=0.9, gae_lambda=0.95, clip_coef=0.2, clip_value_loss=True, entropy_coef=0.0, value_coef=0.5,
-        normalize_advantages=True, normalize_observations=True, normalize_rewards=True, log_std_init=0.0,
+        gamma=0.9,
+        gae_lambda=0.95,
+        clip_coef=0.2,
+        clip_value_loss=True,
+        entropy_coef=0.0,
+        value_coef=0.5,
+        normalize_advantages=True,
+        normalize_observations=True,
+        normalize_rewards=True,
+        log_std_init=0.0,
     ),
     update_cfg=cfg.UpdateConfig(
-        learning_rate=1e-3, learning_rate_annealing=True, max_grad_norm=0.5,
-        max_buffer_size=1024, batch_size=64, n_epochs=10, shared_encoder=False,
+        learning_rate=1e-3,
+        learning_rate_annealing=True,
+        max_grad_norm=0.5,
+        max_buffer_size=1024,
+        batch_size=64,
+        n_epochs=10,
+        shared_encoder=False,
     ),
 )
 
@@ -94,11 +118,20 @@ def main() -> int:
     for name in args.only:
         b = BENCHMARKS[name]
         result = run_learning(
-            f"ppo_{name}", PPO, b["algo_params"], b["update_cfg"], env_id=b["env_id"], n_envs=b["n_envs"],
-            n_env_steps=b["n_env_steps"], seeds=args.seeds, threshold=b["threshold"],
+            f"ppo_{name}",
+            PPO,
+            b["algo_params"],
+            b["update_cfg"],
+            env_id=b["env_id"],
+            n_envs=b["n_envs"],
+            n_env_steps=b["n_env_steps"],
+            seeds=args.seeds,
+            threshold=b["threshold"],
         )
-        print(f"ppo_{name}: passed={result['passed']}, per seed: "
-              f"{[round(r['final_return'], 1) for r in result['runs']]}", flush=True)
+        print(
+            f"ppo_{name}: passed={result['passed']}, per seed: {[round(r['final_return'], 1) for r in result['runs']]}",
+            flush=True,
+        )
         passed &= result["passed"]
     return 0 if passed else 1
 

@@ -83,12 +83,20 @@ def sac_settings():
 
 def learning(seeds: list[int]) -> dict:
     import common
+
     from kitae.algos.collections.sac import SAC
 
     params, update_cfg = sac_settings()
     result = common.run_learning(
-        "sac_pendulum", SAC, params, update_cfg, env_id=ENV_ID, n_envs=1, n_env_steps=N_ENV_STEPS,
-        seeds=seeds, threshold=THRESHOLD,
+        "sac_pendulum",
+        SAC,
+        params,
+        update_cfg,
+        env_id=ENV_ID,
+        n_envs=1,
+        n_env_steps=N_ENV_STEPS,
+        seeds=seeds,
+        threshold=THRESHOLD,
     )
     print(
         f"[sac_pendulum] passed={result['passed']} mean final return {result['mean_final_return']:.1f} "
@@ -128,9 +136,16 @@ def _kitae_worker(steps: int, seed: int) -> dict:
     env = make_vec_env(ENV_ID, 1)
     params, update_cfg = sac_settings()
     config = cfg.AlgoConfig(
-        seed=seed, algo_params=params, update_cfg=update_cfg, train_cfg=cfg.TrainConfig(n_env_steps=steps),
-        env_cfg=cfg.EnvConfig(task_name=ENV_ID, observation_space=env.single_observation_space,
-                              action_space=env.single_action_space, n_envs=1),
+        seed=seed,
+        algo_params=params,
+        update_cfg=update_cfg,
+        train_cfg=cfg.TrainConfig(n_env_steps=steps),
+        env_cfg=cfg.EnvConfig(
+            task_name=ENV_ID,
+            observation_space=env.single_observation_space,
+            action_space=env.single_action_space,
+            n_envs=1,
+        ),
     )
     agent = SAC("bench-sac-speed", config, run_dir=f"/tmp/kitae-bench/sac-speed-{seed}")
     writer = SummaryWriter(f"/tmp/kitae-bench/sac-speed-{seed}/logs")
@@ -157,10 +172,20 @@ def _sbx_worker(steps: int, seed: int) -> dict:
 
     params, update_cfg = sac_settings()
     model = SBXSAC(
-        "MlpPolicy", gym.make(ENV_ID), learning_rate=update_cfg.learning_rate,
-        buffer_size=update_cfg.max_buffer_size, learning_starts=LEARNING_STARTS, batch_size=update_cfg.batch_size,
-        tau=params.tau, gamma=params.gamma, train_freq=1, gradient_steps=1, ent_coef="auto",
-        policy_kwargs=dict(net_arch=list(params.policy_hidden)), seed=seed, verbose=0,
+        "MlpPolicy",
+        gym.make(ENV_ID),
+        learning_rate=update_cfg.learning_rate,
+        buffer_size=update_cfg.max_buffer_size,
+        learning_starts=LEARNING_STARTS,
+        batch_size=update_cfg.batch_size,
+        tau=params.tau,
+        gamma=params.gamma,
+        train_freq=1,
+        gradient_steps=1,
+        ent_coef="auto",
+        policy_kwargs=dict(net_arch=list(params.policy_hidden)),
+        seed=seed,
+        verbose=0,
     )
     start = time.perf_counter()
     model.learn(steps, callback=Timer())
@@ -173,7 +198,10 @@ def _speed_record(name: str, steps: int, total: float, marks: dict, steady_from:
     n = steps - steady_from
     walls = np.array([marks[s][0] for s in range(steady_from, steps + 1) if s in marks])
     return {
-        "impl": name, "steps": steps, "sps_total": steps / total, "sps_steady": n / (w1 - w0),
+        "impl": name,
+        "steps": steps,
+        "sps_total": steps / total,
+        "sps_steady": n / (w1 - w0),
         "cpu_ms_per_step_steady": (c1 - c0) / n * 1e3,
         # the median time between two consecutive steps: robust to bursts of load from other processes
         "median_step_ms": float(np.median(np.diff(walls)) * 1e3),
@@ -193,14 +221,19 @@ def speed(sbx_python: str, rounds: int, steps: int) -> dict:
                 raise RuntimeError(f"{impl} speed run failed:\n{out.stderr[-3000:]}")
             record = json.loads(line[-1])
             runs.append(record)
-            print(f"round {r}: {impl:5s} {record['sps_total']:.0f} sps overall, {record['sps_steady']:.0f} sps "
-                  f"steady, {record['cpu_ms_per_step_steady']:.2f} ms CPU per step, median step "
-                  f"{record['median_step_ms']:.2f} ms", flush=True)
+            print(
+                f"round {r}: {impl:5s} {record['sps_total']:.0f} sps overall, {record['sps_steady']:.0f} sps "
+                f"steady, {record['cpu_ms_per_step_steady']:.2f} ms CPU per step, median step "
+                f"{record['median_step_ms']:.2f} ms",
+                flush=True,
+            )
     summary = {}
     for impl in ("kitae", "sbx"):
         mine = [r for r in runs if r["impl"] == impl]
-        summary[impl] = {k: float(np.median([r[k] for r in mine]))
-                         for k in ("sps_total", "sps_steady", "cpu_ms_per_step_steady", "median_step_ms")}
+        summary[impl] = {
+            k: float(np.median([r[k] for r in mine]))
+            for k in ("sps_total", "sps_steady", "cpu_ms_per_step_steady", "median_step_ms")
+        }
     result = {"env_id": ENV_ID, "steps": steps, "rounds": rounds, "median": summary, "runs": runs}
     (HERE / "results").mkdir(exist_ok=True)
     (HERE / "results" / "sac_speed.json").write_text(json.dumps(result, indent=2))

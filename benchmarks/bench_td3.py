@@ -19,13 +19,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import kitae.config as cfg  # noqa: E402
-from common import run_learning, seeds_argument  # noqa: E402
-from kitae.algos.collections.td3 import TD3, TD3Params  # noqa: E402
+from common import run_learning, seeds_argument
+
+import kitae.config as cfg
+from kitae.algos.collections.td3 import TD3, TD3Params
 
 ENV_ID = "Pendulum-v1"
 N_ENVS = 1

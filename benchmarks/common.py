@@ -11,8 +11,9 @@ import json
 import platform
 import resource
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -22,8 +23,9 @@ from kitae.envs.make import make_vec_env
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def build_config(env, algo_params: Any, update_cfg: cfg.UpdateConfig, *, seed: int, n_env_steps: int,
-                 env_id: str) -> cfg.AlgoConfig:
+def build_config(
+    env, algo_params: Any, update_cfg: cfg.UpdateConfig, *, seed: int, n_env_steps: int, env_id: str
+) -> cfg.AlgoConfig:
     """An ``AlgoConfig`` for a vector environment made by ``make_vec_env``."""
     return cfg.AlgoConfig(
         seed=seed,
@@ -63,22 +65,36 @@ def run_learning(
         stats = agent.train(env, n_env_steps)
         wall = time.perf_counter() - start
         final = stats.mean_return(last_episodes)
-        first_hit = next(
-            (step for step, _ in _rolling(stats, last_episodes) if _ >= threshold), None
+        first_hit = next((step for step, _ in _rolling(stats, last_episodes) if _ >= threshold), None)
+        runs.append(
+            {
+                "seed": seed,
+                "final_return": final,
+                "wall_seconds": wall,
+                "sps": stats.env_steps / wall,
+                "steps": stats.env_steps,
+                "episodes": len(stats.episode_returns),
+                "first_step_at_threshold": first_hit,
+            }
         )
-        runs.append({
-            "seed": seed, "final_return": final, "wall_seconds": wall, "sps": stats.env_steps / wall,
-            "steps": stats.env_steps, "episodes": len(stats.episode_returns), "first_step_at_threshold": first_hit,
-        })
-        print(f"[{name}] seed {seed}: final return {final:.1f} (threshold {threshold}), "
-              f"{stats.env_steps} steps in {wall:.1f} s, first at threshold: {first_hit}", flush=True)
+        print(
+            f"[{name}] seed {seed}: final return {final:.1f} (threshold {threshold}), "
+            f"{stats.env_steps} steps in {wall:.1f} s, first at threshold: {first_hit}",
+            flush=True,
+        )
     result = {
-        "name": name, "env_id": env_id, "n_envs": n_envs, "n_env_steps": n_env_steps, "threshold": threshold,
+        "name": name,
+        "env_id": env_id,
+        "n_envs": n_envs,
+        "n_env_steps": n_env_steps,
+        "threshold": threshold,
         "passed": all(r["final_return"] >= threshold for r in runs),
         "mean_final_return": float(np.mean([r["final_return"] for r in runs])),
-        "runs": runs, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "runs": runs,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "machine": f"{platform.machine()}, {platform.python_version()}",
-        "algo_params": repr(algo_params), "update_cfg": repr(update_cfg),
+        "algo_params": repr(algo_params),
+        "update_cfg": repr(update_cfg),
     }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2))
@@ -88,7 +104,7 @@ def run_learning(
 def _rolling(stats, window: int):
     returns = stats.episode_returns
     for i in range(window, len(returns) + 1):
-        yield stats.episode_steps[i - 1], float(np.mean(returns[i - window:i]))
+        yield stats.episode_steps[i - 1], float(np.mean(returns[i - window : i]))
 
 
 def seeds_argument(default: tuple[int, ...] = (0, 1, 2)) -> list[int]:

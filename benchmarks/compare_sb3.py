@@ -44,10 +44,28 @@ TASKS = {
     "ppo-cartpole": dict(env_id="CartPole-v1", n_envs=8, steps=100_000),
     "sac-pendulum": dict(env_id="Pendulum-v1", n_envs=1, steps=10_000),
 }
-PPO = dict(n_steps=32, batch_size=256, n_epochs=20, learning_rate=1e-3, gamma=0.98, gae_lambda=0.8,
-           clip_range=0.2, ent_coef=0.0, vf_coef=0.5, max_grad_norm=0.5)
-SAC = dict(learning_rate=1e-3, buffer_size=1_000_000, batch_size=256, learning_starts=1000, gamma=0.99,
-           tau=0.005, train_freq=1, gradient_steps=1)
+PPO = dict(
+    n_steps=32,
+    batch_size=256,
+    n_epochs=20,
+    learning_rate=1e-3,
+    gamma=0.98,
+    gae_lambda=0.8,
+    clip_range=0.2,
+    ent_coef=0.0,
+    vf_coef=0.5,
+    max_grad_norm=0.5,
+)
+SAC = dict(
+    learning_rate=1e-3,
+    buffer_size=1_000_000,
+    batch_size=256,
+    learning_starts=1000,
+    gamma=0.99,
+    tau=0.005,
+    train_freq=1,
+    gradient_steps=1,
+)
 
 
 def _peak_mb() -> float:
@@ -59,9 +77,11 @@ def _sb3_like(framework: str, task: str, seed: int) -> dict:
     import numpy as np
 
     if framework == "sb3":
-        from stable_baselines3 import PPO as PPOClass, SAC as SACClass
+        from stable_baselines3 import PPO as PPOClass
+        from stable_baselines3 import SAC as SACClass
     else:
-        from sbx import PPO as PPOClass, SAC as SACClass
+        from sbx import PPO as PPOClass
+        from sbx import SAC as SACClass
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.monitor import Monitor
 
@@ -75,13 +95,15 @@ def _sb3_like(framework: str, task: str, seed: int) -> dict:
                 returns.append(float(info["episode"]["r"]))
             return obs, reward, terminated, truncated, info
 
-    env = make_vec_env(spec["env_id"], n_envs=spec["n_envs"], seed=seed,
-                       wrapper_class=lambda e: Record(Monitor(e)))
+    env = make_vec_env(spec["env_id"], n_envs=spec["n_envs"], seed=seed, wrapper_class=lambda e: Record(Monitor(e)))
     if task.startswith("ppo"):
         lr = PPO["learning_rate"]
         algo_class = PPOClass
-        kwargs = {**PPO, "learning_rate": lambda progress: progress * lr,
-                  "policy_kwargs": dict(net_arch=dict(pi=[64, 64], vf=[64, 64]))}
+        kwargs = {
+            **PPO,
+            "learning_rate": lambda progress: progress * lr,
+            "policy_kwargs": dict(net_arch=dict(pi=[64, 64], vf=[64, 64])),
+        }
     else:
         algo_class = SACClass
         kwargs = {**SAC, "policy_kwargs": dict(net_arch=[256, 256])}
@@ -91,16 +113,19 @@ def _sb3_like(framework: str, task: str, seed: int) -> dict:
     start = time.perf_counter()
     model.learn(total_timesteps=spec["steps"])
     wall = time.perf_counter() - start
-    return {"wall_seconds": wall, "sps": spec["steps"] / wall,
-            "final_return": float(np.mean(returns[-10:])) if returns else float("nan")}
+    return {
+        "wall_seconds": wall,
+        "sps": spec["steps"] / wall,
+        "final_return": float(np.mean(returns[-10:])) if returns else float("nan"),
+    }
 
 
 def _kitae(task: str, seed: int, compiled: bool = False) -> dict:
     sys.path.insert(0, str(HERE))
-    import kitae.config as cfg
     from common import build_config
-    from kitae.envs.make import make_jax_env
-    from kitae.envs.make import make_vec_env
+
+    import kitae.config as cfg
+    from kitae.envs.make import make_jax_env, make_vec_env
 
     spec = TASKS[task]
     if compiled:
@@ -108,29 +133,56 @@ def _kitae(task: str, seed: int, compiled: bool = False) -> dict:
     else:
         env = make_vec_env(spec["env_id"], spec["n_envs"])
     if task.startswith("ppo"):
-        from kitae.algos.collections.ppo import PPO as Agent, PPOParams
+        from kitae.algos.collections.ppo import PPO as Agent
+        from kitae.algos.collections.ppo import PPOParams
 
-        params = PPOParams(gamma=PPO["gamma"], gae_lambda=PPO["gae_lambda"], clip_coef=PPO["clip_range"],
-                           clip_value_loss=False, entropy_coef=PPO["ent_coef"], value_coef=PPO["vf_coef"])
-        update = cfg.UpdateConfig(learning_rate=PPO["learning_rate"], learning_rate_annealing=True,
-                                  max_grad_norm=PPO["max_grad_norm"], max_buffer_size=PPO["n_steps"],
-                                  batch_size=PPO["batch_size"], n_epochs=PPO["n_epochs"])
+        params = PPOParams(
+            gamma=PPO["gamma"],
+            gae_lambda=PPO["gae_lambda"],
+            clip_coef=PPO["clip_range"],
+            clip_value_loss=False,
+            entropy_coef=PPO["ent_coef"],
+            value_coef=PPO["vf_coef"],
+        )
+        update = cfg.UpdateConfig(
+            learning_rate=PPO["learning_rate"],
+            learning_rate_annealing=True,
+            max_grad_norm=PPO["max_grad_norm"],
+            max_buffer_size=PPO["n_steps"],
+            batch_size=PPO["batch_size"],
+            n_epochs=PPO["n_epochs"],
+        )
     else:
-        from kitae.algos.collections.sac import SAC as Agent, SACParams
+        from kitae.algos.collections.sac import SAC as Agent
+        from kitae.algos.collections.sac import SACParams
 
         params = SACParams(gamma=SAC["gamma"], tau=SAC["tau"], start_step=SAC["learning_starts"])
-        update = cfg.UpdateConfig(learning_rate=SAC["learning_rate"], max_grad_norm=None,
-                                  max_buffer_size=SAC["buffer_size"], batch_size=SAC["batch_size"], n_epochs=1)
+        update = cfg.UpdateConfig(
+            learning_rate=SAC["learning_rate"],
+            max_grad_norm=None,
+            max_buffer_size=SAC["buffer_size"],
+            batch_size=SAC["batch_size"],
+            n_epochs=1,
+        )
     config = build_config(env, params, update, seed=seed, n_env_steps=spec["steps"], env_id=spec["env_id"])
     agent = Agent("compare", config, run_dir=f"/tmp/kitae-compare/{task}-{seed}")
     start = time.perf_counter()
     result = agent.train(env, spec["steps"])
     wall = time.perf_counter() - start
     if compiled:
-        return {"wall_seconds": wall, "sps": result.env_steps / wall, "final_return": result.final_return(),
-                "compile_seconds": result.compile_seconds, "train_seconds": result.train_seconds}
-    return {"wall_seconds": wall, "sps": result.global_step / wall, "final_return": result.mean_return(10),
-            "compile_seconds": result.compile_seconds}
+        return {
+            "wall_seconds": wall,
+            "sps": result.env_steps / wall,
+            "final_return": result.final_return(),
+            "compile_seconds": result.compile_seconds,
+            "train_seconds": result.train_seconds,
+        }
+    return {
+        "wall_seconds": wall,
+        "sps": result.global_step / wall,
+        "final_return": result.mean_return(10),
+        "compile_seconds": result.compile_seconds,
+    }
 
 
 def worker(framework: str, task: str, seed: int) -> None:
@@ -146,8 +198,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", choices=sorted(TASKS), default="ppo-cartpole")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--frameworks", nargs="+", default=["sb3", "sbx", "kitae", "kitae-warm", "kitae-compiled"],
-                        choices=["sb3", "sbx", "kitae", "kitae-warm", "kitae-compiled"])
+    parser.add_argument(
+        "--frameworks",
+        nargs="+",
+        default=["sb3", "sbx", "kitae", "kitae-warm", "kitae-compiled"],
+        choices=["sb3", "sbx", "kitae", "kitae-warm", "kitae-compiled"],
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -162,7 +218,9 @@ def main() -> None:
         cache = warm_cache if name == "kitae-warm" else tempfile.mkdtemp(prefix="kitae-compare-cold-")
         return subprocess.run(
             [sys.executable, __file__, "--worker", name, "--task", args.task, "--seed", str(seed)],
-            capture_output=True, text=True, env={**os.environ, "KITAE_CACHE_DIR": cache},
+            capture_output=True,
+            text=True,
+            env={**os.environ, "KITAE_CACHE_DIR": cache},
         )
 
     if "kitae-warm" in args.frameworks:
@@ -175,8 +233,11 @@ def main() -> None:
                 raise SystemExit(f"{name} failed:\n{out.stderr[-3000:]}")
             result = json.loads(lines[-1][7:])
             runs[name].append(result)
-            print(f"[{args.task}] round {repeat + 1} {name}: {result['sps']:,.0f} steps/s, "
-                  f"final return {result['final_return']:.1f}, peak {result['peak_rss_mb']:.0f} MB", flush=True)
+            print(
+                f"[{args.task}] round {repeat + 1} {name}: {result['sps']:,.0f} steps/s, "
+                f"final return {result['final_return']:.1f}, peak {result['peak_rss_mb']:.0f} MB",
+                flush=True,
+            )
 
     summary = {
         name: {
@@ -193,19 +254,25 @@ def main() -> None:
             if name in summary:
                 summary[ours][f"speed_ratio_vs_{name}"] = summary[ours]["median_sps"] / summary[name]["median_sps"]
     spec = TASKS[args.task]
-    print(f"\n{args.task}: {spec['env_id']}, {spec['steps']:,} steps, {spec['n_envs']} env(s), "
-          f"{args.repeats} rounds (medians)")
+    print(
+        f"\n{args.task}: {spec['env_id']}, {spec['steps']:,} steps, {spec['n_envs']} env(s), "
+        f"{args.repeats} rounds (medians)"
+    )
     print("| framework | wall s | steps/s | final return | peak MB |")
     print("| --- | --- | --- | --- | --- |")
     for name, s in summary.items():
-        print(f"| {name} | {s['median_wall_seconds']:.1f} | {s['median_sps']:,.0f} | "
-              f"{s['median_final_return']:.1f} | {s['max_peak_rss_mb']:.0f} |")
+        print(
+            f"| {name} | {s['median_wall_seconds']:.1f} | {s['median_sps']:,.0f} | "
+            f"{s['median_final_return']:.1f} | {s['max_peak_rss_mb']:.0f} |"
+        )
     for ours in [name for name in summary if name.startswith("kitae")]:
         for key, value in summary[ours].items():
             if key.startswith("speed_ratio"):
                 print(f"{ours} {key.replace('_', ' ')}: {value:.2f}x")
     (HERE / "results").mkdir(exist_ok=True)
-    (HERE / "results" / f"compare_{args.task}.json").write_text(json.dumps({"task": args.task, **spec, "summary": summary}, indent=2))
+    (HERE / "results" / f"compare_{args.task}.json").write_text(
+        json.dumps({"task": args.task, **spec, "summary": summary}, indent=2)
+    )
 
 
 if __name__ == "__main__":

@@ -69,8 +69,9 @@ print(f"OK total_reward={total} seconds={time.perf_counter() - start:.3f}", flus
 def trial(mode: str, steps: int, timeout: float) -> dict:
     start = time.perf_counter()
     try:
-        out = subprocess.run([sys.executable, "-c", CHILD, mode, str(steps)], capture_output=True, text=True,
-                             timeout=timeout)
+        out = subprocess.run(
+            [sys.executable, "-c", CHILD, mode, str(steps)], capture_output=True, text=True, timeout=timeout
+        )
     except subprocess.TimeoutExpired:
         return {"outcome": "hung", "seconds": time.perf_counter() - start}
     seconds = time.perf_counter() - start
@@ -86,23 +87,36 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--timeout", type=float, default=60.0)
     parser.add_argument("--out", default="envpool_xla.json")
-    parser.add_argument("--modes", nargs="+", default=["reset", "async_reset"],
-                        choices=["reset", "async_reset", "async_reset_unreceived"])
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        default=["reset", "async_reset"],
+        choices=["reset", "async_reset", "async_reset_unreceived"],
+    )
     args = parser.parse_args()
     import envpool
     import jax
 
-    result = {"name": "envpool_xla", "envpool": envpool.__version__, "jax": jax.__version__,
-              "machine": f"{platform.machine()}, {platform.python_version()}", "trials": args.trials,
-              "steps": args.steps, "timeout_seconds": args.timeout, "modes": {},
-              "command": f"python benchmarks/envpool_xla_probe.py --trials {args.trials} --steps {args.steps} "
-                         f"--modes {' '.join(args.modes)} --out {args.out}"}
+    result = {
+        "name": "envpool_xla",
+        "envpool": envpool.__version__,
+        "jax": jax.__version__,
+        "machine": f"{platform.machine()}, {platform.python_version()}",
+        "trials": args.trials,
+        "steps": args.steps,
+        "timeout_seconds": args.timeout,
+        "modes": {},
+        "command": f"python benchmarks/envpool_xla_probe.py --trials {args.trials} --steps {args.steps} "
+        f"--modes {' '.join(args.modes)} --out {args.out}",
+    }
     for mode in args.modes:
         runs = []
         for i in range(args.trials):
             runs.append(trial(mode, args.steps, args.timeout))
-            print(f"{mode} trial {i}: {runs[-1]['outcome']} ({runs[-1]['seconds']:.1f} s) "
-                  f"{runs[-1].get('error', '')}", flush=True)
+            print(
+                f"{mode} trial {i}: {runs[-1]['outcome']} ({runs[-1]['seconds']:.1f} s) {runs[-1].get('error', '')}",
+                flush=True,
+            )
             if runs[-1]["outcome"] == "failed" and i >= 1 and all(r["outcome"] == "failed" for r in runs):
                 break  # it fails deterministically: two failures are enough to say so
         counts = {k: sum(r["outcome"] == k for r in runs) for k in ("finished", "hung", "failed")}

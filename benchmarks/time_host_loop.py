@@ -15,8 +15,9 @@ import gymnasium
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import compare_sb3  # noqa: E402
-from kitae.algos.collections import ppo  # noqa: E402
+import compare_sb3
+
+from kitae.algos.collections import ppo
 
 seconds = {"explore": 0.0, "update": 0.0, "env step": 0.0}
 calls = {"explore": 0}
@@ -31,6 +32,7 @@ def _timed(name: str, fn):
             calls["explore"] += 1
         seconds[name] += time.perf_counter() - start
         return out
+
     return wrapper
 
 
@@ -40,6 +42,8 @@ gymnasium.vector.SyncVectorEnv.step = _timed("env step", gymnasium.vector.SyncVe
 
 result = compare_sb3._kitae("ppo-cartpole", 0)
 other = result["wall_seconds"] - sum(seconds.values())
-print(f"wall {result['wall_seconds']:.2f} s ({result['sps']:,.0f} steps/s, compile {result['compile_seconds']:.2f} s), "
-      + ", ".join(f"{k} {v:.2f} s" for k, v in seconds.items())
-      + f", explore {seconds['explore'] / calls['explore'] * 1e6:.0f} us per call, the rest {other:.2f} s")
+print(
+    f"wall {result['wall_seconds']:.2f} s ({result['sps']:,.0f} steps/s, compile {result['compile_seconds']:.2f} s), "
+    + ", ".join(f"{k} {v:.2f} s" for k, v in seconds.items())
+    + f", explore {seconds['explore'] / calls['explore'] * 1e6:.0f} us per call, the rest {other:.2f} s"
+)

@@ -7,8 +7,8 @@ prints the mean return of the first and last ten episodes.
 
 import sys
 from collections import namedtuple
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import distrax as dx
 import flax.linen as nn
@@ -16,16 +16,14 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from kitae.base import OffPolicyAgent
 import kitae.config as cfg
-from kitae.types import Params
-
+from kitae.base import OffPolicyAgent
 from kitae.buffer import Experience
-from kitae.timesteps import compute_td_targets
-
 from kitae.modules.modules import init_params
 from kitae.modules.pytree import AgentPyTree, TrainState
 from kitae.modules.qvalue import qvalue_factory  # noqa: F401  (imported by the guide)
+from kitae.timesteps import compute_td_targets
+from kitae.types import Params
 
 DQN_tuple = namedtuple("DQN_tuple", ["observation", "action", "return_"])
 NO_EXPLORATION = 0.0

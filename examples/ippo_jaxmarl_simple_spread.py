@@ -26,9 +26,12 @@ def main(n_env_steps: int = 300_000, n_seeds: int = 2) -> None:
         seed=0,
         algo_params=PPOParams(gamma=0.99, gae_lambda=0.95, clip_coef=0.2, entropy_coef=0.01, value_coef=0.5),
         update_cfg=cfg.UpdateConfig(
-            learning_rate=2.5e-4, learning_rate_annealing=True, max_grad_norm=0.5,
-            max_buffer_size=128,   # rollout: 128 steps of 16 envs x 3 agents = 6144 agent transitions
-            batch_size=1536, n_epochs=4,
+            learning_rate=2.5e-4,
+            learning_rate_annealing=True,
+            max_grad_norm=0.5,
+            max_buffer_size=128,  # rollout: 128 steps of 16 envs x 3 agents = 6144 agent transitions
+            batch_size=1536,
+            n_epochs=4,
         ),
         train_cfg=cfg.TrainConfig(n_env_steps=n_env_steps),
         env_cfg=cfg.EnvConfig(
@@ -42,13 +45,17 @@ def main(n_env_steps: int = 300_000, n_seeds: int = 2) -> None:
     agent = PPO("ippo-simple-spread", config)
     seeds = list(range(n_seeds))
     run = compiled_train(agent, env, n_env_steps, seeds=seeds)
-    print(f"compile {run.compile_seconds:.1f} s, train {run.train_seconds:.1f} s, "
-          f"{run.sps:,.0f} environment steps/s over {n_seeds} seeds")
+    print(
+        f"compile {run.compile_seconds:.1f} s, train {run.train_seconds:.1f} s, "
+        f"{run.sps:,.0f} environment steps/s over {n_seeds} seeds"
+    )
     for i, seed in enumerate(seeds):
         _, curve = run.episode_curve(i)
         agents = ", ".join(f"{a} {r:.1f}" for a, r in run.final_agent_returns(i, last=100).items())
-        print(f"seed {seed}: team return {curve[0]:.1f} at first -> {run.final_return(i, last=100):.1f} "
-              f"at the end ({agents})")
+        print(
+            f"seed {seed}: team return {curve[0]:.1f} at first -> {run.final_return(i, last=100):.1f} "
+            f"at the end ({agents})"
+        )
 
 
 if __name__ == "__main__":

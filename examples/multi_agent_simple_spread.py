@@ -36,14 +36,17 @@ def main() -> None:
     # 8 copies of the environment; each maker must be picklable for worker processes
     # (functools.partial or a lambda both work: kitae sends them with cloudpickle).
     env = vec_env_cls([functools.partial(simple_spread_v3.parallel_env, N=3, max_cycles=25)] * 8)
-    print(f"{env.num_envs} copies, agents {env.possible_agents}, each observes "
-          f"{env.single_observation_space.shape} and acts in {env.single_action_space}")
+    print(
+        f"{env.num_envs} copies, agents {env.possible_agents}, each observes "
+        f"{env.single_observation_space.shape} and acts in {env.single_action_space}"
+    )
 
     config = cfg.AlgoConfig(
         seed=0,
         algo_params=PPOParams(gamma=0.95, gae_lambda=0.95, entropy_coef=0.01, normalize_rewards=True),
-        update_cfg=cfg.UpdateConfig(learning_rate=7e-4, learning_rate_annealing=True,
-                                    max_buffer_size=100, batch_size=1200, n_epochs=5),
+        update_cfg=cfg.UpdateConfig(
+            learning_rate=7e-4, learning_rate_annealing=True, max_buffer_size=100, batch_size=1200, n_epochs=5
+        ),
         train_cfg=cfg.TrainConfig(n_env_steps=n_env_steps),
         env_cfg=cfg.EnvConfig(
             task_name="pettingzoo:mpe2.simple_spread_v3",
@@ -69,8 +72,10 @@ def main() -> None:
         running[ended] = 0.0
     random_env.close()
 
-    print(f"team return: first 100 episodes {np.mean(stats.episode_returns[:100]):.1f}, "
-          f"last 100 {stats.mean_return(100):.1f}; uniformly random policy {np.mean(random_returns):.1f}")
+    print(
+        f"team return: first 100 episodes {np.mean(stats.episode_returns[:100]):.1f}, "
+        f"last 100 {stats.mean_return(100):.1f}; uniformly random policy {np.mean(random_returns):.1f}"
+    )
     for name, returns in stats.agent_episode_returns.items():
         print(f"  {name}: last 100 episodes {np.mean(returns[-100:]):.1f}")
 

@@ -21,11 +21,15 @@ def main(n_env_steps: int = 10_240) -> None:
     agent, env = preset_agent("ppo", "envpool:Pong-v5", steps=n_env_steps, seed=0, run_dir="runs/example-ppo-pong")
     print(f"observations {env.single_observation_space}, actions {env.single_action_space}")
     stats = agent.train(env, n_env_steps)  # closes env at the end
-    print(f"{stats.env_steps} steps in {stats.train_seconds:.0f} s ({stats.compile_seconds:.0f} s compiling), "
-          f"{stats.n_updates} updates, {len(stats.episode_returns)} episodes")
+    print(
+        f"{stats.env_steps} steps in {stats.train_seconds:.0f} s ({stats.compile_seconds:.0f} s compiling), "
+        f"{stats.n_updates} updates, {len(stats.episode_returns)} episodes"
+    )
     if stats.episode_returns:
-        print(f"mean return of the last {min(10, len(stats.episode_returns))} episodes: {stats.mean_return(10):.1f} "
-              "(a random policy scores about -20.7; a trained one +20)")
+        print(
+            f"mean return of the last {min(10, len(stats.episode_returns))} episodes: {stats.mean_return(10):.1f} "
+            "(a random policy scores about -20.7; a trained one +20)"
+        )
 
 
 if __name__ == "__main__":

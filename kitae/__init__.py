@@ -8,4 +8,4 @@ started from the command line.
 
 __version__ = "0.1.0"
 
-import kitae.runs  # noqa: E402,F401  (installs the run service of kitae.base)
+import kitae.runs  # noqa: F401  (installs the run service of kitae.base)

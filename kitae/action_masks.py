@@ -127,4 +127,3 @@ def masked_max(values: jax.Array, mask: jax.Array | None) -> jax.Array:
     if mask is not None:
         values = jnp.where(allowed_actions(mask), values, _lowest(values.dtype))
     return jnp.max(values, axis=-1)
-

@@ -34,9 +34,10 @@ environment transitions summed over all environments.
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -102,13 +103,13 @@ class RunService(Protocol):
     layers import one way (``docs/architecture.md``).
     """
 
-    def train(self, agent: "BaseAgent", env: Any, n_env_steps: int | None, **options: Any) -> Any: ...
+    def train(self, agent: BaseAgent, env: Any, n_env_steps: int | None, **options: Any) -> Any: ...
 
-    def resume(self, agent: "BaseAgent", env: Any, n_env_steps: int | None, **options: Any) -> Any: ...
+    def resume(self, agent: BaseAgent, env: Any, n_env_steps: int | None, **options: Any) -> Any: ...
 
-    def save(self, agent: "BaseAgent", step: int | None, directory: str | Path | None) -> Path: ...
+    def save(self, agent: BaseAgent, step: int | None, directory: str | Path | None) -> Path: ...
 
-    def load(self, agent_cls: type | None, run_dir: str | Path, seed_index: int) -> "BaseAgent": ...
+    def load(self, agent_cls: type | None, run_dir: str | Path, seed_index: int) -> BaseAgent: ...
 
 
 _RUN_SERVICE: list[RunService] = []
@@ -232,7 +233,9 @@ class BaseAgent(IAgent):
                 f"are among {Experience._fields}"
             )
         cls = type(self)
-        if cls.act is BaseAgent.act and (cls.explore is BaseAgent.explore or cls.select_action is BaseAgent.select_action):
+        if cls.act is BaseAgent.act and (
+            cls.explore is BaseAgent.explore or cls.select_action is BaseAgent.select_action
+        ):
             raise TypeError(
                 f"{cls.__name__} defines no way to act; define act(acting_params, key, observation, env_step, "
                 "deterministic) or both explore(observation) and select_action(observation)"
@@ -286,8 +289,9 @@ class BaseAgent(IAgent):
         few arrays and a remote actor needs only those."""
         return state
 
-    def act(self, acting_params: Any, key: jax.Array, observation: Any, env_step: Any,
-            deterministic: bool = False) -> tuple[Any, Any]:
+    def act(
+        self, acting_params: Any, key: jax.Array, observation: Any, env_step: Any, deterministic: bool = False
+    ) -> tuple[Any, Any]:
         """Acts as a pure function: the same inputs give the same actions.
 
         Args:
@@ -319,8 +323,9 @@ class BaseAgent(IAgent):
 
     def select_action(self, observation: Any) -> tuple[jax.Array, jax.Array]:
         """Deterministic actions (greedy class / mean action): ``(actions (E, ...), log_probs (E,))``."""
-        return self._act_jit(self.acting_params(self.state), self.nextkey(), observation, step_array(self.env_step),
-                             deterministic=True)
+        return self._act_jit(
+            self.acting_params(self.state), self.nextkey(), observation, step_array(self.env_step), deterministic=True
+        )
 
     # -- keys -----------------------------------------------------------------------------------
 
@@ -418,7 +423,7 @@ class BaseAgent(IAgent):
         return _run_service().resume(self, env, n_env_steps, callbacks=callbacks, quiet=quiet)
 
     @classmethod
-    def unserialize(cls, run_dir: str | Path, seed_index: int = 0) -> "BaseAgent":
+    def unserialize(cls, run_dir: str | Path, seed_index: int = 0) -> BaseAgent:
         """Rebuilds an agent of this class from a run directory: ``config.yaml`` and the newest
         readable checkpoint (as ``kitae eval`` does)."""
         agent_cls = None if cls in (BaseAgent, OffPolicyAgent, OnPolicyAgent) else cls

@@ -93,9 +93,7 @@ def buffer_init(example: Any, capacity: int) -> BufferState:
     n_envs = {jnp.shape(x)[0] for x in leaves}
     if len(n_envs) != 1:
         raise ValueError(f"every leaf of the experience must have the same leading (environment) size, got {n_envs}")
-    data = jax.tree_util.tree_map(
-        lambda x: jnp.zeros((capacity, *jnp.shape(x)), dtype=jnp.asarray(x).dtype), example
-    )
+    data = jax.tree_util.tree_map(lambda x: jnp.zeros((capacity, *jnp.shape(x)), dtype=jnp.asarray(x).dtype), example)
     return BufferState(data, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
 
 

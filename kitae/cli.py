@@ -90,21 +90,35 @@ def build_parser() -> argparse.ArgumentParser:
         "train",
         help="train an agent",
         description="Train an agent; writes runs/<run_name>/ (config.yaml, checkpoints/, logs/, metrics.jsonl, "
-        "summary.json, curve.png). JAX environments (gymnax:..., brax:...) train as one compiled program, Gymnasium ones in "
+        "summary.json, curve.png). JAX environments (gymnax:..., brax:...) train as one compiled program, "
+        "Gymnasium ones in "
         "a Python loop.",
         epilog=EXAMPLES_TRAIN,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     train.add_argument("algo", nargs="?", default="ppo", help="dqn, ppo, sac or td3 (default: ppo)")
-    train.add_argument("env", nargs="?", default="gymnax:CartPole-v1",
-                       help="SOURCE:ID, e.g. gymnax:CartPole-v1 or CartPole-v1 (default: gymnax:CartPole-v1)")
+    train.add_argument(
+        "env",
+        nargs="?",
+        default="gymnax:CartPole-v1",
+        help="SOURCE:ID, e.g. gymnax:CartPole-v1 or CartPole-v1 (default: gymnax:CartPole-v1)",
+    )
     train.add_argument("--steps", type=_positive_int, help="environment steps, summed over environments")
     train.add_argument("--seed", type=_positive_int, help="the seed (default from the preset: 0)")
-    train.add_argument("--seeds", type=_positive_int, help="train K seeds (seed, seed+1, ...): vmapped in one program for JAX environments")
+    train.add_argument(
+        "--seeds",
+        type=_positive_int,
+        help="train K seeds (seed, seed+1, ...): vmapped in one program for JAX environments",
+    )
     train.add_argument("--n-envs", type=_positive_int, help="number of environments")
     train.add_argument("--config", help="a YAML file with n_envs, n_env_steps, algo_params, update_cfg, train_cfg")
-    train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a config value, e.g. update_cfg.learning_rate=1e-3 (repeatable)")
+    train.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. update_cfg.learning_rate=1e-3 (repeatable)",
+    )
     train.add_argument("--run-dir", help="where to write the run (default runs/<algo>-<env>-s<seed>-<time>)")
     train.add_argument("--quiet", action="store_true", help="no progress bar (for scripts and CI)")
 
@@ -117,8 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     resume.add_argument("run_dir", metavar="RUN_DIR", help="the run directory, e.g. runs/ppo-CartPole-v1-s0-...")
-    resume.add_argument("--steps", type=_positive_int,
-                        help="the run's new TOTAL of environment steps (default: its n_env_steps)")
+    resume.add_argument(
+        "--steps", type=_positive_int, help="the run's new TOTAL of environment steps (default: its n_env_steps)"
+    )
     resume.add_argument("--quiet", action="store_true", help="no progress bar (for scripts and CI)")
 
     evaluate = sub.add_parser(
@@ -132,8 +147,12 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("run_dir", metavar="RUN_DIR", help="the run directory")
     evaluate.add_argument("--episodes", type=_positive_int, default=10, help="episodes to run (default: 10)")
     evaluate.add_argument("--video", action="store_true", help="record one episode as an MP4 in RUN_DIR/videos/")
-    evaluate.add_argument("--seed", type=_positive_int, default=0,
-                          help="seed of the evaluation episodes (default: 0; episode i of a Gymnasium env uses seed+i)")
+    evaluate.add_argument(
+        "--seed",
+        type=_positive_int,
+        default=0,
+        help="seed of the evaluation episodes (default: 0; episode i of a Gymnasium env uses seed+i)",
+    )
 
     plot = sub.add_parser(
         "plot",
@@ -143,8 +162,13 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories")
-    plot.add_argument("-o", "--output", default="curves.png", metavar="FILE.png",
-                      help="the image to write (.png, .pdf or .svg; default: curves.png)")
+    plot.add_argument(
+        "-o",
+        "--output",
+        default="curves.png",
+        metavar="FILE.png",
+        help="the image to write (.png, .pdf or .svg; default: curves.png)",
+    )
     return parser
 
 
@@ -152,8 +176,16 @@ def _train(args: argparse.Namespace) -> int:
     from kitae.runs import RunSpec, train_run
 
     spec = RunSpec(
-        algo=args.algo, env_id=args.env, steps=args.steps, seed=args.seed, seeds=args.seeds,
-        n_envs=args.n_envs, config_file=args.config, sets=args.set, run_dir=args.run_dir, quiet=args.quiet,
+        algo=args.algo,
+        env_id=args.env,
+        steps=args.steps,
+        seed=args.seed,
+        seeds=args.seeds,
+        n_envs=args.n_envs,
+        config_file=args.config,
+        sets=args.set,
+        run_dir=args.run_dir,
+        quiet=args.quiet,
     )
     return _report(train_run(spec), args.quiet)
 
@@ -191,8 +223,10 @@ def _eval(args: argparse.Namespace) -> int:
     result = eval_run(args.run_dir, args.episodes, args.video, args.seed)
     for i, (mean, std) in enumerate(zip(result["mean"], result["std"])):
         who = f" seed {result['seeds'][i]}" if result["seeds"] else ""
-        print(f"{result['env']}{who}: return {mean:.2f} +- {std:.2f} over {result['episodes']} episodes "
-              f"(deterministic policy, checkpoint step {result['step']:,})")
+        print(
+            f"{result['env']}{who}: return {mean:.2f} +- {std:.2f} over {result['episodes']} episodes "
+            f"(deterministic policy, checkpoint step {result['step']:,})"
+        )
     if result["video"]:
         print(f"video: {result['video']}")
     return 0
@@ -205,10 +239,10 @@ def _plot(args: argparse.Namespace) -> int:
     return 0
 
 
-def _warnings_in_one_line(previous):  # noqa: ANN001, ANN202
+def _warnings_in_one_line(previous):
     from kitae.runs.checkpoints import CheckpointWarning
 
-    def show(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001, ANN202
+    def show(message, category, filename, lineno, file=None, line=None):
         if issubclass(category, CheckpointWarning):
             print(f"kitae: warning: {message}".replace("\n", " "), file=sys.stderr)
         else:

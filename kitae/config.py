@@ -18,8 +18,9 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional, TypeVar, Union
+from typing import Any, TypeVar, Union
 
 import gymnasium as gym
 import yaml
@@ -116,9 +117,7 @@ def _from_mapping(cls: type[T], data: Any, prefix: str) -> T:
     names = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(data) - set(names))
     if unknown:
-        raise ValueError(
-            f"unknown field {prefix}{unknown[0]} in {cls.__name__}; allowed fields: {', '.join(names)}"
-        )
+        raise ValueError(f"unknown field {prefix}{unknown[0]} in {cls.__name__}; allowed fields: {', '.join(names)}")
     required = [
         f.name
         for f in dataclasses.fields(cls)
@@ -210,7 +209,7 @@ class EnvConfig:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "EnvConfig":
+    def from_dict(cls, data: dict[str, Any]) -> EnvConfig:
         data = dict(data)
         for key in ("observation_space", "action_space"):
             if isinstance(data.get(key), dict):
@@ -236,7 +235,7 @@ class UpdateConfig:
 
     learning_rate: float = 3e-4
     learning_rate_annealing: bool = False
-    max_grad_norm: Optional[float] = 0.5
+    max_grad_norm: float | None = 0.5
     max_buffer_size: int = 128
     batch_size: int = 64
     n_epochs: int = 1
@@ -247,7 +246,9 @@ class UpdateConfig:
         _require(self.learning_rate > 0, "update_cfg.learning_rate", self.learning_rate, "a float > 0")
         _require(
             self.max_grad_norm is None or self.max_grad_norm > 0,
-            "update_cfg.max_grad_norm", self.max_grad_norm, "a float > 0 or None",
+            "update_cfg.max_grad_norm",
+            self.max_grad_norm,
+            "a float > 0 or None",
         )
         _require(self.max_buffer_size >= 1, "update_cfg.max_buffer_size", self.max_buffer_size, "an int >= 1")
         _require(self.batch_size >= 1, "update_cfg.batch_size", self.batch_size, "an int >= 1")
@@ -257,7 +258,7 @@ class UpdateConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "UpdateConfig":
+    def from_dict(cls, data: dict[str, Any]) -> UpdateConfig:
         return _from_mapping(cls, data, "update_cfg.")
 
 
@@ -283,7 +284,9 @@ class TrainConfig:
         _require(self.n_env_steps >= 1, "train_cfg.n_env_steps", self.n_env_steps, "an int >= 1")
         _require(
             self.save_frequency == -1 or self.save_frequency >= 1,
-            "train_cfg.save_frequency", self.save_frequency, "-1 (only at the end) or an int >= 1",
+            "train_cfg.save_frequency",
+            self.save_frequency,
+            "-1 (only at the end) or an int >= 1",
         )
         _require(self.log_frequency >= 1, "train_cfg.log_frequency", self.log_frequency, "an int >= 1")
 
@@ -291,7 +294,7 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
         return _from_mapping(cls, data, "train_cfg.")
 
 
@@ -322,7 +325,8 @@ class AlgoConfig:
         capacity = self.update_cfg.max_buffer_size * self.env_cfg.n_envs * self.env_cfg.n_agents
         _require(
             self.update_cfg.batch_size <= capacity,
-            "update_cfg.batch_size", self.update_cfg.batch_size,
+            "update_cfg.batch_size",
+            self.update_cfg.batch_size,
             f"at most the buffer capacity max_buffer_size * n_envs * n_agents = "
             f"{self.update_cfg.max_buffer_size} * {self.env_cfg.n_envs} * {self.env_cfg.n_agents} = {capacity}",
         )
@@ -341,7 +345,7 @@ class AlgoConfig:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], algo_params_type: type | None = None) -> "AlgoConfig":
+    def from_dict(cls, data: dict[str, Any], algo_params_type: type | None = None) -> AlgoConfig:
         """Rebuilds a config from ``to_dict``'s output.
 
         Args:
@@ -381,7 +385,7 @@ class AlgoConfig:
         return text
 
     @classmethod
-    def from_yaml(cls, path_or_text: str | Path, algo_params_type: type | None = None) -> "AlgoConfig":
+    def from_yaml(cls, path_or_text: str | Path, algo_params_type: type | None = None) -> AlgoConfig:
         """Reads a config written by ``to_yaml`` (a path, or the YAML text itself).
 
         Uses ``yaml.safe_load``: loading runs no code from the file.

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any, Callable, TypeVar, dataclass_transform, overload
 
 import jax
 import jax.numpy as jnp
@@ -35,10 +36,22 @@ _LOG_2 = math.log(2.0)
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
 
-def _pytree_dataclass(cls=None, *, meta_fields: tuple[str, ...] = ()):
+_T = TypeVar("_T")
+
+
+@overload
+def _pytree_dataclass(cls: type[_T], *, meta_fields: tuple[str, ...] = ()) -> type[_T]: ...
+
+
+@overload
+def _pytree_dataclass(cls: None = None, *, meta_fields: tuple[str, ...] = ()) -> Callable[[type[_T]], type[_T]]: ...
+
+
+@dataclass_transform(frozen_default=True, eq_default=False)
+def _pytree_dataclass(cls: Any = None, *, meta_fields: tuple[str, ...] = ()) -> Any:
     """Turns ``cls`` into a frozen dataclass registered as a pytree (fields in ``meta_fields`` static)."""
 
-    def wrap(c):
+    def wrap(c: Any) -> Any:
         c = dataclasses.dataclass(frozen=True, eq=False)(c)
         names = [f.name for f in dataclasses.fields(c)]
         data = [n for n in names if n not in meta_fields]

@@ -71,16 +71,21 @@ class Schedule:
     save_frequency: int
 
     @classmethod
-    def from_config(cls, config: AlgoConfig, algo_type: AlgoType) -> "Schedule":
+    def from_config(cls, config: AlgoConfig, algo_type: AlgoType) -> Schedule:
         """The schedule of ``config`` for an on- or off-policy agent."""
         update, env = config.update_cfg, config.env_cfg
         on_policy = algo_type is AlgoType.ON_POLICY
         if on_policy:
             minibatches = update.max_buffer_size * env.n_envs * env.n_agents // update.batch_size
             return cls(
-                n_envs=env.n_envs, n_agents=env.n_agents, on_policy=True,
-                vector_steps_per_iteration=update.max_buffer_size, start_step=0, skip_steps=1,
-                batch_size=update.batch_size, gradient_steps_per_update=update.n_epochs * max(1, minibatches),
+                n_envs=env.n_envs,
+                n_agents=env.n_agents,
+                on_policy=True,
+                vector_steps_per_iteration=update.max_buffer_size,
+                start_step=0,
+                skip_steps=1,
+                batch_size=update.batch_size,
+                gradient_steps_per_update=update.n_epochs * max(1, minibatches),
                 save_frequency=config.train_cfg.save_frequency,
             )
         params = config.algo_params
@@ -88,9 +93,14 @@ class Schedule:
         skip_steps = max(1, int(getattr(params, "skip_steps", 1)))
         per_iteration = skip_steps // env.n_envs if skip_steps % env.n_envs == 0 else 1
         return cls(
-            n_envs=env.n_envs, n_agents=env.n_agents, on_policy=False,
-            vector_steps_per_iteration=per_iteration, start_step=start_step, skip_steps=skip_steps,
-            batch_size=update.batch_size, gradient_steps_per_update=update.n_epochs,
+            n_envs=env.n_envs,
+            n_agents=env.n_agents,
+            on_policy=False,
+            vector_steps_per_iteration=per_iteration,
+            start_step=start_step,
+            skip_steps=skip_steps,
+            batch_size=update.batch_size,
+            gradient_steps_per_update=update.n_epochs,
             save_frequency=config.train_cfg.save_frequency,
         )
 
@@ -169,10 +179,14 @@ class Schedule:
     def describe(self) -> str:
         """One line for logs and errors."""
         if self.on_policy:
-            return (f"on-policy: one update every rollout of {self.vector_steps_per_iteration} x {self.n_envs} "
-                    f"steps, {self.gradient_steps_per_update} gradient steps each")
-        return (f"off-policy: one update (of {self.gradient_steps_per_update} gradient steps) per vector step "
-                f"crossing a multiple of {self.skip_steps} steps, from step {self.start_step} and "
-                f"{self.batch_size} stored transitions; iterations of {self.vector_steps_per_iteration} vector "
-                f"step{'s' if self.vector_steps_per_iteration > 1 else ''} of {self.n_envs} environment"
-                f"{'s' if self.n_envs > 1 else ''}")
+            return (
+                f"on-policy: one update every rollout of {self.vector_steps_per_iteration} x {self.n_envs} "
+                f"steps, {self.gradient_steps_per_update} gradient steps each"
+            )
+        return (
+            f"off-policy: one update (of {self.gradient_steps_per_update} gradient steps) per vector step "
+            f"crossing a multiple of {self.skip_steps} steps, from step {self.start_step} and "
+            f"{self.batch_size} stored transitions; iterations of {self.vector_steps_per_iteration} vector "
+            f"step{'s' if self.vector_steps_per_iteration > 1 else ''} of {self.n_envs} environment"
+            f"{'s' if self.n_envs > 1 else ''}"
+        )

@@ -66,10 +66,7 @@ def _check_unit_interval(name: str, value) -> None:
         return
     shape = np.shape(value)
     if shape != ():
-        raise ValueError(
-            f"{name} must be a scalar (Python number or 0-d array), "
-            f"got an array of shape {shape}."
-        )
+        raise ValueError(f"{name} must be a scalar (Python number or 0-d array), got an array of shape {shape}.")
 
 
 def _time_aligned(**arrays) -> tuple[tuple[jax.Array, ...], int]:
@@ -83,10 +80,7 @@ def _time_aligned(**arrays) -> tuple[tuple[jax.Array, ...], int]:
     arrs = [jnp.asarray(a) for a in arrays.values()]
     for name, a in zip(names, arrs):
         if a.ndim < 1:
-            raise ValueError(
-                f"{name} must have a leading time axis, shape (T, ...); "
-                f"got a scalar of shape {a.shape}."
-            )
+            raise ValueError(f"{name} must have a leading time axis, shape (T, ...); got a scalar of shape {a.shape}.")
     T = arrs[0].shape[0]
     for name, a in zip(names, arrs):
         if a.shape[0] != T:
@@ -222,9 +216,7 @@ def compute_gae(
         truncated=_truncation(terminated, truncated),
     )
     dtype = _float_dtype(rewards, values, next_values)
-    rewards, values, next_values = (
-        x.astype(dtype) for x in (rewards, values, next_values)
-    )
+    rewards, values, next_values = (x.astype(dtype) for x in (rewards, values, next_values))
     not_term = 1.0 - terminated.astype(dtype)
     done = jnp.logical_or(terminated.astype(bool), truncated.astype(bool))
     not_done = 1.0 - done.astype(dtype)
@@ -298,10 +290,7 @@ def compute_n_step_returns(
             Python number outside ``[0, 1]``, or on mismatched shapes.
     """
     if isinstance(n, bool) or not isinstance(n, numbers.Integral):
-        raise ValueError(
-            f"n must be a static Python int >= 1, got n={n!r} "
-            f"of type {type(n).__name__}."
-        )
+        raise ValueError(f"n must be a static Python int >= 1, got n={n!r} of type {type(n).__name__}.")
     n = int(n)
     if n < 1:
         raise ValueError(f"n must be a Python int >= 1, got n={n}.")

@@ -7,7 +7,8 @@ Shapes follow one convention everywhere: ``T`` steps, ``E`` environments, ``A`` 
 from __future__ import annotations
 
 import enum
-from typing import Any, Callable, NamedTuple, Protocol
+from collections.abc import Callable
+from typing import Any, NamedTuple, Protocol
 
 import jax
 
@@ -45,5 +46,6 @@ class AlgoType(enum.Enum):
 
 
 class TrainStateFactory(Protocol):
-    def __call__(self, key: jax.Array, config: Any, *, preprocess_fn: Callable | None = None,
-                 tabulate: bool = False) -> Any: ...
+    def __call__(
+        self, key: jax.Array, config: Any, *, preprocess_fn: Callable | None = None, tabulate: bool = False
+    ) -> Any: ...

@@ -8,8 +8,8 @@ distributions and timesteps, so the tests exercise the whole stack without distr
 from __future__ import annotations
 
 from collections import namedtuple
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import flax.linen as nn
 import gymnasium as gym
@@ -111,13 +111,19 @@ def tiny_dqn_update_factory(config) -> Callable:
 class TinyDQN(OffPolicyAgent):
     def __init__(self, run_name: str, config: cfg.AlgoConfig, **kwargs):
         super().__init__(
-            run_name, config, tiny_dqn_state_factory, tiny_dqn_explore_factory,
-            tiny_dqn_process_factory, tiny_dqn_update_factory, **kwargs,
+            run_name,
+            config,
+            tiny_dqn_state_factory,
+            tiny_dqn_explore_factory,
+            tiny_dqn_process_factory,
+            tiny_dqn_update_factory,
+            **kwargs,
         )
 
     def explore(self, observation):
-        return self.explore_fn(self.state, self.interact_keys(observation), observation,
-                               exploration=self.config.algo_params.exploration)
+        return self.explore_fn(
+            self.state, self.interact_keys(observation), observation, exploration=self.config.algo_params.exploration
+        )
 
     def select_action(self, observation):
         return self.explore_fn(self.state, self.interact_keys(observation), observation, exploration=0.0)
@@ -213,8 +219,13 @@ def tiny_a2c_update_factory(config) -> Callable:
 class TinyA2C(OnPolicyAgent):
     def __init__(self, run_name: str, config: cfg.AlgoConfig, **kwargs):
         super().__init__(
-            run_name, config, tiny_a2c_state_factory, tiny_a2c_explore_factory,
-            tiny_a2c_process_factory, tiny_a2c_update_factory, **kwargs,
+            run_name,
+            config,
+            tiny_a2c_state_factory,
+            tiny_a2c_explore_factory,
+            tiny_a2c_process_factory,
+            tiny_a2c_update_factory,
+            **kwargs,
         )
 
     def explore(self, observation):
@@ -253,12 +264,16 @@ def config_from_spaces(
         ),
         train_cfg=cfg.TrainConfig(n_env_steps=n_env_steps),
         env_cfg=cfg.EnvConfig(
-            task_name=task_name, observation_space=observation_space, action_space=action_space, n_envs=n_envs,
+            task_name=task_name,
+            observation_space=observation_space,
+            action_space=action_space,
+            n_envs=n_envs,
         ),
     )
 
 
 def make_config(env: gym.vector.VectorEnv, algo_params, **kwargs) -> cfg.AlgoConfig:
     """``config_from_spaces`` with a vector environment's single spaces and its number of copies."""
-    return config_from_spaces(env.single_observation_space, env.single_action_space, algo_params,
-                              n_envs=env.num_envs, **kwargs)
+    return config_from_spaces(
+        env.single_observation_space, env.single_action_space, algo_params, n_envs=env.num_envs, **kwargs
+    )

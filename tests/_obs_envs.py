@@ -6,19 +6,39 @@ from __future__ import annotations
 import gymnasium as gym
 import jax.numpy as jnp
 import numpy as np
+from _agents import config_from_spaces
 
 import kitae.config as cfg
-from _agents import config_from_spaces
 from kitae.envs.jax_env import GymnaxEnv, VecJaxEnv
 from kitae.envs.jax_wrappers import JaxTransformObservation
 
 
-def config(observation_space, action_space, algo_params, *, n_envs=1, max_buffer_size=64, batch_size=32,
-           n_epochs=2, n_env_steps=1_000, learning_rate=1e-3, seed=0) -> cfg.AlgoConfig:
+def config(
+    observation_space,
+    action_space,
+    algo_params,
+    *,
+    n_envs=1,
+    max_buffer_size=64,
+    batch_size=32,
+    n_epochs=2,
+    n_env_steps=1_000,
+    learning_rate=1e-3,
+    seed=0,
+) -> cfg.AlgoConfig:
     """An ``AlgoConfig`` for small smoke runs (smaller buffers and runs than ``_agents``' defaults)."""
-    return config_from_spaces(observation_space, action_space, algo_params, n_envs=n_envs,
-                              max_buffer_size=max_buffer_size, batch_size=batch_size, n_epochs=n_epochs,
-                              n_env_steps=n_env_steps, learning_rate=learning_rate, seed=seed)
+    return config_from_spaces(
+        observation_space,
+        action_space,
+        algo_params,
+        n_envs=n_envs,
+        max_buffer_size=max_buffer_size,
+        batch_size=batch_size,
+        n_epochs=n_epochs,
+        n_env_steps=n_env_steps,
+        learning_rate=learning_rate,
+        seed=seed,
+    )
 
 
 def env_config(env, algo_params, **kwargs) -> cfg.AlgoConfig:
@@ -36,9 +56,9 @@ def split_box(env: gym.Env, parts: dict[str, slice]) -> gym.Env:
     ``TransformObservation``): CartPole's ``[x, x_dot, theta, theta_dot]`` with
     ``{"cart": slice(0, 2), "pole": slice(2, 4)}`` becomes ``{"cart": (2,), "pole": (2,)}``."""
     box = env.observation_space
-    space = gym.spaces.Dict({
-        name: gym.spaces.Box(box.low[part], box.high[part], dtype=box.dtype) for name, part in parts.items()
-    })
+    space = gym.spaces.Dict(
+        {name: gym.spaces.Box(box.low[part], box.high[part], dtype=box.dtype) for name, part in parts.items()}
+    )
     return gym.wrappers.TransformObservation(env, lambda obs: {name: obs[part] for name, part in parts.items()}, space)
 
 
@@ -94,9 +114,9 @@ def gymnax_dict(name: str, parts: dict[str, slice], n_envs: int) -> VecJaxEnv:
     """A gymnax environment with its 1-D observation split into a ``Dict`` (``JaxTransformObservation``)."""
     base = GymnaxEnv(name)
     box = base.observation_space
-    space = gym.spaces.Dict({
-        key: gym.spaces.Box(box.low[part], box.high[part], dtype=box.dtype) for key, part in parts.items()
-    })
+    space = gym.spaces.Dict(
+        {key: gym.spaces.Box(box.low[part], box.high[part], dtype=box.dtype) for key, part in parts.items()}
+    )
     env = JaxTransformObservation(base, lambda obs: {key: obs[part] for key, part in parts.items()}, space)
     return VecJaxEnv(env, n_envs)
 
@@ -106,9 +126,11 @@ def gymnax_cartpole_masked(n_envs: int, allowed=(0, 1)) -> VecJaxEnv:
     mask: gymnax environments have none of their own)."""
     base = GymnaxEnv("CartPole-v1")
     mask = np.asarray(allowed, np.int8)
-    space = gym.spaces.Dict({
-        "observation": base.observation_space,
-        "action_mask": gym.spaces.Box(0, 1, (2,), np.int8),
-    })
+    space = gym.spaces.Dict(
+        {
+            "observation": base.observation_space,
+            "action_mask": gym.spaces.Box(0, 1, (2,), np.int8),
+        }
+    )
     env = JaxTransformObservation(base, lambda obs: {"observation": obs, "action_mask": jnp.asarray(mask)}, space)
     return VecJaxEnv(env, n_envs)

@@ -22,9 +22,16 @@ class CountParallelEnv:
 
     metadata = {"name": "count_parallel_v0"}
 
-    def __init__(self, limit: int = 5, terminal_at: int | None = None, leave_at: int | None = None,
-                 hetero: bool = False, raise_at: int | None = None, exit_at: int | None = None,
-                 n_actions: int = 3) -> None:
+    def __init__(
+        self,
+        limit: int = 5,
+        terminal_at: int | None = None,
+        leave_at: int | None = None,
+        hetero: bool = False,
+        raise_at: int | None = None,
+        exit_at: int | None = None,
+        n_actions: int = 3,
+    ) -> None:
         self.possible_agents = ["a0", "a1"]
         self.agents: list[str] = []
         self.limit, self.terminal_at, self.leave_at = limit, terminal_at, leave_at
@@ -66,8 +73,8 @@ class CountParallelEnv:
         rewards = {a: float(i + 1) for i, a in enumerate(self.agents)}
         terminated = self.terminal_at is not None and self.t == self.terminal_at
         truncated = self.t == self.limit
-        terms = {a: terminated for a in self.agents}
-        truncs = {a: truncated and not terminated for a in self.agents}
+        terms = dict.fromkeys(self.agents, terminated)
+        truncs = dict.fromkeys(self.agents, truncated and not terminated)
         if self.leave_at is not None and self.t == self.leave_at:
             terms["a1"] = True
         infos = {a: {} for a in self.agents}

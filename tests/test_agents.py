@@ -10,8 +10,8 @@ import gymnasium as gym
 import jax
 import numpy as np
 import pytest
-
 from _agents import TinyA2C, TinyA2CParams, TinyDQN, TinyDQNParams, make_config, tiny_dqn_explore_factory
+
 import kitae.config as cfg
 from kitae.base import BaseAgent, OffPolicyAgent
 from kitae.envs.make import make_vec_env
@@ -121,6 +121,7 @@ def test_agent_construction_rejects_bad_inputs(cartpole4):
         TinyDQN("", config)
     with pytest.raises(TypeError, match="config"):
         TinyDQN("x", {"seed": 0})
+
     class Concrete(OffPolicyAgent):
         explore = select_action = None
 
@@ -137,14 +138,25 @@ def test_train_rejects_bad_step_counts(cartpole4):
 
 
 def test_an_agent_that_cannot_act_is_refused(cartpole4):
-    from _agents import tiny_dqn_explore_factory, tiny_dqn_process_factory, tiny_dqn_state_factory, tiny_dqn_update_factory
+    from _agents import (
+        tiny_dqn_explore_factory,
+        tiny_dqn_process_factory,
+        tiny_dqn_state_factory,
+        tiny_dqn_update_factory,
+    )
 
     class Mute(OffPolicyAgent):
         pass
 
     with pytest.raises(TypeError, match="defines no way to act"):
-        Mute("x", make_config(cartpole4, TinyDQNParams()), tiny_dqn_state_factory, tiny_dqn_explore_factory,
-             tiny_dqn_process_factory, tiny_dqn_update_factory)
+        Mute(
+            "x",
+            make_config(cartpole4, TinyDQNParams()),
+            tiny_dqn_state_factory,
+            tiny_dqn_explore_factory,
+            tiny_dqn_process_factory,
+            tiny_dqn_update_factory,
+        )
 
 
 def test_act_is_a_pure_function_of_its_inputs(cartpole4):
@@ -184,8 +196,9 @@ def test_interact_keys_per_agent_in_parallel_mode(cartpole4):
 def test_a_dqn_shaped_agent_learns_cartpole():
     """The guide's shape (16 environments, epsilon-greedy Q-learning) on CartPole-v1: returns rise."""
     env = make_vec_env("CartPole-v1", 16)
-    config = make_config(env, TinyDQNParams(exploration=0.1, tau=0.05), learning_rate=1e-3,
-                         max_buffer_size=1000, batch_size=128, seed=0)
+    config = make_config(
+        env, TinyDQNParams(exploration=0.1, tau=0.05), learning_rate=1e-3, max_buffer_size=1000, batch_size=128, seed=0
+    )
     agent = TinyDQN("learn", config, run_dir="unused")
     stats = agent.train(env, 40_000)
     first = float(np.mean(stats.episode_returns[:20]))
@@ -199,7 +212,10 @@ def test_the_guide_example_runs_as_written(tmp_path):
     """examples/custom_dqn.py is the custom-agent guide verbatim (plus flax's import)."""
     result = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "custom_dqn.py"), "30000"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=240,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     line = result.stdout.strip().splitlines()[-1]

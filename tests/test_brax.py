@@ -161,10 +161,20 @@ def _agent(algo: str, n_envs: int, sets: list[str]):
     return agent_cls(f"test-{algo}", config), env
 
 
-PPO_SETS = ["update_cfg.max_buffer_size=16", "update_cfg.batch_size=32", "update_cfg.n_epochs=2",
-            "algo_params.hidden_sizes=[16, 16]"]
-SAC_SETS = ["algo_params.start_step=32", "algo_params.skip_steps=8", "update_cfg.batch_size=16",
-            "update_cfg.max_buffer_size=512", "algo_params.policy_hidden=[16]", "algo_params.q_hidden=[16]"]
+PPO_SETS = [
+    "update_cfg.max_buffer_size=16",
+    "update_cfg.batch_size=32",
+    "update_cfg.n_epochs=2",
+    "algo_params.hidden_sizes=[16, 16]",
+]
+SAC_SETS = [
+    "algo_params.start_step=32",
+    "algo_params.skip_steps=8",
+    "update_cfg.batch_size=16",
+    "update_cfg.max_buffer_size=512",
+    "algo_params.policy_hidden=[16]",
+    "algo_params.q_hidden=[16]",
+]
 
 
 @pytest.mark.slow  # compiles a whole training program with Brax physics: tens of seconds
@@ -177,7 +187,7 @@ def test_ppo_trains_in_the_compiled_loop_and_one_seed_decides_the_run():
     assert first.metrics.info and all(np.all(np.isfinite(v)) for v in first.metrics.info.values())
     assert first.metrics.episodes.sum() > 0  # the pole falls under a random policy within 50 steps
     params = first.state.agent_state
-    pick = lambda i: jax.tree_util.tree_map(lambda x: x[i], params)  # noqa: E731
+    pick = lambda i: jax.tree_util.tree_map(lambda x: x[i], params)
     assert _leaves_equal(pick(0), pick(1))  # the same seed twice: identical parameters
     assert not _leaves_equal(pick(0), pick(2))
 
@@ -197,19 +207,43 @@ def test_sac_trains_in_the_compiled_loop():
 def test_kitae_train_on_a_brax_env(tmp_path):
     run_dir = tmp_path / "run"
     result = subprocess.run(
-        [sys.executable, "-m", "kitae.cli", "train", "ppo", f"brax:{ENV}", "--steps", "64", "--n-envs", "2",
-         "--run-dir", str(run_dir), "--quiet", *sum((["--set", s] for s in PPO_SETS), [])],
-        capture_output=True, text=True, timeout=280,
+        [
+            sys.executable,
+            "-m",
+            "kitae.cli",
+            "train",
+            "ppo",
+            f"brax:{ENV}",
+            "--steps",
+            "64",
+            "--n-envs",
+            "2",
+            "--run-dir",
+            str(run_dir),
+            "--quiet",
+            *sum((["--set", s] for s in PPO_SETS), []),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=280,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["env"] == f"brax:{ENV}" and summary["steps"] == 64
-    evaluated = subprocess.run([sys.executable, "-m", "kitae.cli", "eval", str(run_dir), "--episodes", "2"],
-                               capture_output=True, text=True, timeout=280)
+    evaluated = subprocess.run(
+        [sys.executable, "-m", "kitae.cli", "eval", str(run_dir), "--episodes", "2"],
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["eval_episodes"] == 2 and 1.0 <= summary["eval_return"] <= 1000.0
-    bad = subprocess.run([sys.executable, "-m", "kitae.cli", "train", "ppo", "brax:not_an_env", "--steps", "10"],
-                         capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "kitae.cli", "train", "ppo", "brax:not_an_env", "--steps", "10"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "unknown Brax environment 'not_an_env'; available:" in bad.stderr
     assert "Traceback" not in bad.stderr

@@ -306,11 +306,13 @@ def test_reset_zeroes_counters_and_refills_from_row_zero():
 
 def test_host_add_converts_64_bit_dtypes():
     buffer = ReplayBuffer(4)
-    buffer.add(_step(1.0, np_module=np)._replace(
-        observation=np.ones((N_ENVS, *OBS_SHAPE), np.float64),
-        reward=np.ones((N_ENVS,), np.float64),
-        action=np.ones((N_ENVS,), np.int64),
-    ))
+    buffer.add(
+        _step(1.0, np_module=np)._replace(
+            observation=np.ones((N_ENVS, *OBS_SHAPE), np.float64),
+            reward=np.ones((N_ENVS,), np.float64),
+            action=np.ones((N_ENVS,), np.int64),
+        )
+    )
     data = buffer.state.data
     assert data.observation.dtype == jnp.float32
     assert data.reward.dtype == jnp.float32
@@ -326,11 +328,13 @@ def test_host_add_converts_64_bit_dtypes_even_with_x64_enabled():
     """With x64 off JAX would truncate anyway; with it on, only the host conversion keeps 32 bits."""
     with jax.enable_x64(True):
         buffer = ReplayBuffer(2)
-        buffer.add(_step(1.0)._replace(
-            observation=np.ones((N_ENVS, *OBS_SHAPE), np.float64),
-            reward=np.ones((N_ENVS,), np.float64),
-            action=np.ones((N_ENVS,), np.int64),
-        ))
+        buffer.add(
+            _step(1.0)._replace(
+                observation=np.ones((N_ENVS, *OBS_SHAPE), np.float64),
+                reward=np.ones((N_ENVS,), np.float64),
+                action=np.ones((N_ENVS,), np.int64),
+            )
+        )
         data = buffer.state.data
         assert data.observation.dtype == jnp.float32
         assert data.reward.dtype == jnp.float32
@@ -459,7 +463,9 @@ def test_gae_reads_a_missing_truncated_field_as_never_truncated():
     next_values = jnp.array([0.4, 0.3, 0.2])
     done = jnp.array([False, True, False])
     expected = compute_gae(rewards, values, next_values, done, jnp.zeros(3, bool), 0.9, 0.8)
-    for got in (compute_gae(rewards, values, next_values, done, None, 0.9, 0.8),
-                jax.jit(lambda d: compute_gae(rewards, values, next_values, d, None, 0.9, 0.8))(done)):
+    for got in (
+        compute_gae(rewards, values, next_values, done, None, 0.9, 0.8),
+        jax.jit(lambda d: compute_gae(rewards, values, next_values, d, None, 0.9, 0.8))(done),
+    ):
         for a, b in zip(got, expected):
             np.testing.assert_array_equal(a, b)

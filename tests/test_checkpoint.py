@@ -11,16 +11,16 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-
 from _agents import TinyA2C, TinyA2CParams, TinyDQN, TinyDQNParams, make_config
+
 from kitae.envs.make import make_jax_env, make_vec_env
 from kitae.loops.callbacks import Callback
 from kitae.loops.compiled import compiled_train, loop_state_shape
 from kitae.loops.state import apply_loop_state
 from kitae.runs.callbacks import CheckpointSaver
 from kitae.runs.checkpoints import (
-    Checkpointer,
     CheckpointCorrupt,
+    Checkpointer,
     CheckpointError,
     CheckpointMismatch,
     CheckpointWarning,
@@ -203,8 +203,9 @@ def test_max_to_keep_and_replacing_a_step(tmp_path):
 @pytest.fixture(scope="module")
 def a2c_setup():
     env = make_jax_env("gymnax:CartPole-v1", 4)
-    config = make_config(env, TinyA2CParams(), max_buffer_size=16, batch_size=32, n_epochs=2,
-                         task_name="gymnax:CartPole-v1")
+    config = make_config(
+        env, TinyA2CParams(), max_buffer_size=16, batch_size=32, n_epochs=2, task_name="gymnax:CartPole-v1"
+    )
     config = dataclasses.replace(config, train_cfg=dataclasses.replace(config.train_cfg, save_frequency=128))
     return env, config
 
@@ -241,8 +242,9 @@ def test_a_compiled_run_restored_from_its_loop_state_ends_where_it_would_have(a2
 
     agent = TinyA2C("c", config, run_dir="unused")
     checkpointer = Checkpointer(tmp_path / "checkpoints")
-    part = compiled_train(agent, env, steps, callbacks=[CheckpointSaver(checkpointer), StopAfterTwo()],
-                          segment_iterations=2)
+    part = compiled_train(
+        agent, env, steps, callbacks=[CheckpointSaver(checkpointer), StopAfterTwo()], segment_iterations=2
+    )
     assert part.stopped and part.env_steps == 256  # saves every 128 steps: segments of 2 iterations
     assert checkpointer.all_steps() == [128, 256]
 
@@ -250,8 +252,14 @@ def test_a_compiled_run_restored_from_its_loop_state_ends_where_it_would_have(a2
     restored = checkpointer.restore_latest({"loop_state": loop_state_shape(again, env)})
     assert restored.meta["executor"] == "compiled" and restored.meta["env_saved"] and restored.meta["env_step"] == 256
     assert _equal(restored.items["loop_state"], part.state)  # environment state, buffer, keys...
-    rest = compiled_train(again, env, steps, callbacks=[CheckpointSaver(checkpointer)],
-                          start=restored.items["loop_state"], segment_iterations=2)
+    rest = compiled_train(
+        again,
+        env,
+        steps,
+        callbacks=[CheckpointSaver(checkpointer)],
+        start=restored.items["loop_state"],
+        segment_iterations=2,
+    )
     assert rest.start_step == 256 and rest.env_steps == steps and not rest.stopped
     assert state_fingerprint(rest.state) == state_fingerprint(full.state)
     assert again.n_updates == 7 and again.env_step == steps

@@ -32,14 +32,39 @@ def _bad(capsys, argv: list[str], *expected: str) -> str:
 def test_train_writes_the_run_directory(tmp_path):
     run_dir = tmp_path / "run"
     result = subprocess.run(
-        [sys.executable, "-m", "kitae.cli", "train", "ppo", "gymnax:CartPole-v1", "--steps", "4096",
-         "--run-dir", str(run_dir), "--quiet", "--set", "update_cfg.learning_rate=1e-3"],
-        capture_output=True, text=True, timeout=280,
+        [
+            sys.executable,
+            "-m",
+            "kitae.cli",
+            "train",
+            "ppo",
+            "gymnax:CartPole-v1",
+            "--steps",
+            "4096",
+            "--run-dir",
+            str(run_dir),
+            "--quiet",
+            "--set",
+            "update_cfg.learning_rate=1e-3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=280,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    for field in ("algo", "env", "seed", "steps", "wall_seconds", "compile_seconds", "sps", "final_return",
-                  "peak_rss_mb", "state_fingerprint"):
+    for field in (
+        "algo",
+        "env",
+        "seed",
+        "steps",
+        "wall_seconds",
+        "compile_seconds",
+        "sps",
+        "final_return",
+        "peak_rss_mb",
+        "state_fingerprint",
+    ):
         assert field in summary, field
     assert summary["algo"] == "ppo" and summary["env"] == "gymnax:CartPole-v1" and summary["steps"] >= 4096
     config = AlgoConfig.from_yaml(run_dir / "config.yaml")
@@ -114,8 +139,14 @@ def test_presets_and_overrides_resolve_in_order(tmp_path):
     assert gym_preset["n_envs"] == 8 and gym_preset["update_cfg"]["n_epochs"] == 20
     file = tmp_path / "c.yaml"
     file.write_text(yaml.safe_dump({"n_envs": 2, "update_cfg": {"n_epochs": 3}}))
-    resolved = resolve("ppo", PPOParams, EnvSpec.parse("CartPole-v1"), config_file=str(file), overrides={"n_envs": 6},
-                       sets=["update_cfg.n_epochs=5", "algo_params.gamma=0.9"])
+    resolved = resolve(
+        "ppo",
+        PPOParams,
+        EnvSpec.parse("CartPole-v1"),
+        config_file=str(file),
+        overrides={"n_envs": 6},
+        sets=["update_cfg.n_epochs=5", "algo_params.gamma=0.9"],
+    )
     assert resolved["n_envs"] == 6
     assert resolved["update_cfg"]["n_epochs"] == 5 and resolved["update_cfg"]["batch_size"] == 256
     assert resolved["algo_params"]["gamma"] == 0.9
@@ -131,8 +162,25 @@ def test_presets_and_overrides_resolve_in_order(tmp_path):
 def trained_run(tmp_path_factory):
     """A finished compiled run with checkpoints at 2048 and 4096 steps (made once, copied per test)."""
     run_dir = tmp_path_factory.mktemp("trained") / "run"
-    assert main(["train", "ppo", "gymnax:CartPole-v1", "--steps", "4096", "--run-dir", str(run_dir), "--quiet",
-                 "--set", "update_cfg.learning_rate=1e-3", "--set", "train_cfg.save_frequency=2048"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "ppo",
+                "gymnax:CartPole-v1",
+                "--steps",
+                "4096",
+                "--run-dir",
+                str(run_dir),
+                "--quiet",
+                "--set",
+                "update_cfg.learning_rate=1e-3",
+                "--set",
+                "train_cfg.save_frequency=2048",
+            ]
+        )
+        == 0
+    )
     return run_dir
 
 
@@ -148,8 +196,11 @@ def run_copy(trained_run, tmp_path):
 def _snapshot(run_dir: Path) -> dict:
     import hashlib
 
-    return {str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(run_dir.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(run_dir.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_eval_reports_mean_and_std_and_records_a_video(capsys, run_copy):
@@ -226,15 +277,19 @@ def test_bad_eval_and_plot_arguments(capsys, run_copy, tmp_path):
     _bad(capsys, ["resume"], "RUN_DIR")
     (run_copy / "metrics.jsonl").write_text("")
     _bad(capsys, ["plot", str(run_copy)], "no finished episodes")
-    assert {k: v for k, v in _snapshot(run_copy).items() if k != "metrics.jsonl"} == \
-        {k: v for k, v in before.items() if k != "metrics.jsonl"}
+    assert {k: v for k, v in _snapshot(run_copy).items() if k != "metrics.jsonl"} == {
+        k: v for k, v in before.items() if k != "metrics.jsonl"
+    }
 
 
-@pytest.mark.parametrize("command,example", [
-    (["resume", "--help"], "kitae resume runs/ppo --steps 1000000"),
-    (["eval", "--help"], "kitae eval runs/ppo --episodes 100 --video"),
-    (["plot", "--help"], "kitae plot runs/ppo-a runs/ppo-b -o compare.png"),
-])
+@pytest.mark.parametrize(
+    "command,example",
+    [
+        (["resume", "--help"], "kitae resume runs/ppo --steps 1000000"),
+        (["eval", "--help"], "kitae eval runs/ppo --episodes 100 --video"),
+        (["plot", "--help"], "kitae plot runs/ppo-a runs/ppo-b -o compare.png"),
+    ],
+)
 def test_every_command_has_help_with_an_example(capsys, command, example):
     assert main(command) == 0
     out = capsys.readouterr().out

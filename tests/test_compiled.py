@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from _agents import TinyA2C, TinyA2CParams, TinyDQN, TinyDQNParams, make_config
+
 from kitae.envs.jax_env import GymnaxEnv, VecJaxEnv
 from kitae.envs.make import make_jax_env
 from kitae.loops.compiled import compiled_train, make_loop_functions
@@ -83,8 +83,9 @@ def test_make_jax_env_rejects_unknown_ids():
 @pytest.fixture(scope="module")
 def a2c_setup():
     env = make_jax_env("gymnax:CartPole-v1", 4)
-    config = make_config(env, TinyA2CParams(), max_buffer_size=16, batch_size=32, n_epochs=2,
-                         task_name="gymnax:CartPole-v1")
+    config = make_config(
+        env, TinyA2CParams(), max_buffer_size=16, batch_size=32, n_epochs=2, task_name="gymnax:CartPole-v1"
+    )
     return env, config
 
 
@@ -122,7 +123,7 @@ def test_compiled_runs_are_deterministic_and_seeds_match_single_runs(a2c_setup):
     again = compiled_train(TinyA2C("c", config, run_dir="unused"), env, steps, use_cache=False)
     assert _leaves_equal(single[0].state.agent_state, again.state.agent_state)
     for i, seed in enumerate((0, 5)):
-        per_seed = jax.tree_util.tree_map(lambda x: x[i], batched.state.agent_state)
+        per_seed = jax.tree_util.tree_map(lambda x, i=i: x[i], batched.state.agent_state)
         assert _leaves_close(per_seed, single[seed].state.agent_state, rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(batched.metrics.return_sum[i], single[seed].metrics.return_sum, rtol=1e-5)
     assert not _leaves_close(single[0].state.agent_state, single[5].state.agent_state)
@@ -208,6 +209,11 @@ def test_sharded_seeds_match_unsharded(tmp_path):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
         print("OK")
     """)
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=280,
-                            env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
     assert result.returncode == 0 and "OK" in result.stdout, result.stderr[-3000:]

@@ -94,10 +94,10 @@ def test_categorical_under_jit_and_vmap():
     np.testing.assert_array_equal(mode, [0, 3])
 
     keys = jax.random.split(jax.random.key(4), 2)
-    xs, logps = jax.vmap(lambda l, m, k: Categorical(l, m).sample_and_log_prob(k))(logits, mask, keys)
+    xs, logps = jax.vmap(lambda lg, m, k: Categorical(lg, m).sample_and_log_prob(k))(logits, mask, keys)
     assert xs.shape == (2,) and logps.shape == (2,)
     assert bool(mask[0, xs[0]]) and bool(mask[1, xs[1]])
-    ref = np.asarray(jax.vmap(lambda l, m, a: Categorical(l, m).log_prob(a))(logits, mask, xs))
+    ref = np.asarray(jax.vmap(lambda lg, m, a: Categorical(lg, m).log_prob(a))(logits, mask, xs))
     np.testing.assert_allclose(logps, ref, rtol=1e-6)
 
 

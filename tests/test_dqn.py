@@ -20,13 +20,14 @@ from kitae.envs.make import make_vec_env
 pytestmark = pytest.mark.timeout(120)  # a hung compilation fails instead of stalling the run
 
 BOX2 = gym.spaces.Box(-10.0, 10.0, (2,), np.float32)
+DISCRETE3 = gym.spaces.Discrete(3)
 
 
 def make_config(
     algo_params: DQNParams,
     *,
     observation_space: gym.Space = BOX2,
-    action_space: gym.Space = gym.spaces.Discrete(3),
+    action_space: gym.Space = DISCRETE3,
     n_envs: int = 1,
     seed: int = 0,
     n_env_steps: int = 1000,
@@ -39,12 +40,18 @@ def make_config(
         seed=seed,
         algo_params=algo_params,
         update_cfg=cfg.UpdateConfig(
-            learning_rate=learning_rate, max_grad_norm=None, max_buffer_size=max_buffer_size,
-            batch_size=batch_size, n_epochs=n_epochs,
+            learning_rate=learning_rate,
+            max_grad_norm=None,
+            max_buffer_size=max_buffer_size,
+            batch_size=batch_size,
+            n_epochs=n_epochs,
         ),
         train_cfg=cfg.TrainConfig(n_env_steps=n_env_steps),
         env_cfg=cfg.EnvConfig(
-            task_name="test", observation_space=observation_space, action_space=action_space, n_envs=n_envs,
+            task_name="test",
+            observation_space=observation_space,
+            action_space=action_space,
+            n_envs=n_envs,
         ),
     )
 
@@ -56,10 +63,12 @@ def linear_state(config: cfg.AlgoConfig) -> dqn.DQNState:
     target: Q'(x) = x @ [[0.5, 1, 0], [0, 0, 1]] + [1, 0, 0] = [0.5 x0 + 1, x0, x1]
     """
     state = dqn.train_state_dqn_factory(jax.random.PRNGKey(0), config)
-    online = {"params": {"Dense_0": {"kernel": jnp.array([[1.0, 0.0, 2.0], [0.0, 1.0, -1.0]]),
-                                     "bias": jnp.zeros(3)}}}
-    target = {"params": {"Dense_0": {"kernel": jnp.array([[0.5, 1.0, 0.0], [0.0, 0.0, 1.0]]),
-                                     "bias": jnp.array([1.0, 0.0, 0.0])}}}
+    online = {"params": {"Dense_0": {"kernel": jnp.array([[1.0, 0.0, 2.0], [0.0, 1.0, -1.0]]), "bias": jnp.zeros(3)}}}
+    target = {
+        "params": {
+            "Dense_0": {"kernel": jnp.array([[0.5, 1.0, 0.0], [0.0, 0.0, 1.0]]), "bias": jnp.array([1.0, 0.0, 0.0])}
+        }
+    }
     return state.replace(qvalue=state.qvalue.replace(params=online, target_params=target))
 
 
@@ -79,16 +88,16 @@ EXPERIENCE = Experience(
 # Online Q of the taken actions: 1: 2*1 - 2 = 0; 2: 0; 3: 1.
 # Next states: 1: online [2, 1, 3] (argmax 2), target [2, 2, 1] (max 2, at the online argmax 1)
 #              3: online [1, 3, -1] (argmax 1), target [1.5, 1, 3] (max 3, at the online argmax 1)
-PLAIN_TARGETS = [1.0 + 0.9 * 2.0, -1.0, 0.5 + 0.9 * 3.0]   # [2.8, -1, 3.2]
+PLAIN_TARGETS = [1.0 + 0.9 * 2.0, -1.0, 0.5 + 0.9 * 3.0]  # [2.8, -1, 3.2]
 DOUBLE_TARGETS = [1.0 + 0.9 * 1.0, -1.0, 0.5 + 0.9 * 1.0]  # [1.9, -1, 1.4]
 # TD errors q - target: plain [-2.8, 1, -2.2], double [-1.9, 1, -0.4]
 EXPECTED_LOSS = {
     # huber (delta 1): |d| - 0.5 when |d| > 1, else 0.5 d^2
-    ("huber", False): (2.3 + 0.5 + 1.7) / 3,                   # 1.5
-    ("huber", True): (1.4 + 0.5 + 0.5 * 0.16) / 3,             # 0.66
+    ("huber", False): (2.3 + 0.5 + 1.7) / 3,  # 1.5
+    ("huber", True): (1.4 + 0.5 + 0.5 * 0.16) / 3,  # 0.66
     # l2: 0.5 d^2
-    ("l2", False): 0.5 * (7.84 + 1.0 + 4.84) / 3,              # 2.28
-    ("l2", True): 0.5 * (3.61 + 1.0 + 0.16) / 3,               # 0.795
+    ("l2", False): 0.5 * (7.84 + 1.0 + 4.84) / 3,  # 2.28
+    ("l2", True): 0.5 * (3.61 + 1.0 + 0.16) / 3,  # 0.795
 }
 
 
@@ -164,7 +173,9 @@ def test_polyak_target_update(interval):
             expected = jax.tree_util.tree_map(lambda p, t: 0.25 * p + 0.75 * t, state.qvalue.params, old)
         else:
             expected = old
-        for got, want in zip(jax.tree_util.tree_leaves(state.qvalue.target_params), jax.tree_util.tree_leaves(expected)):
+        for got, want in zip(
+            jax.tree_util.tree_leaves(state.qvalue.target_params), jax.tree_util.tree_leaves(expected)
+        ):
             np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
 
 
@@ -253,10 +264,22 @@ def test_refuses_other_params():
 @pytest.mark.parametrize(
     "field, value",
     [
-        ("gamma", 1.5), ("gamma", -0.1), ("exploration", 1.5), ("exploration", "high"),
-        ("exploration_final", -0.1), ("exploration_fraction", 2.0), ("start_step", -1), ("skip_steps", 0),
-        ("target_update_interval", 0), ("tau", 0.0), ("tau", 1.5), ("loss", "mse"), ("hidden", (0,)),
-        ("activation", "nope"), ("double_dqn", "yes"), ("skip_steps", 2.5),
+        ("gamma", 1.5),
+        ("gamma", -0.1),
+        ("exploration", 1.5),
+        ("exploration", "high"),
+        ("exploration_final", -0.1),
+        ("exploration_fraction", 2.0),
+        ("start_step", -1),
+        ("skip_steps", 0),
+        ("target_update_interval", 0),
+        ("tau", 0.0),
+        ("tau", 1.5),
+        ("loss", "mse"),
+        ("hidden", (0,)),
+        ("activation", "nope"),
+        ("double_dqn", "yes"),
+        ("skip_steps", 2.5),
     ],
 )
 def test_rejected_params_name_the_field(field, value):
@@ -285,7 +308,7 @@ def test_one_update_changes_the_parameters():
     config = make_config(DQNParams(hidden=(8,)), batch_size=3)
     agent = DQN("dqn-update", config, run_dir="runs/x")
     for i in range(3):
-        agent.buffer.add(jax.tree_util.tree_map(lambda x: np.asarray(x[i:i + 1]), EXPERIENCE))
+        agent.buffer.add(jax.tree_util.tree_map(lambda x, i=i: np.asarray(x[i : i + 1]), EXPERIENCE))
     before = agent.state.qvalue.params
     info = agent.update(agent.buffer)
     assert set(info) == {"loss_qvalue", "q_values"} and np.isfinite(info["loss_qvalue"])
@@ -297,8 +320,15 @@ def _cartpole_agent(seed: int, name: str = "a") -> tuple[DQN, gym.vector.VectorE
     env = make_vec_env("CartPole-v1", 2)
     params = DQNParams(start_step=200, skip_steps=50, target_update_interval=10, hidden=(32,))
     config = make_config(
-        params, observation_space=env.single_observation_space, action_space=env.single_action_space,
-        n_envs=2, seed=seed, n_env_steps=1000, batch_size=32, n_epochs=4, max_buffer_size=1000,
+        params,
+        observation_space=env.single_observation_space,
+        action_space=env.single_action_space,
+        n_envs=2,
+        seed=seed,
+        n_env_steps=1000,
+        batch_size=32,
+        n_epochs=4,
+        max_buffer_size=1000,
     )
     return DQN(f"dqn-{seed}", config, run_dir=f"runs/dqn-{name}"), env
 
@@ -323,8 +353,14 @@ def test_trains_in_the_compiled_loop_with_a_traced_step():
     env = make_jax_env("gymnax:CartPole-v1", 2)
     params = DQNParams(start_step=40, skip_steps=8, target_update_interval=4, hidden=(16,))
     config = make_config(
-        params, observation_space=env.single_observation_space, action_space=env.single_action_space,
-        n_envs=2, n_env_steps=120, batch_size=16, n_epochs=2, max_buffer_size=100,
+        params,
+        observation_space=env.single_observation_space,
+        action_space=env.single_action_space,
+        n_envs=2,
+        n_env_steps=120,
+        batch_size=16,
+        n_epochs=2,
+        max_buffer_size=100,
     )
     agent = DQN("dqn-compiled", config, run_dir="runs/x")
     before = agent.state

@@ -15,11 +15,11 @@ import pytest
 
 pytest.importorskip("envpool", reason="envpool is an optional extra: pip install -e '.[envpool]'")
 
-import kitae.config as cfg  # noqa: E402
-from kitae.envs.envpool_env import ATARI_DEFAULTS, EnvPoolVectorEnv, evaluation_kwargs, is_atari  # noqa: E402
-from kitae.envs.make import make_vec_env  # noqa: E402
-from kitae.loops.train import check_env  # noqa: E402
-from kitae.modules.encoders import NatureCNN, encoder_factory  # noqa: E402
+import kitae.config as cfg
+from kitae.envs.envpool_env import ATARI_DEFAULTS, EnvPoolVectorEnv, evaluation_kwargs, is_atari
+from kitae.envs.make import make_vec_env
+from kitae.loops.train import check_env
+from kitae.modules.encoders import NatureCNN, encoder_factory
 
 pytestmark = pytest.mark.timeout(120)  # a hung pool or compilation fails instead of stalling the run
 
@@ -35,8 +35,10 @@ def balance(obs: np.ndarray) -> np.ndarray:
 
 
 def _tree_equal(a, b) -> bool:
-    return all(np.array_equal(np.asarray(x), np.asarray(y))
-               for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
+    return all(
+        np.array_equal(np.asarray(x), np.asarray(y))
+        for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b))
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -71,7 +73,7 @@ def test_termination_gives_the_final_observation_and_resets_in_the_same_step():
     env = make_vec_env("envpool:CartPole-v1", 2)
     try:
         obs, _ = env.reset(seed=1)
-        for t in range(1, 100):  # pushing left all the time: the pole falls within a few dozen steps
+        for _ in range(1, 100):  # pushing left all the time: the pole falls within a few dozen steps
             previous = obs
             obs, rewards, terminated, truncated, infos = env.step(np.zeros(2, np.int32))
             if terminated.any():
@@ -310,11 +312,16 @@ def test_dqn_trains_a_few_updates_on_envpool_cartpole_and_same_seed_same_paramet
         config = cfg.AlgoConfig(
             seed=seed,
             algo_params=DQNParams(start_step=100, skip_steps=50, target_update_interval=10, hidden=(32,)),
-            update_cfg=cfg.UpdateConfig(learning_rate=1e-3, max_grad_norm=None, max_buffer_size=500,
-                                        batch_size=32, n_epochs=2),
+            update_cfg=cfg.UpdateConfig(
+                learning_rate=1e-3, max_grad_norm=None, max_buffer_size=500, batch_size=32, n_epochs=2
+            ),
             train_cfg=cfg.TrainConfig(n_env_steps=400),
-            env_cfg=cfg.EnvConfig(task_name="envpool:CartPole-v1", observation_space=env.single_observation_space,
-                                  action_space=env.single_action_space, n_envs=2),
+            env_cfg=cfg.EnvConfig(
+                task_name="envpool:CartPole-v1",
+                observation_space=env.single_observation_space,
+                action_space=env.single_action_space,
+                n_envs=2,
+            ),
         )
         agent = DQN(f"dqn-envpool-{seed}", config, run_dir=f"runs/dqn-envpool-{name}")
         before = agent.state.qvalue.params
@@ -336,8 +343,9 @@ def test_kitae_train_ppo_on_envpool_pong_runs_a_few_updates_in_the_host_loop(tmp
 
     sets = ["update_cfg.max_buffer_size=16", "update_cfg.batch_size=16", "update_cfg.n_epochs=1"]
     with pytest.warns(UserWarning, match=r"envpool: environments train in the host loop"):
-        summary = train_run(RunSpec("ppo", "envpool:Pong-v5", steps=64, n_envs=2, sets=sets,
-                                    run_dir=str(tmp_path / "pong"), quiet=True))
+        summary = train_run(
+            RunSpec("ppo", "envpool:Pong-v5", steps=64, n_envs=2, sets=sets, run_dir=str(tmp_path / "pong"), quiet=True)
+        )
     assert summary["steps"] == 64 and summary["env"] == "envpool:Pong-v5"
     config = cfg.AlgoConfig.from_yaml(tmp_path / "pong" / "config.yaml")
     # the Atari preset: CleanRL's settings with a shared NatureCNN (rollout shrunk by --set)

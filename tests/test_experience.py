@@ -229,9 +229,7 @@ def test_vectorized(jit):
     noise = np.asarray(out.noise).reshape(T, E)
     assert not np.allclose(noise[:, 0], noise[:, 1])
     env_keys = jax.random.split(KEY, E)
-    expected_noise = np.stack(
-        [jax.random.uniform(jax.random.split(env_keys[e], 1)[0], (T,)) for e in range(E)], axis=1
-    )
+    expected_noise = np.stack([jax.random.uniform(jax.random.split(env_keys[e], 1)[0], (T,)) for e in range(E)], axis=1)
     np.testing.assert_allclose(noise, expected_noise)
 
 
@@ -296,9 +294,7 @@ def test_parallel_two_transforms(jit):
     out = maybe_jit(pipe, jit)(STATE, KEY, exp)
     vs = [expected_value(e) for e in per_agent.values()]
     np.testing.assert_allclose(out[0], stack_and_merge_n_first_dims([jnp.asarray(v[:-1] + 1.0) for v in vs]))
-    np.testing.assert_allclose(
-        out[1], stack_and_merge_n_first_dims([jnp.asarray(v[1:, 0] - v[:-1, 0]) for v in vs])
-    )
+    np.testing.assert_allclose(out[1], stack_and_merge_n_first_dims([jnp.asarray(v[1:, 0] - v[:-1, 0]) for v in vs]))
 
 
 @JIT
@@ -306,9 +302,7 @@ def test_parallel_no_transform_merges(jit):
     per_agent, exp = parallel_exp((T,))
     out = maybe_jit(ExperiencePipeline([], vectorized=False, parallel=True), jit)(STATE, KEY, exp)
     np.testing.assert_array_equal(out.obs, stack_and_merge_n_first_dims([e.obs for e in per_agent.values()]))
-    np.testing.assert_array_equal(
-        out.reward, stack_and_merge_n_first_dims([e.reward for e in per_agent.values()])
-    )
+    np.testing.assert_array_equal(out.reward, stack_and_merge_n_first_dims([e.reward for e in per_agent.values()]))
 
 
 def test_parallel_rejects_different_shapes():

@@ -84,14 +84,14 @@ def test_fn_parallel_tuple_outputs(jit):
 def test_fn_parallel_agents_get_their_own_key(jit):
     keys = {a: jax.random.key(i) for i, a in enumerate(AGENTS)}
     same_obs = obs_for((E,), 0)
-    obs = {a: same_obs for a in AGENTS}
+    obs = dict.fromkeys(AGENTS, same_obs)
     f = maybe_jit(lambda s, k, o: fn_parallel(explore_fn)(s, k, o, exploration=1.0), jit)
     actions, _ = f(STATE, keys, obs)
     for a in AGENTS:
         np.testing.assert_array_equal(actions[a], expected_random(keys[a], (E,)))
     assert not np.array_equal(actions["agent_0"], actions["agent_1"])
     # Same key for both agents -> same sample.
-    actions_same, _ = f(STATE, {a: keys["agent_0"] for a in AGENTS}, obs)
+    actions_same, _ = f(STATE, dict.fromkeys(AGENTS, keys["agent_0"]), obs)
     np.testing.assert_array_equal(actions_same["agent_0"], actions_same["agent_1"])
 
 

@@ -19,13 +19,13 @@ try:  # through kitae, which keeps jaxmarl's import from touching the test's out
 except ImportError:
     pytest.skip("the jaxmarl extra is not installed", allow_module_level=True)
 
-import kitae.config as cfg  # noqa: E402
-from kitae.algos.collections.dqn import DQN, DQNParams  # noqa: E402
-from kitae.algos.collections.ppo import PPO, PPOParams  # noqa: E402
-from kitae.envs.make import make_jax_env  # noqa: E402
-from kitae.envs.jaxmarl_env import JaxMARLEnv, VecJaxMARLEnv, make_jaxmarl_env  # noqa: E402
-from kitae.loops.compiled import compiled_train  # noqa: E402
-from kitae.loops.multi_agent import evaluate_team_returns, track_team_episodes  # noqa: E402
+import kitae.config as cfg
+from kitae.algos.collections.dqn import DQN, DQNParams
+from kitae.algos.collections.ppo import PPO, PPOParams
+from kitae.envs.jaxmarl_env import JaxMARLEnv, VecJaxMARLEnv, make_jaxmarl_env
+from kitae.envs.make import make_jax_env
+from kitae.loops.compiled import compiled_train
+from kitae.loops.multi_agent import evaluate_team_returns, track_team_episodes
 
 pytestmark = pytest.mark.timeout(180)  # a hung compilation fails instead of stalling the run
 
@@ -43,17 +43,21 @@ def _leaves_close(a, b, **tol) -> bool:
     return len(la) == len(lb) and all(np.allclose(x, y, **tol) for x, y in zip(la, lb))
 
 
-def _config(env, algo_params, *, seed=0, max_buffer_size=8, batch_size=48, n_epochs=2, n_env_steps=10_000,
-            n_agents=None):
+def _config(
+    env, algo_params, *, seed=0, max_buffer_size=8, batch_size=48, n_epochs=2, n_env_steps=10_000, n_agents=None
+):
     return cfg.AlgoConfig(
         seed=seed,
         algo_params=algo_params,
-        update_cfg=cfg.UpdateConfig(learning_rate=1e-3, max_buffer_size=max_buffer_size, batch_size=batch_size,
-                                    n_epochs=n_epochs),
+        update_cfg=cfg.UpdateConfig(
+            learning_rate=1e-3, max_buffer_size=max_buffer_size, batch_size=batch_size, n_epochs=n_epochs
+        ),
         train_cfg=cfg.TrainConfig(n_env_steps=n_env_steps),
         env_cfg=cfg.EnvConfig(
-            task_name=f"jaxmarl:{SPREAD}", observation_space=env.single_observation_space,
-            action_space=env.single_action_space, n_envs=env.num_envs,
+            task_name=f"jaxmarl:{SPREAD}",
+            observation_space=env.single_observation_space,
+            action_space=env.single_action_space,
+            n_envs=env.num_envs,
             n_agents=env.n_agents if n_agents is None else n_agents,
         ),
     )
@@ -183,7 +187,9 @@ def test_team_episode_tracking_by_hand():
     returns = {"a": jnp.array([1.0, 2.0]), "b": jnp.array([0.5, 0.0])}
     lengths = jnp.array([3, 4], jnp.int32)
     ts = JaxTimeStep(
-        observation=None, state=None, next_observation=None,
+        observation=None,
+        state=None,
+        next_observation=None,
         reward={"a": jnp.array([1.0, 1.0]), "b": jnp.array([2.0, 2.0])},
         terminated={"a": jnp.array([False, False]), "b": jnp.array([False, True])},
         truncated={"a": jnp.array([True, False]), "b": jnp.array([True, False])},
@@ -283,17 +289,19 @@ def test_ippo_compiled_run_trains_with_team_and_agent_statistics(ippo_runs):
 def test_same_seed_twice_gives_identical_parameters_and_vmapped_seeds_match_single_runs(ippo_runs):
     runs = {name: result for name, (_, result) in ippo_runs.items()}
     assert _leaves_equal(runs["0"].state.agent_state, runs["0 again"].state.agent_state)
-    assert not _leaves_close(runs["0"].state.agent_state.actor_critic.params,
-                             runs["3"].state.agent_state.actor_critic.params)
+    assert not _leaves_close(
+        runs["0"].state.agent_state.actor_critic.params, runs["3"].state.agent_state.actor_critic.params
+    )
     batched = runs["batched"]
     assert batched.metrics.return_sum.shape == (2, 6)
     for i, name in enumerate(("0", "3")):
-        per_seed = jax.tree_util.tree_map(lambda x: x[i], batched.state.agent_state)
+        per_seed = jax.tree_util.tree_map(lambda x, i=i: x[i], batched.state.agent_state)
         assert _leaves_close(per_seed, runs[name].state.agent_state, rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(batched.metrics.return_sum[i], runs[name].metrics.return_sum, rtol=1e-4)
         for a in AGENTS:
-            np.testing.assert_allclose(batched.metrics.agent_return_sum[a][i], runs[name].metrics.agent_return_sum[a],
-                                       rtol=1e-4)
+            np.testing.assert_allclose(
+                batched.metrics.agent_return_sum[a][i], runs[name].metrics.agent_return_sum[a], rtol=1e-4
+            )
 
 
 @pytest.mark.slow
@@ -330,8 +338,9 @@ def test_dqn_compiled_run_on_discrete_mpe(spread):
 
 def test_agent_count_must_match_the_environment(spread):
     with pytest.raises(ValueError, match=r"the environment has 3 agent\(s\) but env_cfg.n_agents=1"):
-        compiled_train(PPO("ippo", _config(spread, PPOParams(), batch_size=32, n_agents=1), run_dir="unused"),
-                       spread, 64)
+        compiled_train(
+            PPO("ippo", _config(spread, PPOParams(), batch_size=32, n_agents=1), run_dir="unused"), spread, 64
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -344,8 +353,22 @@ def test_kitae_train_ppo_on_simple_spread(tmp_path, capsys):
     from kitae.cli import main
 
     run_dir = tmp_path / "run"
-    argv = ["train", "ppo", f"jaxmarl:{SPREAD}", "--steps", "128", "--n-envs", "2", "--run-dir", str(run_dir),
-            "--quiet", "--set", "update_cfg.max_buffer_size=32", "--set", "update_cfg.batch_size=48"]
+    argv = [
+        "train",
+        "ppo",
+        f"jaxmarl:{SPREAD}",
+        "--steps",
+        "128",
+        "--n-envs",
+        "2",
+        "--run-dir",
+        str(run_dir),
+        "--quiet",
+        "--set",
+        "update_cfg.max_buffer_size=32",
+        "--set",
+        "update_cfg.batch_size=48",
+    ]
     assert main(argv) == 0, capsys.readouterr().err
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 128 and np.isfinite(summary["final_return"])

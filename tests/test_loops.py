@@ -9,10 +9,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _agents import TinyA2C, TinyA2CParams, TinyDQN, TinyDQNParams, make_config
 from gymnasium.vector import AutoresetMode
 from tensorboardX import SummaryWriter
 
-from _agents import TinyA2C, TinyA2CParams, TinyDQN, TinyDQNParams, make_config
 from kitae.buffer import buffer_rollout
 from kitae.loops.train import check_env, process_termination, vectorized_train
 from kitae.loops.update import batchify, update_epoch
@@ -174,8 +174,9 @@ def test_vectorized_train_rejects_bad_arguments():
 
 
 def _train_dqn(seed: int):
-    env = gym.make_vec("CartPole-v1", num_envs=4, vectorization_mode="sync",
-                       vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP})
+    env = gym.make_vec(
+        "CartPole-v1", num_envs=4, vectorization_mode="sync", vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP}
+    )
     config = make_config(env, TinyDQNParams(start_step=200), seed=seed, max_buffer_size=500, batch_size=32)
     agent = TinyDQN("test", config, run_dir="unused")
     stats = vectorized_train(seed, agent, env, 2000, AlgoType.OFF_POLICY)
@@ -250,13 +251,13 @@ def test_update_epoch_shuffles_with_the_key():
 def test_update_epoch_drops_the_remainder_and_rejects_large_batches():
     experience = Pair(jnp.arange(10.0), jnp.arange(10))
     state = SumState(jnp.zeros(()), jnp.zeros((), jnp.int32), jnp.zeros(10, jnp.int32))
-    new_state, _ = update_epoch(jax.random.PRNGKey(0), state, experience, batchify, _sum_step,
-                                experience_type=Pair, batch_size=4)
+    new_state, _ = update_epoch(
+        jax.random.PRNGKey(0), state, experience, batchify, _sum_step, experience_type=Pair, batch_size=4
+    )
     assert int(new_state.count) == 2
     assert int(new_state.seen.sum()) == 8
     with pytest.raises(ValueError, match="batch_size=11"):
-        update_epoch(jax.random.PRNGKey(0), state, experience, batchify, _sum_step,
-                     experience_type=Pair, batch_size=11)
+        update_epoch(jax.random.PRNGKey(0), state, experience, batchify, _sum_step, experience_type=Pair, batch_size=11)
 
 
 def test_update_epoch_with_plain_tuples():
@@ -266,8 +267,9 @@ def test_update_epoch_with_plain_tuples():
         assert type(batch) is tuple
         return state + jnp.sum(batch[0]), {}
 
-    total, _ = update_epoch(jax.random.PRNGKey(1), jnp.zeros(()), experience, batchify, step,
-                            experience_type=tuple, batch_size=3)
+    total, _ = update_epoch(
+        jax.random.PRNGKey(1), jnp.zeros(()), experience, batchify, step, experience_type=tuple, batch_size=3
+    )
     assert float(total) == 15.0
 
 

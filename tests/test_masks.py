@@ -11,8 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from _obs_envs import IllegalActionCounter, config, env_config, gymnax_cartpole_masked
+
 from kitae.action_masks import allowed_actions, get_action_mask, masked_argmax, masked_max
 from kitae.algos.collections.dqn import DQN, DQNParams, dqn_targets
 from kitae.algos.collections.ppo import PPO, PPOParams
@@ -26,10 +26,12 @@ N_SAMPLES = 20_000
 
 
 def _masked_space(n_actions: int = 4, obs_dim: int = 3) -> gym.spaces.Dict:
-    return gym.spaces.Dict({
-        "observation": gym.spaces.Box(-1.0, 1.0, (obs_dim,), np.float32),
-        "action_mask": gym.spaces.Box(0, 1, (n_actions,), np.int8),
-    })
+    return gym.spaces.Dict(
+        {
+            "observation": gym.spaces.Box(-1.0, 1.0, (obs_dim,), np.float32),
+            "action_mask": gym.spaces.Box(0, 1, (n_actions,), np.int8),
+        }
+    )
 
 
 def _random_masks(rng: np.random.Generator, batch: int, n: int) -> np.ndarray:
@@ -63,7 +65,7 @@ def test_masked_categorical_never_samples_a_masked_action_under_jit_and_vmap():
 
     @jax.jit
     def draw(logits, masks, keys):
-        return jax.vmap(lambda l, m, k: Categorical(l, m).sample(k), in_axes=(None, None, 0))(logits, masks, keys)
+        return jax.vmap(lambda lg, m, k: Categorical(lg, m).sample(k), in_axes=(None, None, 0))(logits, masks, keys)
 
     samples = np.asarray(draw(logits, masks, jax.random.split(jax.random.key(1), 300)))  # (300, 64)
     assert samples.shape == (300, 64)
@@ -123,16 +125,19 @@ def test_masked_dqn_targets_hand_computed():
     next_q_online = jnp.array([[1.0, 5.0, 2.0], [0.0, 0.0, 0.0], [9.0, 1.0, 3.0]])
     next_mask = jnp.array([[1, 0, 1], [0, 0, 0], [0, 1, 1]], jnp.int8)
     # plain: max over allowed = 3, (done), 7 -> 1 + .9 * 3, 0.5, 2 + .9 * 7
-    np.testing.assert_allclose(dqn_targets(rewards, done, next_q_target, 0.9, next_mask=next_mask),
-                               [3.7, 0.5, 8.3], rtol=1e-6)
+    np.testing.assert_allclose(
+        dqn_targets(rewards, done, next_q_target, 0.9, next_mask=next_mask), [3.7, 0.5, 8.3], rtol=1e-6
+    )
     # double: online argmax over allowed = 2, -, 2 -> Q_target 2, -, 7
-    np.testing.assert_allclose(dqn_targets(rewards, done, next_q_target, 0.9, next_q_online, next_mask),
-                               [2.8, 0.5, 8.3], rtol=1e-6)
+    np.testing.assert_allclose(
+        dqn_targets(rewards, done, next_q_target, 0.9, next_q_online, next_mask), [2.8, 0.5, 8.3], rtol=1e-6
+    )
     # unmasked for comparison: 1 + .9 * 9
     np.testing.assert_allclose(dqn_targets(rewards, done, next_q_target, 0.9)[0], 9.1, rtol=1e-6)
     batched = jax.jit(jax.vmap(lambda r, d, q, m: dqn_targets(r, d, q, 0.9, next_mask=m)))
-    np.testing.assert_allclose(batched(rewards[None], done[None], next_q_target[None], next_mask[None])[0],
-                               [3.7, 0.5, 8.3], rtol=1e-6)
+    np.testing.assert_allclose(
+        batched(rewards[None], done[None], next_q_target[None], next_mask[None])[0], [3.7, 0.5, 8.3], rtol=1e-6
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -142,8 +147,9 @@ def test_masked_dqn_targets_hand_computed():
 
 def test_ppo_explore_and_select_action_use_only_allowed_actions():
     space = _masked_space(4)
-    agent = PPO("mask", config(space, gym.spaces.Discrete(4), PPOParams(), max_buffer_size=8, batch_size=8),
-                run_dir="unused")
+    agent = PPO(
+        "mask", config(space, gym.spaces.Discrete(4), PPOParams(), max_buffer_size=8, batch_size=8), run_dir="unused"
+    )
     rng = np.random.default_rng(1)
     obs = {"observation": rng.uniform(-1, 1, (512, 3)).astype(np.float32), "action_mask": _random_masks(rng, 512, 4)}
     actions, log_probs = agent.explore(obs)
@@ -161,8 +167,9 @@ def test_ppo_explore_and_select_action_use_only_allowed_actions():
 
 def test_ppo_update_entropy_is_over_allowed_actions():
     space = _masked_space(4)
-    agent = PPO("mask", config(space, gym.spaces.Discrete(4), PPOParams(), max_buffer_size=8, batch_size=8),
-                run_dir="unused")
+    agent = PPO(
+        "mask", config(space, gym.spaces.Discrete(4), PPOParams(), max_buffer_size=8, batch_size=8), run_dir="unused"
+    )
     rng = np.random.default_rng(2)
     masks = np.zeros((16, 4), np.int8)
     masks[:, 0] = 1  # exactly one allowed action: the entropy is 0 and every log-prob is 0
@@ -190,10 +197,12 @@ def test_dqn_explore_masks_greedy_and_random_actions():
 
 @pytest.mark.parametrize("algo", ["sac", "td3"])
 def test_continuous_algorithms_refuse_a_mask(algo):
-    space = gym.spaces.Dict({
-        "observation": gym.spaces.Box(-1.0, 1.0, (3,), np.float32),
-        "action_mask": gym.spaces.Box(0, 1, (2,), np.int8),
-    })
+    space = gym.spaces.Dict(
+        {
+            "observation": gym.spaces.Box(-1.0, 1.0, (3,), np.float32),
+            "action_mask": gym.spaces.Box(0, 1, (2,), np.int8),
+        }
+    )
     action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
     cls, params, name = (SAC, SACParams(), "SAC") if algo == "sac" else (TD3, TD3Params(), "TD3")
     with pytest.raises(ValueError, match=f"{name} does not support action masks.*'action_mask'"):
@@ -255,8 +264,11 @@ def test_ppo_trains_on_taxi_with_masks_and_never_acts_illegally():
 def test_dqn_trains_on_taxi_with_masks_and_never_acts_illegally():
     env = _taxi(2)
     params = DQNParams(start_step=64, skip_steps=8, hidden=(32,), exploration_fraction=0.5)
-    agent = DQN("taxi", env_config(env, params, max_buffer_size=256, batch_size=32, n_epochs=2, n_env_steps=400),
-                run_dir="runs/taxi")
+    agent = DQN(
+        "taxi",
+        env_config(env, params, max_buffer_size=256, batch_size=32, n_epochs=2, n_env_steps=400),
+        run_dir="runs/taxi",
+    )
     stats = agent.train(env, 400)
     assert stats.n_updates >= 10
     assert IllegalActionCounter.taken == 400 and IllegalActionCounter.illegal == 0

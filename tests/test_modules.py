@@ -323,9 +323,7 @@ def test_qvalue_ensemble_critics_differ_and_sac_input_layout():
     assert not np.allclose(kernels[0], kernels[1])
 
 
-@pytest.mark.parametrize(
-    "action_space", [gym.spaces.MultiDiscrete([2, 3]), gym.spaces.Box(-1, 1, (2, 2))], ids=str
-)
+@pytest.mark.parametrize("action_space", [gym.spaces.MultiDiscrete([2, 3]), gym.spaces.Box(-1, 1, (2, 2))], ids=str)
 def test_qvalue_factory_rejects(action_space):
     with pytest.raises(ValueError) as info:
         qvalue_factory(OBS_SPACES["box"], action_space)

@@ -9,7 +9,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from _obs_envs import (
     PIXELS_SHAPE,
     cartpole_dict,
@@ -18,13 +17,13 @@ from _obs_envs import (
     gymnax_dict,
     pendulum_dict,
 )
+
 from kitae.algos.collections.dqn import DQN, DQNParams
 from kitae.algos.collections.ppo import PPO, PPOParams
 from kitae.algos.collections.sac import SAC, SACParams
 from kitae.algos.collections.td3 import TD3, TD3Params
 from kitae.buffer import Experience, ReplayBuffer
-from kitae.envs.make import make_jax_env
-from kitae.envs.make import make_vec_env
+from kitae.envs.make import make_jax_env, make_vec_env
 from kitae.envs.wrappers import frame_stack
 from kitae.loops.compiled import compiled_train
 from kitae.loops.train import process_termination
@@ -46,10 +45,12 @@ def test_encoder_factory_picks_the_cnn_by_image_size():
 
 
 def test_dict_encoder_never_encodes_the_action_mask():
-    space = gym.spaces.Dict({
-        "observation": gym.spaces.Box(-1.0, 1.0, (3,), np.float32),
-        "action_mask": gym.spaces.Box(0, 1, (5,), np.int8),
-    })
+    space = gym.spaces.Dict(
+        {
+            "observation": gym.spaces.Box(-1.0, 1.0, (3,), np.float32),
+            "action_mask": gym.spaces.Box(0, 1, (5,), np.int8),
+        }
+    )
     encoder = encoder_factory(space, hidden=())
     assert isinstance(encoder, DictEncoder) and tuple(encoder.keys) == ("observation",)
     obs = {"observation": jnp.ones((2, 3)), "action_mask": jnp.ones((2, 5), jnp.int8)}
@@ -162,8 +163,17 @@ def test_process_termination_substitutes_final_dict_observations():
 def test_a_single_agent_dict_buffer_counts_transitions_per_environment():
     buffer = ReplayBuffer(8)
     obs = {"x": np.zeros((4, 2), np.float32), "y": np.zeros((4, 3), np.float32), "z": np.zeros((4,), np.int32)}
-    buffer.add(Experience(obs, np.zeros(4, np.int32), np.zeros(4, np.float32), np.zeros(4, bool), obs,
-                          np.zeros(4, np.float32), np.zeros(4, bool)))
+    buffer.add(
+        Experience(
+            obs,
+            np.zeros(4, np.int32),
+            np.zeros(4, np.float32),
+            np.zeros(4, bool),
+            obs,
+            np.zeros(4, np.float32),
+            np.zeros(4, bool),
+        )
+    )
     assert buffer.n_transitions == 4  # not 4 * 3 keys
 
 
@@ -175,8 +185,11 @@ def test_a_single_agent_dict_buffer_counts_transitions_per_environment():
 def _algo(algo: str, env, n_env_steps: int):
     """A small agent of each algorithm for ``env`` (updates within a few hundred steps)."""
     if algo == "ppo":
-        return PPO("dict", env_config(env, PPOParams(hidden_sizes=(32,)), max_buffer_size=16, batch_size=32,
-                                      n_env_steps=n_env_steps), run_dir="runs/dict")
+        return PPO(
+            "dict",
+            env_config(env, PPOParams(hidden_sizes=(32,)), max_buffer_size=16, batch_size=32, n_env_steps=n_env_steps),
+            run_dir="runs/dict",
+        )
     if algo == "dqn":
         params = DQNParams(start_step=64, skip_steps=16, hidden=(32,))
         return DQN("dict", env_config(env, params, max_buffer_size=128, n_env_steps=n_env_steps), run_dir="runs/dict")
@@ -190,8 +203,9 @@ def _algo(algo: str, env, n_env_steps: int):
 @pytest.mark.parametrize("algo", ["ppo", "dqn", "sac", "td3"])
 def test_dict_observations_train_in_the_host_loop(algo):
     continuous = algo in ("sac", "td3")
-    env = make_vec_env("Pendulum-v1" if continuous else "CartPole-v1", 4,
-                       wrappers=[pendulum_dict if continuous else cartpole_dict])
+    env = make_vec_env(
+        "Pendulum-v1" if continuous else "CartPole-v1", 4, wrappers=[pendulum_dict if continuous else cartpole_dict]
+    )
     assert isinstance(env.single_observation_space, gym.spaces.Dict)
     agent = _algo(algo, env, 256)
     stats = agent.train(env, 256)
@@ -221,8 +235,9 @@ def test_dict_observations_train_in_the_compiled_loop(algo):
 
 @pytest.mark.parametrize("algo", ["ppo", "dqn"])
 def test_pixel_observations_train_in_the_host_loop_and_stay_uint8(algo):
-    env = make_vec_env("CartPole-v1", 2, env_kwargs={"render_mode": "rgb_array"}, wrappers=[cartpole_pixels],
-                       frame_stack=2)
+    env = make_vec_env(
+        "CartPole-v1", 2, env_kwargs={"render_mode": "rgb_array"}, wrappers=[cartpole_pixels], frame_stack=2
+    )
     height, width, channels = PIXELS_SHAPE
     assert env.single_observation_space.shape == (height, width, 2 * channels)
     assert env.single_observation_space.dtype == np.uint8

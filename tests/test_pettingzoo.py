@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from _parallel_envs import BoxActionParallelEnv, CountParallelEnv
+
 from kitae.envs.parallel import SyncVecParallelEnv, UnsupportedParallelEnv, VecParallelEnv, check_parallel_env
 from kitae.envs.subproc import SubProcVecParallelEnv
 from kitae.loops.multi_agent import AgentEpisodes
@@ -196,7 +196,9 @@ def test_subproc_worker_killed_raises_clear_error_and_shuts_the_others_down():
     os.kill(pids[1], signal.SIGKILL)
     env.processes[1].join(5)
     actions = {"a0": np.zeros(3, int), "a1": np.zeros(3, int)}
-    with pytest.raises(RuntimeError, match=rf"worker 1 \(pid {pids[1]}\) died while stepping, exit code -9 \(killed by SIGKILL\)"):
+    with pytest.raises(
+        RuntimeError, match=rf"worker 1 \(pid {pids[1]}\) died while stepping, exit code -9 \(killed by SIGKILL\)"
+    ):
         env.step(actions)
     assert env.closed
     assert_gone(pids)
@@ -234,7 +236,8 @@ def test_subproc_env_fn_that_fails_shuts_every_worker_down():
 
 def test_workers_exit_when_the_parent_is_killed(tmp_path):
     script = tmp_path / "parent.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import functools, sys, time
         sys.path.insert(0, {str(TESTS)!r})
         from _parallel_envs import CountParallelEnv
@@ -245,7 +248,8 @@ def test_workers_exit_when_the_parent_is_killed(tmp_path):
             env.reset(seed=0)
             print(" ".join(str(p.pid) for p in env.processes), flush=True)
             time.sleep(60)
-    """))
+    """)
+    )
     parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     try:
         pids = [int(pid) for pid in parent.stdout.readline().split()]
@@ -327,7 +331,9 @@ def test_agent_episodes_team_return_is_the_sum_over_agents():
     ended, team, per_agent = episodes.step({"a": [1.0, 2.0], "b": [10.0, 20.0]}, {"a": no, "b": no}, {"a": no, "b": no})
     assert team == [] and per_agent == {"a": [], "b": []} and not ended.any()
     end1 = np.array([False, True])
-    ended, team, per_agent = episodes.step({"a": [0.5, 1.0], "b": [0.0, -4.0]}, {"a": no, "b": no}, {"a": end1, "b": end1})
+    ended, team, per_agent = episodes.step(
+        {"a": [0.5, 1.0], "b": [0.0, -4.0]}, {"a": no, "b": no}, {"a": end1, "b": end1}
+    )
     assert team == [(1, 2.0 + 20.0 + 1.0 - 4.0, 2)]
     assert per_agent == {"a": [3.0], "b": [16.0]}
     ended, team, per_agent = episodes.step({"a": [1.0, 1.0], "b": [1.0, 1.0]}, {"a": ~no, "b": ~no}, {"a": no, "b": no})
@@ -337,8 +343,10 @@ def test_agent_episodes_team_return_is_the_sum_over_agents():
 
 def test_process_termination_with_dicts_keyed_by_agent():
     next_obs = {"a": np.array([[1.0], [2.0]]), "b": np.array([[3.0], [4.0]])}
-    infos = {"final_obs": {"a": np.array([[1.0], [9.0]]), "b": np.array([[3.0], [8.0]])},
-             "_final_obs": np.array([False, True])}
+    infos = {
+        "final_obs": {"a": np.array([[1.0], [9.0]]), "b": np.array([[3.0], [8.0]])},
+        "_final_obs": np.array([False, True]),
+    }
     real = process_termination(10, next_obs, infos, None)
     np.testing.assert_array_equal(real["a"], [[1.0], [9.0]])
     np.testing.assert_array_equal(real["b"], [[3.0], [8.0]])
@@ -361,21 +369,31 @@ def test_make_vec_env_pettingzoo_ids():
     obs, _ = env.reset(seed=0)
     assert obs["agent_0"].shape == (2, 12)
     env.close()
-    env = make_vec_env("pettingzoo:mpe2.simple_spread_v3", 2, vectorization_mode="async",
-                       env_kwargs={"continuous_actions": True})
+    env = make_vec_env(
+        "pettingzoo:mpe2.simple_spread_v3", 2, vectorization_mode="async", env_kwargs={"continuous_actions": True}
+    )
     assert isinstance(env, SubProcVecParallelEnv) and env.single_action_space.shape == (5,)
     env.close()
 
 
 @needs_mpe2
-@pytest.mark.parametrize("env_id, match", [
-    ("pettingzoo:mpe2.simple_nothing_v1", r"unknown PettingZoo environment 'mpe2.simple_nothing_v1'.*simple_spread_v3"),
-    ("pettingzoo:os.path", r"unknown PettingZoo environment 'os.path'; allowed: 'pettingzoo:mpe2.<env>'"),
-    ("pettingzoo:simple_spread_v3", r"'simple_spread_v3' is not allowed; allowed: 'pettingzoo:mpe2.<env>'"),
-    ("pettingzoo:sisl.nothing_v0", r"unknown PettingZoo environment 'sisl.nothing_v0'.*pursuit_v5"),
-    ("pettingzoo:classic.connect_four_v3", r"'classic.connect_four_v3' has no parallel_env \(an AEC-only environment\)"),
-    ("pettingzoo:classic.chess_v6", r"'classic.chess_v6' needs the package 'chess'"),
-])
+@pytest.mark.parametrize(
+    "env_id, match",
+    [
+        (
+            "pettingzoo:mpe2.simple_nothing_v1",
+            r"unknown PettingZoo environment 'mpe2.simple_nothing_v1'.*simple_spread_v3",
+        ),
+        ("pettingzoo:os.path", r"unknown PettingZoo environment 'os.path'; allowed: 'pettingzoo:mpe2.<env>'"),
+        ("pettingzoo:simple_spread_v3", r"'simple_spread_v3' is not allowed; allowed: 'pettingzoo:mpe2.<env>'"),
+        ("pettingzoo:sisl.nothing_v0", r"unknown PettingZoo environment 'sisl.nothing_v0'.*pursuit_v5"),
+        (
+            "pettingzoo:classic.connect_four_v3",
+            r"'classic.connect_four_v3' has no parallel_env \(an AEC-only environment\)",
+        ),
+        ("pettingzoo:classic.chess_v6", r"'classic.chess_v6' needs the package 'chess'"),
+    ],
+)
 def test_make_vec_env_rejects_unknown_pettingzoo_ids(env_id, match):
     from kitae.envs.make import make_vec_env
 
@@ -420,8 +438,12 @@ def _config(algo, env, n_env_steps, seed=0, **update):
 def _spread(n_envs=2, continuous=False, mode="sync"):
     from kitae.envs.make import make_vec_env
 
-    return make_vec_env("pettingzoo:mpe2.simple_spread_v3", n_envs, vectorization_mode=mode,
-                        env_kwargs={"N": 2, "max_cycles": 10, "continuous_actions": continuous})
+    return make_vec_env(
+        "pettingzoo:mpe2.simple_spread_v3",
+        n_envs,
+        vectorization_mode=mode,
+        env_kwargs={"N": 2, "max_cycles": 10, "continuous_actions": continuous},
+    )
 
 
 SMOKE = [
@@ -456,8 +478,9 @@ def test_shared_parameter_training_smoke(algo, continuous, update, tmp_path):
     assert set(stats.agent_episode_returns) == {"agent_0", "agent_1"}
     team = np.sum([stats.agent_episode_returns[a] for a in ("agent_0", "agent_1")], axis=0)
     np.testing.assert_allclose(stats.episode_returns, team, rtol=1e-6)
-    changed = jax.tree_util.tree_map(lambda a, b: not np.array_equal(a, b), before,
-                                     jax.tree_util.tree_map(np.array, agent.state))
+    changed = jax.tree_util.tree_map(
+        lambda a, b: not np.array_equal(a, b), before, jax.tree_util.tree_map(np.array, agent.state)
+    )
     assert any(jax.tree_util.tree_leaves(changed)), "no parameter changed"
     tags = EventAccumulator(str(tmp_path / "logs")).Reload().Tags()["scalars"]
     assert {"charts/episodic_return", "charts/agent_0/episodic_return", "charts/agent_1/episodic_return"} <= set(tags)
@@ -472,22 +495,29 @@ def test_host_loop_stores_each_agents_own_transitions():
 
     env = SyncVecParallelEnv([functools.partial(CountParallelEnv, limit=4)] * 3)
     config = cfg.AlgoConfig(
-        seed=0, algo_params=PPOParams(), update_cfg=cfg.UpdateConfig(max_buffer_size=10, batch_size=6),
-        train_cfg=cfg.TrainConfig(), env_cfg=cfg.EnvConfig("count", env.single_observation_space,
-                                                          env.single_action_space, n_envs=3, n_agents=2))
+        seed=0,
+        algo_params=PPOParams(),
+        update_cfg=cfg.UpdateConfig(max_buffer_size=10, batch_size=6),
+        train_cfg=cfg.TrainConfig(),
+        env_cfg=cfg.EnvConfig("count", env.single_observation_space, env.single_action_space, n_envs=3, n_agents=2),
+    )
     agent = PPO("count", config)
     copies = env.copies
     stats = vectorized_train(0, agent, env, 30, agent.algo_type)  # one rollout of 10 vector steps, one update
     rows, size = agent.buffer._rows, 10  # the update emptied the buffer; its rows are still there
-    assert agent.n_updates == 1 and agent.buffer.size == 0 and stats.episode_returns == [4 * (1 + 2)] * 6  # team = a0's 4 * 1 + a1's 4 * 2
+    assert (
+        agent.n_updates == 1 and agent.buffer.size == 0 and stats.episode_returns == [4 * (1 + 2)] * 6
+    )  # team = a0's 4 * 1 + a1's 4 * 2
     assert stats.agent_episode_returns == {"a0": [4.0] * 6, "a1": [8.0] * 6}
     for i, copy in enumerate(copies):
         for index, agent_name in enumerate(("a0", "a1")):
             assert [int(sent[agent_name]) for sent in copy.env.actions] == rows.action[agent_name][:size, i].tolist()
-            np.testing.assert_array_equal(rows.observation[agent_name][:size, i, 0],
-                                          [0, 1, 2, 3, 100, 101, 102, 103, 200, 201])
-            np.testing.assert_array_equal(rows.next_observation[agent_name][:size, i, 0],
-                                          [1, 2, 3, 4, 101, 102, 103, 104, 201, 202])
+            np.testing.assert_array_equal(
+                rows.observation[agent_name][:size, i, 0], [0, 1, 2, 3, 100, 101, 102, 103, 200, 201]
+            )
+            np.testing.assert_array_equal(
+                rows.next_observation[agent_name][:size, i, 0], [1, 2, 3, 4, 101, 102, 103, 104, 201, 202]
+            )
             assert (rows.observation[agent_name][:size, i, 1] == index).all()
             assert rows.reward[agent_name][:size, i].tolist() == [index + 1.0] * 10
             assert rows.truncated[agent_name][:size, i].tolist() == [False, False, False, True] * 2 + [False] * 2
@@ -513,14 +543,22 @@ def test_shared_parameter_ppo_in_worker_processes_is_reproducible():
 
 @needs_mpe2
 def test_vectorized_train_checks_n_agents():
+    import kitae.config as cfg
     from kitae.algos.collections.ppo import PPO
     from kitae.loops.train import vectorized_train
-    import kitae.config as cfg
 
     env = _spread()
     _, config = _config("ppo", env, 20, max_buffer_size=10, batch_size=20)
-    single = PPO("x", cfg.AlgoConfig(config.seed, config.algo_params, config.update_cfg, config.train_cfg,
-                                     cfg.EnvConfig("x", env.single_observation_space, env.single_action_space, 2, 1)))
+    single = PPO(
+        "x",
+        cfg.AlgoConfig(
+            config.seed,
+            config.algo_params,
+            config.update_cfg,
+            config.train_cfg,
+            cfg.EnvConfig("x", env.single_observation_space, env.single_action_space, 2, 1),
+        ),
+    )
     with pytest.raises(ValueError, match=r"has 2 agents \['agent_0', 'agent_1'\] but env_cfg.n_agents=1"):
         vectorized_train(0, single, env, 20, single.algo_type)
     assert env.closed
@@ -563,9 +601,17 @@ def test_kitae_train_and_eval_pettingzoo(tmp_path):
     from kitae.runs import RunSpec, eval_run, resume_run, train_run
 
     run_dir = tmp_path / "run"
-    summary = train_run(RunSpec("ppo", "pettingzoo:mpe2.simple_spread_v3", steps=256, n_envs=2, quiet=True,
-                                run_dir=str(run_dir), sets=["update_cfg.max_buffer_size=32",
-                                                            "update_cfg.batch_size=64", "update_cfg.n_epochs=1"]))
+    summary = train_run(
+        RunSpec(
+            "ppo",
+            "pettingzoo:mpe2.simple_spread_v3",
+            steps=256,
+            n_envs=2,
+            quiet=True,
+            run_dir=str(run_dir),
+            sets=["update_cfg.max_buffer_size=32", "update_cfg.batch_size=64", "update_cfg.n_epochs=1"],
+        )
+    )
     assert summary["steps"] == 256 and np.isfinite(summary["final_return"])
     config = (run_dir / "config.yaml").read_text()
     assert "n_agents: 3" in config and "task_name: pettingzoo:mpe2.simple_spread_v3" in config

@@ -21,15 +21,31 @@ from kitae.envs.make import make_vec_env
 pytestmark = pytest.mark.timeout(120)  # a hung compilation fails instead of stalling the run
 
 
-def _config(observation_space, action_space, params=None, *, n_envs=1, seed=0, shared_encoder=False,
-            max_buffer_size=8, batch_size=8, n_epochs=2, learning_rate=1e-3, learning_rate_annealing=False,
-            n_env_steps=10_000):
+def _config(
+    observation_space,
+    action_space,
+    params=None,
+    *,
+    n_envs=1,
+    seed=0,
+    shared_encoder=False,
+    max_buffer_size=8,
+    batch_size=8,
+    n_epochs=2,
+    learning_rate=1e-3,
+    learning_rate_annealing=False,
+    n_env_steps=10_000,
+):
     return cfg.AlgoConfig(
         seed=seed,
         algo_params=params if params is not None else PPOParams(),
         update_cfg=cfg.UpdateConfig(
-            learning_rate=learning_rate, learning_rate_annealing=learning_rate_annealing,
-            max_buffer_size=max_buffer_size, batch_size=batch_size, n_epochs=n_epochs, shared_encoder=shared_encoder,
+            learning_rate=learning_rate,
+            learning_rate_annealing=learning_rate_annealing,
+            max_buffer_size=max_buffer_size,
+            batch_size=batch_size,
+            n_epochs=n_epochs,
+            shared_encoder=shared_encoder,
         ),
         train_cfg=cfg.TrainConfig(n_env_steps=n_env_steps),
         env_cfg=cfg.EnvConfig(
@@ -93,13 +109,15 @@ def test_value_loss_against_hand_computed_values():
     old_values = jnp.array([0.5, 2.1, 0.5])
     returns = jnp.array([2.0, 1.0, 0.4])
     # unclipped squared errors: (1-2)^2 = 1, (2-1)^2 = 1, (0-0.4)^2 = 0.16
-    np.testing.assert_allclose(ppo.ppo_value_loss(values, old_values, returns, None), 0.5 * (1 + 1 + 0.16) / 3,
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        ppo.ppo_value_loss(values, old_values, returns, None), 0.5 * (1 + 1 + 0.16) / 3, rtol=1e-6
+    )
     # clipped values: 0.5 + 0.2 = 0.7, 2.1 - 0.1 = 2.0 (inside), 0.5 - 0.2 = 0.3
     # clipped squared errors: (0.7-2)^2 = 1.69, (2-1)^2 = 1, (0.3-0.4)^2 = 0.01
     # max per sample: 1.69, 1, 0.16
-    np.testing.assert_allclose(ppo.ppo_value_loss(values, old_values, returns, 0.2), 0.5 * (1.69 + 1 + 0.16) / 3,
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        ppo.ppo_value_loss(values, old_values, returns, 0.2), 0.5 * (1.69 + 1 + 0.16) / 3, rtol=1e-6
+    )
 
 
 def test_advantage_normalisation_and_diagnostics():
@@ -158,9 +176,13 @@ def test_process_experience_gae_with_truncation_and_termination():
     np.testing.assert_array_equal(batch.log_prob, experience.log_prob)
 
     # reward normalisation divides rewards by the running return std (here sqrt(4) = 2) before GAE
-    config = _config(gym.spaces.Box(-10, 10, (1,)), gym.spaces.Discrete(2),
-                     PPOParams(gamma=0.5, gae_lambda=0.5, hidden_sizes=(), normalize_rewards=True),
-                     max_buffer_size=4, batch_size=4)
+    config = _config(
+        gym.spaces.Box(-10, 10, (1,)),
+        gym.spaces.Discrete(2),
+        PPOParams(gamma=0.5, gae_lambda=0.5, hidden_sizes=(), normalize_rewards=True),
+        max_buffer_size=4,
+        batch_size=4,
+    )
     state = _linear_value_state(config)
     state = state.replace(return_statistics=ppo.RunningStatistics(jnp.float32(7.0), jnp.float32(4.0), jnp.float32(10)))
     batch = ppo.process_experience_factory(config)(state, jax.random.PRNGKey(1), experience)
@@ -220,8 +242,9 @@ def test_agent_keeps_statistics_in_its_state_and_updates_them_after_the_epochs()
         obs, second = _collect(agent, env, obs, 8)
         # The rollout was collected with the statistics now in the state, which change only after the
         # epochs: the first minibatch sees the acting policy exactly (all ratios 1).
-        processed = jax.jit(agent.process_experience_pipeline.run)(agent.state, jax.random.PRNGKey(0),
-                                                                   agent.buffer.rollout())
+        processed = jax.jit(agent.process_experience_pipeline.run)(
+            agent.state, jax.random.PRNGKey(0), agent.buffer.rollout()
+        )
         _, info = jax.jit(agent.compute_gradients_fn)(agent.state, jax.random.PRNGKey(0), processed)
         assert abs(float(info["approx_kl"])) < 1e-6
         assert float(info["clip_fraction"]) == 0.0
@@ -251,7 +274,11 @@ def test_shared_and_separate_encoder_param_structures():
     separate = ppo.train_state_ppo_factory(key, _config(obs_space, act_space, params))
     assert set(shared.actor_critic.params["params"]) == {"encoder", "policy_head", "value_head"}
     assert set(separate.actor_critic.params["params"]) == {
-        "policy_encoder", "value_encoder", "policy_head", "value_head"}
+        "policy_encoder",
+        "value_encoder",
+        "policy_head",
+        "value_head",
+    }
     assert set(shared.actor_critic.params["params"]["policy_head"]) == {"loc", "log_std"}
     n_shared = sum(x.size for x in jax.tree_util.tree_leaves(shared.actor_critic.params))
     n_separate = sum(x.size for x in jax.tree_util.tree_leaves(separate.actor_critic.params))
@@ -265,8 +292,9 @@ def test_update_changes_parameters_and_halves_compose():
         before = agent.state.actor_critic.params
         obs, _ = env.reset(seed=0)
         _collect(agent, env, obs, 8)
-        processed = jax.jit(agent.process_experience_pipeline.run)(agent.state, jax.random.PRNGKey(0),
-                                                                   agent.buffer.rollout())
+        processed = jax.jit(agent.process_experience_pipeline.run)(
+            agent.state, jax.random.PRNGKey(0), agent.buffer.rollout()
+        )
         key = jax.random.PRNGKey(3)
         via_step, _ = jax.jit(agent.update_step_fn)(agent.state, key, processed)
         grads, info = jax.jit(agent.compute_gradients_fn)(agent.state, key, processed)
@@ -299,14 +327,21 @@ def test_categorical_explore_and_select_action():
     dist = agent.state.actor_critic.apply_fn(agent.state.actor_critic.params, obs, method="policy")
     np.testing.assert_array_equal(np.asarray(a1), np.argmax(dist.logits, -1) + 1)
     # stored actions map back to classes from 0 with the same log-probabilities
-    batch = agent.process_experience_fn(agent.state, jax.random.PRNGKey(0), Experience(
-        obs, actions, np.zeros(64, np.float32), np.zeros(64, bool), obs, log_probs, np.zeros(64, bool)))
+    batch = agent.process_experience_fn(
+        agent.state,
+        jax.random.PRNGKey(0),
+        Experience(obs, actions, np.zeros(64, np.float32), np.zeros(64, bool), obs, log_probs, np.zeros(64, bool)),
+    )
     np.testing.assert_allclose(dist.log_prob(batch.action), log_probs, rtol=1e-5, atol=1e-6)
 
 
 def test_gaussian_actions_are_scaled_and_log_probs_consistent():
-    config = _config(gym.spaces.Box(-1, 1, (3,)), gym.spaces.Box(np.array([-2.0, 0.0]), np.array([2.0, 1.0])),
-                     PPOParams(log_std_init=0.5), n_envs=16)
+    config = _config(
+        gym.spaces.Box(-1, 1, (3,)),
+        gym.spaces.Box(np.array([-2.0, 0.0]), np.array([2.0, 1.0])),
+        PPOParams(log_std_init=0.5),
+        n_envs=16,
+    )
     agent = PPO("gauss", config, run_dir="unused")
     obs = np.random.default_rng(0).uniform(-1, 1, (16, 3)).astype(np.float32)
     actions, log_probs = agent.explore(obs)
@@ -318,8 +353,11 @@ def test_gaussian_actions_are_scaled_and_log_probs_consistent():
     np.testing.assert_allclose(np.asarray(mean), np.asarray(dist.loc) * [2.0, 0.5] + [0.0, 0.5], rtol=1e-5, atol=1e-6)
     mean2, _ = agent.select_action(obs)
     np.testing.assert_array_equal(mean, mean2)
-    batch = agent.process_experience_fn(agent.state, jax.random.PRNGKey(0), Experience(
-        obs, actions, np.zeros(16, np.float32), np.zeros(16, bool), obs, log_probs, np.zeros(16, bool)))
+    batch = agent.process_experience_fn(
+        agent.state,
+        jax.random.PRNGKey(0),
+        Experience(obs, actions, np.zeros(16, np.float32), np.zeros(16, bool), obs, log_probs, np.zeros(16, bool)),
+    )
     np.testing.assert_allclose(dist.log_prob(batch.action), log_probs, rtol=1e-5, atol=1e-5)
     actions2, _ = agent.explore(obs)
     assert not np.allclose(actions, actions2)
@@ -339,12 +377,15 @@ def test_unbounded_box_is_not_scaled():
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("space", [
-    gym.spaces.MultiBinary(3),
-    gym.spaces.MultiDiscrete([2, 3]),
-    gym.spaces.Dict({"a": gym.spaces.Discrete(2)}),
-    gym.spaces.Box(-1, 1, (2, 2)),
-])
+@pytest.mark.parametrize(
+    "space",
+    [
+        gym.spaces.MultiBinary(3),
+        gym.spaces.MultiDiscrete([2, 3]),
+        gym.spaces.Dict({"a": gym.spaces.Discrete(2)}),
+        gym.spaces.Box(-1, 1, (2, 2)),
+    ],
+)
 def test_refused_action_spaces(space):
     config = _config(gym.spaces.Box(-1, 1, (3,)), space)
     with pytest.raises(ValueError) as error:
@@ -370,21 +411,40 @@ def test_other_params_are_refused():
         PPO("refused", config, run_dir="unused")
 
 
-@pytest.mark.parametrize("field, value", [
-    ("gamma", 1.5), ("gamma", -0.1), ("gae_lambda", 2.0), ("clip_coef", 0.0), ("clip_coef", math.inf),
-    ("value_clip_coef", -1.0), ("entropy_coef", -0.01), ("value_coef", -1.0), ("observation_clip", 0.0),
-    ("reward_clip", -1.0), ("hidden_sizes", (64, 0)), ("hidden_sizes", (64, True)), ("activation", "nope"),
-    ("log_std_init", 5.0),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("gamma", 1.5),
+        ("gamma", -0.1),
+        ("gae_lambda", 2.0),
+        ("clip_coef", 0.0),
+        ("clip_coef", math.inf),
+        ("value_clip_coef", -1.0),
+        ("entropy_coef", -0.01),
+        ("value_coef", -1.0),
+        ("observation_clip", 0.0),
+        ("reward_clip", -1.0),
+        ("hidden_sizes", (64, 0)),
+        ("hidden_sizes", (64, True)),
+        ("activation", "nope"),
+        ("log_std_init", 5.0),
+    ],
+)
 def test_rejected_params_values_name_the_field(field, value):
     with pytest.raises(ValueError, match=rf"algo_params\.{field}="):
         PPOParams(**{field: value})
 
 
-@pytest.mark.parametrize("field, value", [
-    ("gamma", "0.99"), ("clip_value_loss", 1), ("normalize_advantages", "yes"), ("hidden_sizes", 64),
-    ("activation", None),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("gamma", "0.99"),
+        ("clip_value_loss", 1),
+        ("normalize_advantages", "yes"),
+        ("hidden_sizes", 64),
+        ("activation", None),
+    ],
+)
 def test_rejected_params_types_name_the_field(field, value):
     with pytest.raises(TypeError, match=rf"algo_params\.{field}="):
         PPOParams(**{field: value})
@@ -404,8 +464,15 @@ def test_config_yaml_round_trip():
 
 def _short_run(seed, name):
     env = make_vec_env("CartPole-v1", 2)
-    config = _env_config(env, PPOParams(normalize_observations=True, normalize_rewards=True), seed=seed,
-                         max_buffer_size=16, batch_size=8, n_epochs=2, n_env_steps=256)
+    config = _env_config(
+        env,
+        PPOParams(normalize_observations=True, normalize_rewards=True),
+        seed=seed,
+        max_buffer_size=16,
+        batch_size=8,
+        n_epochs=2,
+        n_env_steps=256,
+    )
     agent = PPO("det", config, run_dir=f"runs/det-{name}")
     stats = agent.train(env, 256)
     return agent, stats
@@ -425,8 +492,9 @@ def test_smoke_training_run_continuous():
     """A short Pendulum run (CartPole runs in test_same_seed_gives_bit_identical_parameters)."""
     env = make_vec_env("Pendulum-v1", 4)
     params = PPOParams(normalize_observations=True, normalize_rewards=True, gamma=0.9)
-    config = _env_config(env, params, max_buffer_size=64, batch_size=64, n_epochs=2, n_env_steps=2048,
-                         learning_rate_annealing=True)
+    config = _env_config(
+        env, params, max_buffer_size=64, batch_size=64, n_epochs=2, n_env_steps=2048, learning_rate_annealing=True
+    )
     agent = PPO("smoke", config, run_dir="runs/smoke")
     stats = agent.train(env, 2048)
     assert stats.env_steps == 2048 and stats.n_updates == 8

@@ -15,8 +15,8 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-
 from _agents import TinyDQN, TinyDQNParams, make_config
+
 from kitae.cli import main
 from kitae.envs.make import EnvSpec, make_vec_env
 from kitae.loops.state import mark_episodes_cut
@@ -49,8 +49,9 @@ def _scalar_steps(run_dir: Path, tag: str) -> list[int]:
 
 def _dqn(run_dir, save_frequency=50):
     env = make_vec_env("CartPole-v1", 2)
-    config = make_config(env, TinyDQNParams(start_step=32, skip_steps=2), max_buffer_size=64, batch_size=16,
-                         n_env_steps=200)
+    config = make_config(
+        env, TinyDQNParams(start_step=32, skip_steps=2), max_buffer_size=64, batch_size=16, n_env_steps=200
+    )
     config = dataclasses.replace(config, train_cfg=dataclasses.replace(config.train_cfg, save_frequency=save_frequency))
     return TinyDQN("t", config, run_dir=run_dir), env
 
@@ -103,8 +104,13 @@ def test_unserialize_gives_identical_parameters_and_actions(tmp_path, algo):
     agent_cls, params_cls = get_algorithm(algo)
     env = make_vec_env("CartPole-v1", 2)
     spec = EnvSpec.parse("CartPole-v1")
-    resolved = resolve(algo, params_cls, spec, overrides={"n_envs": 2, "n_env_steps": 256},
-                       sets=["update_cfg.max_buffer_size=32", "update_cfg.batch_size=32"])
+    resolved = resolve(
+        algo,
+        params_cls,
+        spec,
+        overrides={"n_envs": 2, "n_env_steps": 256},
+        sets=["update_cfg.max_buffer_size=32", "update_cfg.batch_size=32"],
+    )
     config = build_config(params_cls, spec, env, resolved)
     run_dir = tmp_path / "run"
     agent = agent_cls("run", config, run_dir=run_dir)
@@ -117,8 +123,9 @@ def test_unserialize_gives_identical_parameters_and_actions(tmp_path, algo):
     assert state_fingerprint(loaded.state) == state_fingerprint(agent.state)
     observations = np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32)
     for _ in range(2):  # keys are restored too: the same actions call after call
-        np.testing.assert_array_equal(np.asarray(loaded.select_action(observations)[0]),
-                                      np.asarray(agent.select_action(observations)[0]))
+        np.testing.assert_array_equal(
+            np.asarray(loaded.select_action(observations)[0]), np.asarray(agent.select_action(observations)[0])
+        )
     from kitae.base import BaseAgent
 
     assert state_fingerprint(BaseAgent.unserialize(run_dir).state) == state_fingerprint(agent.state)
@@ -128,8 +135,16 @@ def test_unserialize_gives_identical_parameters_and_actions(tmp_path, algo):
 # The command line: kill, stop, resume
 # ---------------------------------------------------------------------------------------------
 
-COMPILED = ["train", "ppo", "gymnax:CartPole-v1", "--steps", "61440", "--quiet",
-            "--set", "train_cfg.save_frequency=4096"]
+COMPILED = [
+    "train",
+    "ppo",
+    "gymnax:CartPole-v1",
+    "--steps",
+    "61440",
+    "--quiet",
+    "--set",
+    "train_cfg.save_frequency=4096",
+]
 
 
 @pytest.mark.slow
@@ -138,8 +153,12 @@ def test_a_killed_compiled_run_resumes_to_the_bits_of_an_uninterrupted_one(tmp_p
     result = _kitae(*COMPILED, "--run-dir", str(whole))
     assert result.returncode == 0, result.stderr[-3000:]
 
-    process = subprocess.Popen([sys.executable, "-m", "kitae.cli", *COMPILED, "--run-dir", str(cut)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kitae.cli", *COMPILED, "--run-dir", str(cut)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 240
         while not (cut / "checkpoints" / "4096").is_dir():
@@ -169,10 +188,23 @@ def test_a_killed_compiled_run_resumes_to_the_bits_of_an_uninterrupted_one(tmp_p
 @pytest.mark.slow
 def test_sigterm_stops_a_host_run_cleanly_and_resume_finishes_it(tmp_path):
     run_dir = tmp_path / "run"
-    args = ["train", "ppo", "CartPole-v1", "--steps", "40000", "--quiet",
-            "--set", "train_cfg.save_frequency=512", "--set", "update_cfg.n_epochs=2", "--run-dir", str(run_dir)]
-    process = subprocess.Popen([sys.executable, "-m", "kitae.cli", *args], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+    args = [
+        "train",
+        "ppo",
+        "CartPole-v1",
+        "--steps",
+        "40000",
+        "--quiet",
+        "--set",
+        "train_cfg.save_frequency=512",
+        "--set",
+        "update_cfg.n_epochs=2",
+        "--run-dir",
+        str(run_dir),
+    ]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kitae.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         deadline = time.monotonic() + 240
         while not (run_dir / "checkpoints" / "512").is_dir():

@@ -33,16 +33,32 @@ ACT_SPACE = gym.spaces.Box(np.array([-2.0, 0.0], np.float32), np.array([1.0, 5.0
 SMALL = dict(policy_hidden=(16, 16), q_hidden=(16, 16))
 
 
-def make_config(action_space=ACT_SPACE, observation_space=OBS_SPACE, *, seed=0, n_envs=1, batch_size=8,
-                max_buffer_size=1000, n_epochs=1, learning_rate=1e-3, **params) -> cfg.AlgoConfig:
+def make_config(
+    action_space=ACT_SPACE,
+    observation_space=OBS_SPACE,
+    *,
+    seed=0,
+    n_envs=1,
+    batch_size=8,
+    max_buffer_size=1000,
+    n_epochs=1,
+    learning_rate=1e-3,
+    **params,
+) -> cfg.AlgoConfig:
     return cfg.AlgoConfig(
         seed=seed,
         algo_params=SACParams(**{**SMALL, **params}),
-        update_cfg=cfg.UpdateConfig(learning_rate=learning_rate, max_grad_norm=None, batch_size=batch_size,
-                                    max_buffer_size=max_buffer_size, n_epochs=n_epochs),
+        update_cfg=cfg.UpdateConfig(
+            learning_rate=learning_rate,
+            max_grad_norm=None,
+            batch_size=batch_size,
+            max_buffer_size=max_buffer_size,
+            n_epochs=n_epochs,
+        ),
         train_cfg=cfg.TrainConfig(n_env_steps=1000),
-        env_cfg=cfg.EnvConfig(task_name="test", observation_space=observation_space, action_space=action_space,
-                              n_envs=n_envs),
+        env_cfg=cfg.EnvConfig(
+            task_name="test", observation_space=observation_space, action_space=action_space, n_envs=n_envs
+        ),
     )
 
 
@@ -177,9 +193,7 @@ def test_actor_loss_uses_the_tanh_corrected_log_prob(compiled):
 def test_critic_target_uses_target_critics_and_next_state_entropy(compiled):
     compute, _ = compiled["default"]
     state = with_alpha(sac.train_state_sac_factory(jax.random.PRNGKey(1), CONFIG), 0.5)
-    state.qvalue = state.qvalue.replace(
-        target_params=jax.tree_util.tree_map(lambda x: x * 0.5, state.qvalue.params)
-    )
+    state.qvalue = state.qvalue.replace(target_params=jax.tree_util.tree_map(lambda x: x * 0.5, state.qvalue.params))
     batch = tiny_batch()
     key = jax.random.PRNGKey(3)
     _, info = compute(state, key, batch)
@@ -200,9 +214,14 @@ def test_polyak_target_update(compiled):
     _, apply = compiled["default"]
     state = sac.train_state_sac_factory(jax.random.PRNGKey(0), CONFIG)
     state.qvalue = state.qvalue.replace(target_params=jax.tree_util.tree_map(jnp.ones_like, state.qvalue.params))
-    zero = jax.tree_util.tree_map(jnp.zeros_like, {
-        "qvalue": state.qvalue.params, "policy": state.policy.params, "alpha": state.alpha.params,
-    })
+    zero = jax.tree_util.tree_map(
+        jnp.zeros_like,
+        {
+            "qvalue": state.qvalue.params,
+            "policy": state.policy.params,
+            "alpha": state.alpha.params,
+        },
+    )
     new = apply(state, zero)  # zero gradients: Adam leaves the params unchanged
     assert leaves_equal(new.qvalue.params, state.qvalue.params)
     # target <- 0.005 * params + 0.995 * target
@@ -337,7 +356,9 @@ def test_select_action_is_deterministic_and_explore_is_not(agent):
 )
 def test_refuses_action_spaces_it_cannot_handle(space, name):
     config = cfg.AlgoConfig(
-        seed=0, algo_params=SACParams(**SMALL), update_cfg=cfg.UpdateConfig(batch_size=8),
+        seed=0,
+        algo_params=SACParams(**SMALL),
+        update_cfg=cfg.UpdateConfig(batch_size=8),
         train_cfg=cfg.TrainConfig(),
         env_cfg=cfg.EnvConfig(task_name="test", observation_space=OBS_SPACE, action_space=space),
     )
@@ -358,10 +379,23 @@ def test_refuses_other_params():
 @pytest.mark.parametrize(
     "field, value",
     [
-        ("gamma", 1.5), ("gamma", -0.1), ("tau", 0.0), ("tau", 1.5), ("start_step", -1), ("skip_steps", 0),
-        ("policy_frequency", 0), ("alpha", 0.0), ("alpha", float("inf")), ("target_entropy", float("nan")),
-        ("policy_learning_rate", 0.0), ("q_learning_rate", -1e-3), ("alpha_learning_rate", 0.0),
-        ("policy_hidden", ()), ("q_hidden", (256, 0)), ("q_hidden", (1.5,)), ("n_critics", 0),
+        ("gamma", 1.5),
+        ("gamma", -0.1),
+        ("tau", 0.0),
+        ("tau", 1.5),
+        ("start_step", -1),
+        ("skip_steps", 0),
+        ("policy_frequency", 0),
+        ("alpha", 0.0),
+        ("alpha", float("inf")),
+        ("target_entropy", float("nan")),
+        ("policy_learning_rate", 0.0),
+        ("q_learning_rate", -1e-3),
+        ("alpha_learning_rate", 0.0),
+        ("policy_hidden", ()),
+        ("q_hidden", (256, 0)),
+        ("q_hidden", (1.5,)),
+        ("n_critics", 0),
     ],
 )
 def test_rejects_bad_params(field, value):
@@ -390,7 +424,11 @@ def test_params_round_trip_through_yaml():
 def _train(seed: int, n_steps: int = 2000, name: str = "a"):
     env = make_vec_env("Pendulum-v1", 2)
     config = make_config(
-        env.single_action_space, env.single_observation_space, seed=seed, n_envs=2, batch_size=32,
+        env.single_action_space,
+        env.single_observation_space,
+        seed=seed,
+        n_envs=2,
+        batch_size=32,
         start_step=200,
     )
     agent = SAC(f"train-{seed}", config, run_dir=f"run-{name}")

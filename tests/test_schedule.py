@@ -20,12 +20,21 @@ from kitae.schedule import Schedule
 from kitae.types import AlgoType
 
 
-def _schedule(skip: int, n_envs: int, start: int, batch: int = 8, agents: int = 1, on_policy: bool = False,
-              rollout: int = 16, epochs: int = 1) -> Schedule:
+def _schedule(
+    skip: int,
+    n_envs: int,
+    start: int,
+    batch: int = 8,
+    agents: int = 1,
+    on_policy: bool = False,
+    rollout: int = 16,
+    epochs: int = 1,
+) -> Schedule:
     env = make_vec_env("CartPole-v1", 1)
     params = PPOParams() if on_policy else DQNParams(skip_steps=skip, start_step=start)
     config = cfg.AlgoConfig(
-        seed=0, algo_params=params,
+        seed=0,
+        algo_params=params,
         update_cfg=cfg.UpdateConfig(batch_size=batch, max_buffer_size=rollout, n_epochs=epochs),
         train_cfg=cfg.TrainConfig(n_env_steps=1000),
         env_cfg=cfg.EnvConfig("CartPole-v1", env.single_observation_space, env.single_action_space, n_envs, agents),
@@ -55,8 +64,10 @@ def test_the_issue_example_updates_once_per_skip_steps_in_every_loop():
     assert schedule.n_updates(96) == 8
 
 
-@pytest.mark.parametrize("skip, n_envs, start, batch, agents", list(itertools.product(
-    [1, 3, 4, 12, 256], [1, 2, 8], [0, 7, 100], [1, 64], [1, 3])))
+@pytest.mark.parametrize(
+    "skip, n_envs, start, batch, agents",
+    list(itertools.product([1, 3, 4, 12, 256], [1, 2, 8], [0, 7, 100], [1, 64], [1, 3])),
+)
 def test_n_updates_counts_what_the_loops_do(skip, n_envs, start, batch, agents):
     schedule = _schedule(skip, n_envs, start, batch=batch, agents=agents, rollout=512)
     for n in (1, 99, 1000, 1234):
@@ -93,8 +104,13 @@ def test_the_guide_fields_are_read_from_the_params_with_defaults():
         gamma: float = 0.9
 
     env = make_vec_env("CartPole-v1", 1)
-    config = cfg.AlgoConfig(0, Bare(), cfg.UpdateConfig(batch_size=4), cfg.TrainConfig(n_env_steps=100),
-                            cfg.EnvConfig("CartPole-v1", env.single_observation_space, env.single_action_space, 2))
+    config = cfg.AlgoConfig(
+        0,
+        Bare(),
+        cfg.UpdateConfig(batch_size=4),
+        cfg.TrainConfig(n_env_steps=100),
+        cfg.EnvConfig("CartPole-v1", env.single_observation_space, env.single_action_space, 2),
+    )
     env.close()
     schedule = Schedule.from_config(config, AlgoType.OFF_POLICY)
     assert (schedule.start_step, schedule.skip_steps, schedule.vector_steps_per_iteration) == (0, 1, 1)
@@ -106,7 +122,7 @@ def test_the_guide_fields_are_read_from_the_params_with_defaults():
 
 
 GRID = [  # (skip_steps, n_envs, start_step): regular and irregular iterations, start inside one
-    (12, 8, 0),   # the issue's example: every 12 transitions, not every 8
+    (12, 8, 0),  # the issue's example: every 12 transitions, not every 8
     (1, 4, 0),
     (3, 1, 10),
     (8, 4, 20),
@@ -119,8 +135,9 @@ def _dqn_config(skip: int, n_envs: int, start: int, observation_space, action_sp
     return cfg.AlgoConfig(
         seed=0,
         algo_params=DQNParams(skip_steps=skip, start_step=start, hidden=(8,), target_update_interval=5),
-        update_cfg=cfg.UpdateConfig(learning_rate=1e-2, learning_rate_annealing=True, batch_size=8,
-                                    max_buffer_size=64, n_epochs=2),
+        update_cfg=cfg.UpdateConfig(
+            learning_rate=1e-2, learning_rate_annealing=True, batch_size=8, max_buffer_size=64, n_epochs=2
+        ),
         train_cfg=cfg.TrainConfig(n_env_steps=200),
         env_cfg=cfg.EnvConfig("CartPole-v1", observation_space, action_space, n_envs),
     )
@@ -151,9 +168,11 @@ def test_host_and_compiled_loops_update_at_the_same_steps_with_the_same_learning
 def test_the_learning_rate_horizon_is_the_number_of_gradient_steps():
     env = make_vec_env("CartPole-v1", 4)
     config = cfg.AlgoConfig(
-        seed=0, algo_params=PPOParams(),
-        update_cfg=cfg.UpdateConfig(learning_rate=1e-3, learning_rate_annealing=True, batch_size=32,
-                                    max_buffer_size=16, n_epochs=2),
+        seed=0,
+        algo_params=PPOParams(),
+        update_cfg=cfg.UpdateConfig(
+            learning_rate=1e-3, learning_rate_annealing=True, batch_size=32, max_buffer_size=16, n_epochs=2
+        ),
         train_cfg=cfg.TrainConfig(n_env_steps=200),
         env_cfg=cfg.EnvConfig("CartPole-v1", env.single_observation_space, env.single_action_space, 4),
     )

@@ -13,8 +13,8 @@ import pytest
 
 import kitae.config as cfg
 from kitae.algos.collections import td3
-from kitae.algos.gradients import update_step_from_gradients
 from kitae.algos.collections.td3 import TD3, TD3Batch, TD3Params
+from kitae.algos.gradients import update_step_from_gradients
 from kitae.buffer import Experience
 from kitae.envs.make import make_vec_env
 
@@ -22,17 +22,24 @@ OBS_SPACE = gym.spaces.Box(-8.0, 8.0, (3,), np.float32)
 ACT_SPACE = gym.spaces.Box(-2.0, 2.0, (1,), np.float32)  # Pendulum's
 
 
-def _config(params: TD3Params | None = None, *, action_space: gym.Space = ACT_SPACE, n_envs: int = 1,
-            seed: int = 0, batch_size: int = 8, max_buffer_size: int = 1000) -> cfg.AlgoConfig:
+def _config(
+    params: TD3Params | None = None,
+    *,
+    action_space: gym.Space = ACT_SPACE,
+    n_envs: int = 1,
+    seed: int = 0,
+    batch_size: int = 8,
+    max_buffer_size: int = 1000,
+) -> cfg.AlgoConfig:
     params = params or TD3Params(actor_hidden=(16, 16), critic_hidden=(16, 16), start_step=10)
     return cfg.AlgoConfig(
         seed=seed,
         algo_params=params,
-        update_cfg=cfg.UpdateConfig(learning_rate=1e-3, max_grad_norm=None, max_buffer_size=max_buffer_size,
-                                    batch_size=batch_size),
+        update_cfg=cfg.UpdateConfig(
+            learning_rate=1e-3, max_grad_norm=None, max_buffer_size=max_buffer_size, batch_size=batch_size
+        ),
         train_cfg=cfg.TrainConfig(n_env_steps=1000),
-        env_cfg=cfg.EnvConfig(task_name="test", observation_space=OBS_SPACE, action_space=action_space,
-                              n_envs=n_envs),
+        env_cfg=cfg.EnvConfig(task_name="test", observation_space=OBS_SPACE, action_space=action_space, n_envs=n_envs),
     )
 
 
@@ -96,8 +103,16 @@ def test_targets_by_hand():
     # sample 2: x = [0, 8, 1]:   Q1 = 0 + 0 + 2 = 2, Q2 = 0 + 8 - 1 = 7    -> min 2
     # y = [1 + 0.9 * -0.5, -1 + 0 * 2] = [0.55, -1]
     y = td3.td3_targets(
-        jax.random.PRNGKey(0), linear_actor, actor_target, linear_twin_critic, critic_target,
-        next_obs, jnp.array([1.0, -1.0]), jnp.array([0.9, 0.0]), policy_noise=0.0, noise_clip=0.5,
+        jax.random.PRNGKey(0),
+        linear_actor,
+        actor_target,
+        linear_twin_critic,
+        critic_target,
+        next_obs,
+        jnp.array([1.0, -1.0]),
+        jnp.array([0.9, 0.0]),
+        policy_noise=0.0,
+        noise_clip=0.5,
     )
     np.testing.assert_allclose(y, [0.55, -1.0], rtol=1e-6)
 
@@ -135,9 +150,13 @@ def test_process_unscales_actions_and_discounts_at_termination():
     config = _config(TD3Params(gamma=0.9, actor_hidden=(4,), critic_hidden=(4,)))
     process = td3.process_experience_factory(config)
     experience = Experience(
-        observation=jnp.zeros((3, 3)), action=jnp.array([[2.0], [-1.0], [0.0]]),
-        reward=jnp.array([1.0, 2.0, 3.0]), done=jnp.array([False, True, False]),
-        next_observation=jnp.ones((3, 3)), log_prob=jnp.zeros(3), truncated=jnp.array([False, False, True]),
+        observation=jnp.zeros((3, 3)),
+        action=jnp.array([[2.0], [-1.0], [0.0]]),
+        reward=jnp.array([1.0, 2.0, 3.0]),
+        done=jnp.array([False, True, False]),
+        next_observation=jnp.ones((3, 3)),
+        log_prob=jnp.zeros(3),
+        truncated=jnp.array([False, False, True]),
     )
     batch = process(None, jax.random.PRNGKey(0), experience)
     np.testing.assert_allclose(batch.action, [[1.0], [-0.5], [0.0]])  # [-2, 2] -> [-1, 1]
@@ -220,8 +239,7 @@ def test_random_actions_before_start_step_without_recompiling():
     obs = jnp.zeros((2000, 3))  # the same observation: the policy gives one action
     key = jax.random.PRNGKey(1)
 
-    random_actions, log_probs = explore_fn(state, key, obs, exploration_noise=np.float32(0.0),
-                                           env_step=np.int32(99))
+    random_actions, log_probs = explore_fn(state, key, obs, exploration_noise=np.float32(0.0), env_step=np.int32(99))
     assert random_actions.shape == (2000, 1) and log_probs.shape == (2000,)
     assert np.all(np.asarray(log_probs) == 0.0)
     a = np.asarray(random_actions)
@@ -263,12 +281,15 @@ def test_explore_and_select_action_in_env_units():
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("space", [
-    gym.spaces.Discrete(3),
-    gym.spaces.MultiDiscrete([2, 3]),
-    gym.spaces.Box(-1.0, 1.0, (2, 2), np.float32),
-    gym.spaces.Box(-np.inf, np.inf, (1,), np.float32),
-])
+@pytest.mark.parametrize(
+    "space",
+    [
+        gym.spaces.Discrete(3),
+        gym.spaces.MultiDiscrete([2, 3]),
+        gym.spaces.Box(-1.0, 1.0, (2, 2), np.float32),
+        gym.spaces.Box(-np.inf, np.inf, (1,), np.float32),
+    ],
+)
 def test_refuses_action_space(space):
     config = _config(action_space=space)
     with pytest.raises(ValueError, match="TD3") as error:
@@ -283,11 +304,23 @@ def test_refuses_other_params():
         TD3("td3-refuse", config, run_dir="unused")
 
 
-@pytest.mark.parametrize("field,value", [
-    ("gamma", 1.5), ("gamma", -0.1), ("tau", 0.0), ("tau", 1.5), ("exploration_noise", -0.1),
-    ("policy_noise", -0.2), ("noise_clip", -0.5), ("policy_delay", 0), ("start_step", -1),
-    ("skip_steps", 0), ("actor_hidden", (0, 8)), ("critic_hidden", (8, -1)),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("gamma", 1.5),
+        ("gamma", -0.1),
+        ("tau", 0.0),
+        ("tau", 1.5),
+        ("exploration_noise", -0.1),
+        ("policy_noise", -0.2),
+        ("noise_clip", -0.5),
+        ("policy_delay", 0),
+        ("start_step", -1),
+        ("skip_steps", 0),
+        ("actor_hidden", (0, 8)),
+        ("critic_hidden", (8, -1)),
+    ],
+)
 def test_rejects_params_value(field, value):
     with pytest.raises(ValueError, match=f"algo_params.{field}"):
         TD3Params(**{field: value})
@@ -318,7 +351,8 @@ def _pendulum_config(env, seed: int, n_env_steps: int) -> cfg.AlgoConfig:
         update_cfg=cfg.UpdateConfig(learning_rate=1e-3, max_grad_norm=None, max_buffer_size=5000, batch_size=32),
         train_cfg=cfg.TrainConfig(n_env_steps=n_env_steps),
         env_cfg=cfg.EnvConfig(
-            task_name="Pendulum-v1", observation_space=env.single_observation_space,
+            task_name="Pendulum-v1",
+            observation_space=env.single_observation_space,
             action_space=gym.make("Pendulum-v1").action_space,  # make_vec_env's ClipAction hides the bounds
             n_envs=env.num_envs,
         ),

@@ -160,7 +160,7 @@ def test_gae_lambda_extremes():
     close(adv, [1.4, 7.3, 3.3, 11.0])
     close(ret, compute_td_targets(REWARDS, GAMMA * (1 - term), nv))
     # lambda=1 with consistent values: returns are the full bootstrapped returns.
-    for (nv, term, trunc) in TRAJS:
+    for nv, term, trunc in TRAJS:
         _, ret = compute_gae(REWARDS, VALUES, nv, term, trunc, GAMMA, 1.0)
         close(ret, compute_n_step_returns(REWARDS, nv, term, trunc, GAMMA, n=100))
 
@@ -195,9 +195,7 @@ def test_gae_vmap():
 
 def test_gae_trailing_dims():
     nv, term, trunc = TRAJS[1]
-    adv, ret = compute_gae(
-        REWARDS[:, None], VALUES[:, None], nv[:, None], term[:, None], trunc[:, None], GAMMA, LAMBDA
-    )
+    adv, ret = compute_gae(REWARDS[:, None], VALUES[:, None], nv[:, None], term[:, None], trunc[:, None], GAMMA, LAMBDA)
     assert adv.shape == ret.shape == (4, 1)
     close(adv[:, 0], ADV_B)
     close(ret[:, 0], RET_B)
@@ -309,9 +307,7 @@ def test_n_step_vmap():
 
 
 def test_n_step_trailing_dims():
-    out = compute_n_step_returns(
-        REWARDS[:, None], NEXT_C[:, None], TERM_C[:, None], TRUNC_C[:, None], GAMMA, 3
-    )
+    out = compute_n_step_returns(REWARDS[:, None], NEXT_C[:, None], TERM_C[:, None], TRUNC_C[:, None], GAMMA, 3)
     assert out.shape == (4, 1)
     close(out[:, 0], NSTEP_C_3)
     out = compute_n_step_returns(REWARDS[:, None], NEXT_B[:, None], TERM_B, TRUNC_B, GAMMA, 3)

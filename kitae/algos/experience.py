@@ -18,8 +18,9 @@ Shapes use ``T`` steps, ``E`` environments, ``A`` agents (see ``kitae.types``).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -175,8 +176,7 @@ def tuple_to_dict(experience: NamedTuple) -> dict[str, NamedTuple]:
     for name, value in zip(names, experience):
         if not isinstance(value, dict):
             raise ValueError(
-                f"tuple_to_dict: every field must be a dict keyed by agent, field {name!r} is a "
-                f"{type(value).__name__}"
+                f"tuple_to_dict: every field must be a dict keyed by agent, field {name!r} is a {type(value).__name__}"
             )
     agents = list(experience[0].keys())
     for name, value in zip(names, experience):
@@ -207,9 +207,7 @@ def _axis_size(tree: Any, axis: int, what: str) -> int:
             )
         sizes.add(shape[axis])
     if len(sizes) != 1:
-        raise ValueError(
-            f"ExperiencePipeline: leaves disagree on the size of axis {axis} ({what}): {sorted(sizes)}"
-        )
+        raise ValueError(f"ExperiencePipeline: leaves disagree on the size of axis {axis} ({what}): {sorted(sizes)}")
     return sizes.pop()
 
 
@@ -322,9 +320,9 @@ class ExperiencePipeline:
 
     def _map_envs(self, state: AgentPyTree, keys: Array, experience: NamedTuple) -> NamedTuple:
         """vmaps the single pipe over axis 1: ``keys (E,)``, leaves ``(T, E, ...) -> (T', E, ...)``."""
-        return jax.vmap(
-            lambda k, exp: self.run_single_pipe(state, k, exp), in_axes=(0, 1), out_axes=1
-        )(keys, experience)
+        return jax.vmap(lambda k, exp: self.run_single_pipe(state, k, exp), in_axes=(0, 1), out_axes=1)(
+            keys, experience
+        )
 
     # ---- vectorized ----------------------------------------------------------------------------
 
@@ -377,9 +375,7 @@ class ExperiencePipeline:
         """
         agents, stacked = _stack_agents(experience)
         keys = jax.random.split(key, len(agents))
-        out = jax.vmap(lambda k, exp: self.run_single_pipe(state, k, exp), in_axes=(0, 0), out_axes=1)(
-            keys, stacked
-        )
+        out = jax.vmap(lambda k, exp: self.run_single_pipe(state, k, exp), in_axes=(0, 0), out_axes=1)(keys, stacked)
         return jax.tree.map(lambda x: merge_n_first_dims(x, 2), out)
 
     def run_parallel_vectorized(self, state: AgentPyTree, key: Array, experience: NamedTuple) -> NamedTuple:

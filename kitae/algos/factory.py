@@ -11,7 +11,8 @@ Shapes use ``E`` environments, ``A`` agents, ``B`` a batch (see ``kitae.types``)
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp

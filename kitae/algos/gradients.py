@@ -7,7 +7,8 @@ composition. Distributed training computes gradients on workers and applies them
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 
@@ -15,8 +16,9 @@ ComputeGradientsFn = Callable[[Any, jax.Array, tuple], tuple[Any, dict[str, jax.
 ApplyGradientsFn = Callable[[Any, Any], Any]
 
 
-def update_step_from_gradients(compute_gradients_fn: ComputeGradientsFn,
-                               apply_gradients_fn: ApplyGradientsFn) -> Callable:
+def update_step_from_gradients(
+    compute_gradients_fn: ComputeGradientsFn, apply_gradients_fn: ApplyGradientsFn
+) -> Callable:
     """Composes the two halves into ``update_step_fn(state, key, batch) -> (state, info)``."""
 
     def update_step_fn(state: Any, key: jax.Array, batch: tuple) -> tuple[Any, dict[str, jax.Array]]:

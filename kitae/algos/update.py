@@ -6,7 +6,8 @@ Used by ``OnPolicyAgent``'s update (``kitae.base``); also importable as ``kitae.
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp

@@ -104,8 +104,9 @@ class BraxEnv:
         ValueError: for an unknown name (listing the known ones), backend or episode length.
     """
 
-    def __init__(self, name: str, backend: str = DEFAULT_BACKEND,
-                 episode_length: int = DEFAULT_EPISODE_LENGTH, **env_kwargs: Any) -> None:
+    def __init__(
+        self, name: str, backend: str = DEFAULT_BACKEND, episode_length: int = DEFAULT_EPISODE_LENGTH, **env_kwargs: Any
+    ) -> None:
         envs = _import_brax_envs()
         names = brax_env_names()
         if name not in names:
@@ -121,9 +122,7 @@ class BraxEnv:
         # Brax's observation_size runs a reset op by op (seconds); the shape alone is enough
         obs_shape = jax.eval_shape(self.env.reset, jax.random.PRNGKey(0)).obs
         if not hasattr(obs_shape, "shape") or len(obs_shape.shape) != 1:
-            raise ValueError(
-                f"Brax environment {name!r} has observations {obs_shape!r}; allowed: one flat vector"
-            )
+            raise ValueError(f"Brax environment {name!r} has observations {obs_shape!r}; allowed: one flat vector")
         n_obs = int(obs_shape.shape[0])
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (n_obs,), np.float32)
         low, high = _control_range(self.env)

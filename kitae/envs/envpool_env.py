@@ -61,9 +61,7 @@ def _envpool() -> Any:
     try:
         import envpool
     except ImportError:  # pragma: no cover - depends on the installation
-        raise ImportError(
-            "envpool:ID environments need the envpool package: pip install 'kitae[envpool]'"
-        ) from None
+        raise ImportError("envpool:ID environments need the envpool package: pip install 'kitae[envpool]'") from None
     return envpool
 
 
@@ -142,8 +140,16 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
 
     metadata = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": []}
 
-    def __init__(self, name: str, num_envs: int, seed: int = 0, *, channels_last: bool = True,
-                 num_threads: int = 0, env_kwargs: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        num_envs: int,
+        seed: int = 0,
+        *,
+        channels_last: bool = True,
+        num_threads: int = 0,
+        env_kwargs: dict[str, Any] | None = None,
+    ) -> None:
         if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:
             raise ValueError(f"num_envs={num_envs!r} is not allowed; allowed: an int >= 1")
         if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
@@ -164,7 +170,9 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
         space = self._pool.observation_space
         self.single_action_space = self._pool.action_space
         self._transpose = bool(
-            channels_last and isinstance(space, gym.spaces.Box) and len(space.shape) == 3
+            channels_last
+            and isinstance(space, gym.spaces.Box)
+            and len(space.shape) == 3
             and space.shape[0] < min(space.shape[1:])
         )
         if self._transpose:
@@ -183,10 +191,14 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
         with warnings.catch_warnings():  # EnvPool's float64 Box bounds: Gymnasium warns about float32
             warnings.filterwarnings("ignore", message=".*precision lowered by casting")
             pool = _envpool().make_gymnasium(
-                self.name, num_envs=self.num_envs, batch_size=self.num_envs, seed=seed % limit,
-                num_threads=self.num_threads, **self.env_kwargs,
+                self.name,
+                num_envs=self.num_envs,
+                batch_size=self.num_envs,
+                seed=seed % limit,
+                num_threads=self.num_threads,
+                **self.env_kwargs,
             )
-            pool.observation_space, pool.action_space  # made (and cached) here, where the warning is off
+            _ = pool.observation_space, pool.action_space  # made (and cached) here, where the warning is off
         return pool
 
     def _layout(self, obs: np.ndarray) -> np.ndarray:
@@ -248,8 +260,9 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
             self._pool = None
 
 
-def make_envpool_env(name: str, n_envs: int, *, seed: int = 0, env_kwargs: dict[str, Any] | None = None,
-                     channels_last: bool = True) -> EnvPoolVectorEnv:
+def make_envpool_env(
+    name: str, n_envs: int, *, seed: int = 0, env_kwargs: dict[str, Any] | None = None, channels_last: bool = True
+) -> EnvPoolVectorEnv:
     """``EnvPoolVectorEnv(name, n_envs, seed, channels_last=..., env_kwargs=...)``; the builder behind
     ``make_vec_env("envpool:ID", n_envs)``."""
     return EnvPoolVectorEnv(name, n_envs, seed, channels_last=channels_last, env_kwargs=env_kwargs)

@@ -71,12 +71,12 @@ class GymnaxEnv:
         from gymnax.environments.spaces import gymnax_space_to_gym_space
 
         if name not in gymnax.registered_envs:
-            raise ValueError(
-                f"unknown gymnax environment {name!r}; registered: {', '.join(gymnax.registered_envs)}"
-            )
+            raise ValueError(f"unknown gymnax environment {name!r}; registered: {', '.join(gymnax.registered_envs)}")
         self.name = name
         self.env, self.default_params = gymnax.make(name, **env_kwargs)
-        self.observation_space = _float32_box(gymnax_space_to_gym_space(self.env.observation_space(self.default_params)))
+        self.observation_space = _float32_box(
+            gymnax_space_to_gym_space(self.env.observation_space(self.default_params))
+        )
         self.action_space = gymnax_space_to_gym_space(self.env.action_space(self.default_params))
 
     def reset(self, key: jax.Array, params: Any) -> tuple[Any, Any]:

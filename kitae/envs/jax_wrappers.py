@@ -26,7 +26,8 @@ Example (CartPole with a dict observation and a mask that forbids pushing left):
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import gymnasium as gym
 import jax

@@ -139,8 +139,9 @@ class JaxMARLEnv:
                     f"env_kwargs={sorted(env_kwargs)} are not allowed with an environment object; "
                     "allowed: keyword arguments only with a name (they go to jaxmarl.make)"
                 )
-            missing = [m for m in ("reset", "step_env", "agents", "observation_space", "action_space")
-                       if not hasattr(env, m)]
+            missing = [
+                m for m in ("reset", "step_env", "agents", "observation_space", "action_space") if not hasattr(env, m)
+            ]
             if missing:
                 raise ValueError(
                     f"env={env!r} is not allowed: it lacks {missing}; allowed: a JaxMARL environment name or "
@@ -156,17 +157,22 @@ class JaxMARLEnv:
                 )
             episode_end = "truncation"
         if episode_end not in EPISODE_ENDS:
-            raise ValueError(f"episode_end={episode_end!r} is not allowed; allowed: {', '.join(map(repr, EPISODE_ENDS))}")
+            raise ValueError(
+                f"episode_end={episode_end!r} is not allowed; allowed: {', '.join(map(repr, EPISODE_ENDS))}"
+            )
         self.episode_end = episode_end
 
         self.agents = tuple(self.env.agents)
         self.n_agents = len(self.agents)
         if self.n_agents < 1:
             raise ValueError(f"{self.name!r} has no agents; allowed: an environment with at least one agent")
-        obs_spaces = {a: jaxmarl_space_to_gym(self.env.observation_space(a), f"the observation space of {a!r}")
-                      for a in self.agents}
-        act_spaces = {a: jaxmarl_space_to_gym(self.env.action_space(a), f"the action space of {a!r}")
-                      for a in self.agents}
+        obs_spaces = {
+            a: jaxmarl_space_to_gym(self.env.observation_space(a), f"the observation space of {a!r}")
+            for a in self.agents
+        }
+        act_spaces = {
+            a: jaxmarl_space_to_gym(self.env.action_space(a), f"the action space of {a!r}") for a in self.agents
+        }
         for kind, spaces in (("observation", obs_spaces), ("action", act_spaces)):
             first = self.agents[0]
             different = [a for a in self.agents if spaces[a] != spaces[first]]
@@ -222,11 +228,11 @@ class JaxMARLEnv:
         observation = {a: jax.lax.select(over, first_obs[a], final_obs[a]) for a in self.agents}
         false = jnp.zeros((), bool)
         if self.episode_end == "truncation":
-            truncated = {a: over for a in self.agents}
-            terminated = {a: false for a in self.agents}
+            truncated = dict.fromkeys(self.agents, over)
+            terminated = dict.fromkeys(self.agents, false)
         else:
             terminated = {a: jnp.logical_or(jnp.asarray(dones[a], bool), over) for a in self.agents}
-            truncated = {a: false for a in self.agents}
+            truncated = dict.fromkeys(self.agents, false)
         return JaxTimeStep(
             observation=observation,
             state=new_state,

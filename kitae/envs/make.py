@@ -10,8 +10,9 @@ sources (``make_vec_env``), a ``kitae.envs.jax_env.VecJaxEnv`` for the JAX sourc
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import gymnasium as gym
 from gymnasium.vector import AutoresetMode
@@ -54,7 +55,7 @@ class EnvSpec:
     name: str
 
     @classmethod
-    def parse(cls, env_id: "str | EnvSpec") -> "EnvSpec":
+    def parse(cls, env_id: str | EnvSpec) -> EnvSpec:
         """``EnvSpec.parse("gymnax:CartPole-v1")``; an ``EnvSpec`` is returned as it is.
 
         Raises:
@@ -78,7 +79,7 @@ class EnvSpec:
         return self.id
 
 
-def make_env(spec: "str | EnvSpec", n_envs: int, **env_kwargs: Any) -> Any:
+def make_env(spec: str | EnvSpec, n_envs: int, **env_kwargs: Any) -> Any:
     """``n_envs`` copies of the environment ``spec`` names: ``make_jax_env`` for JAX sources,
     ``make_vec_env`` for the others (keyword arguments go to them)."""
     spec = EnvSpec.parse(spec)
@@ -87,7 +88,7 @@ def make_env(spec: "str | EnvSpec", n_envs: int, **env_kwargs: Any) -> Any:
     return make_vec_env(spec.id, n_envs, **env_kwargs)
 
 
-def make_jax_env(env_id: "str | EnvSpec", n_envs: int, **env_kwargs: Any) -> Any:
+def make_jax_env(env_id: str | EnvSpec, n_envs: int, **env_kwargs: Any) -> Any:
     """Makes ``n_envs`` copies of a JAX environment from an id ``"gymnax:CartPole-v1"``: a
     ``kitae.envs.jax_env.VecJaxEnv``.
 
@@ -117,9 +118,14 @@ def make_jax_env(env_id: "str | EnvSpec", n_envs: int, **env_kwargs: Any) -> Any
     )
 
 
-def _gymnasium_thunk(name: str, index: int, capture_video: bool, video_dir: Path | None,
-                     env_kwargs: dict[str, Any], wrap: Callable[[gym.Env], gym.Env] | None = None,
-                     ) -> Callable[[], gym.Env]:
+def _gymnasium_thunk(
+    name: str,
+    index: int,
+    capture_video: bool,
+    video_dir: Path | None,
+    env_kwargs: dict[str, Any],
+    wrap: Callable[[gym.Env], gym.Env] | None = None,
+) -> Callable[[], gym.Env]:
     def thunk() -> gym.Env:
         if capture_video and index == 0:
             env = gym.make(name, render_mode="rgb_array", **env_kwargs)
@@ -143,7 +149,7 @@ def _wrap_fn(wrappers: tuple, n_frames: int) -> Callable[[gym.Env], gym.Env]:
 
 
 def make_vec_env(
-    env_id: "str | EnvSpec",
+    env_id: str | EnvSpec,
     n_envs: int,
     capture_video: bool = False,
     run_name: str | None = None,
@@ -199,8 +205,7 @@ def make_vec_env(
     source, name = spec.source, spec.name
     if source not in HOST_SOURCES:
         raise ValueError(
-            f"make_vec_env builds host-loop environments ({', '.join(HOST_SOURCES)}); "
-            f"{spec.id!r} comes from {source!r}"
+            f"make_vec_env builds host-loop environments ({', '.join(HOST_SOURCES)}); {spec.id!r} comes from {source!r}"
         )
     if not isinstance(n_envs, int) or isinstance(n_envs, bool) or n_envs < 1:
         raise ValueError(f"n_envs={n_envs!r} is not allowed; allowed: an int >= 1")
@@ -237,9 +242,7 @@ def make_vec_env(
             raise ValueError(f"wrappers contains {wrapper!r}; allowed: callables env -> env")
     wrap = _wrap_fn(wrappers, frame_stack) if wrappers or frame_stack > 1 else None
     video_dir = Path("runs") / run_name / "videos" if capture_video else None
-    thunks = [
-        _gymnasium_thunk(name, i, capture_video, video_dir, dict(env_kwargs or {}), wrap) for i in range(n_envs)
-    ]
+    thunks = [_gymnasium_thunk(name, i, capture_video, video_dir, dict(env_kwargs or {}), wrap) for i in range(n_envs)]
     vector_cls = gym.vector.SyncVectorEnv if vectorization_mode == "sync" else gym.vector.AsyncVectorEnv
     env = vector_cls(thunks, autoreset_mode=AutoresetMode.SAME_STEP)
     if isinstance(env.single_action_space, gym.spaces.Box):

@@ -29,14 +29,19 @@ This module imports neither JAX nor PettingZoo: worker processes of ``SubProcVec
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
 __all__ = [
-    "VecParallelEnv", "SyncVecParallelEnv", "ParallelEnvCopy", "UnsupportedParallelEnv", "check_parallel_env",
+    "VecParallelEnv",
+    "SyncVecParallelEnv",
+    "ParallelEnvCopy",
+    "UnsupportedParallelEnv",
+    "check_parallel_env",
     "is_parallel_env",
 ]
 
@@ -52,7 +57,7 @@ def is_parallel_env(env: Any) -> bool:
     try:
         from pettingzoo.utils.env import ParallelEnv
     except ImportError:  # PettingZoo not installed: the Parallel API by its attributes
-        ParallelEnv = None  # noqa: N806
+        ParallelEnv = None
     if ParallelEnv is not None and isinstance(env, ParallelEnv):
         return True
     if isinstance(env, gym.Env) or hasattr(env, "agent_iter"):
@@ -178,7 +183,8 @@ class ParallelEnvCopy:
         for name, values in (("rewards", rewards), ("terminations", terminations), ("truncations", truncations)):
             if set(values) != set(self.agents):
                 raise _agents_come_and_go(
-                    self.index, f"step returned {name} for {sorted(map(str, values))} but the agents are {list(self.agents)}"
+                    self.index,
+                    f"step returned {name} for {sorted(map(str, values))} but the agents are {list(self.agents)}",
                 )
         stacked = self._stack_observations(observations, "step")
         reward = np.array([rewards[agent] for agent in self.agents], dtype=np.float64)
@@ -239,8 +245,8 @@ class VecParallelEnv:
         self.num_agents = len(agents)
         self.single_observation_space = observation_space
         self.single_action_space = action_space
-        self.observation_spaces = {agent: observation_space for agent in agents}
-        self.action_spaces = {agent: action_space for agent in agents}
+        self.observation_spaces = dict.fromkeys(agents, observation_space)
+        self.action_spaces = dict.fromkeys(agents, action_space)
         self.closed = False
         self._agent_tuple = tuple(agents)
 
@@ -261,8 +267,9 @@ class VecParallelEnv:
         if self.closed:
             raise RuntimeError(f"{type(self).__name__} is closed")
 
-    def reset(self, *, seed: int | Sequence[int] | None = None,
-              options: dict | None = None) -> tuple[dict[str, np.ndarray], dict]:
+    def reset(
+        self, *, seed: int | Sequence[int] | None = None, options: dict | None = None
+    ) -> tuple[dict[str, np.ndarray], dict]:
         """Resets every copy; copy ``i`` is seeded ``seed + i`` (or ``seed[i]`` for a list).
 
         Returns:
@@ -294,7 +301,9 @@ class VecParallelEnv:
         self._check_open()
         if not isinstance(actions, dict) or set(actions) != set(self._agent_tuple):
             given = sorted(map(str, actions)) if isinstance(actions, dict) else type(actions).__name__
-            raise ValueError(f"actions={given} is not allowed; allowed: a dict keyed by the agents {self.possible_agents}")
+            raise ValueError(
+                f"actions={given} is not allowed; allowed: a dict keyed by the agents {self.possible_agents}"
+            )
         batched = [np.asarray(actions[agent]) for agent in self._agent_tuple]
         for agent, batch in zip(self._agent_tuple, batched):
             if batch.ndim == 0 or batch.shape[0] != self.num_envs:
@@ -326,14 +335,15 @@ class VecParallelEnv:
         self.closed = True
         self._close_copies()
 
-    def __enter__(self) -> "VecParallelEnv":
+    def __enter__(self) -> VecParallelEnv:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(num_envs={getattr(self, 'num_envs', '?')}, agents={getattr(self, 'possible_agents', '?')})"
+        agents = getattr(self, "possible_agents", "?")
+        return f"{type(self).__name__}(num_envs={getattr(self, 'num_envs', '?')}, agents={agents})"
 
 
 class SyncVecParallelEnv(VecParallelEnv):
@@ -353,7 +363,9 @@ class SyncVecParallelEnv(VecParallelEnv):
     def __init__(self, env_fns: Sequence[Callable[[], Any]], *, clip_actions: bool = True) -> None:
         env_fns = list(env_fns)
         if not env_fns or not all(callable(fn) for fn in env_fns):
-            raise ValueError(f"env_fns={env_fns!r} is not allowed; allowed: a non-empty list of callables making a ParallelEnv")
+            raise ValueError(
+                f"env_fns={env_fns!r} is not allowed; allowed: a non-empty list of callables making a ParallelEnv"
+            )
         self.copies: list[ParallelEnvCopy] = []
         try:
             for index, fn in enumerate(env_fns):

@@ -21,7 +21,8 @@ import importlib
 import importlib.util
 import pkgutil
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 PETTINGZOO_FAMILIES = ("atari", "butterfly", "classic", "sisl")
 """PettingZoo's own environment families (``pettingzoo.<family>.<env>``)."""
@@ -97,8 +98,9 @@ def parallel_env_maker(name: str) -> Callable[..., Any]:
     return maker
 
 
-def make_parallel_vec_env(name: str, n_envs: int, *, vectorization_mode: str = "sync",
-                          env_kwargs: dict[str, Any] | None = None) -> Any:
+def make_parallel_vec_env(
+    name: str, n_envs: int, *, vectorization_mode: str = "sync", env_kwargs: dict[str, Any] | None = None
+) -> Any:
     """``n_envs`` copies of a PettingZoo environment as a ``kitae.envs.parallel.VecParallelEnv``.
 
     Args:

@@ -22,12 +22,14 @@ worker outlives its parent or the vector environment:
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import signal
 import traceback
 import weakref
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -69,16 +71,12 @@ def _worker(index: int, conn: Connection, env_fn_bytes: bytes, clip_actions: boo
             else:
                 raise ValueError(f"unknown command {command!r}")
     except Exception as error:
-        try:
+        with contextlib.suppress(OSError, EOFError):
             conn.send(("error", (error if isinstance(error, UnsupportedParallelEnv) else None, traceback.format_exc())))
-        except (OSError, EOFError):
-            pass
     finally:
         if copy is not None:
-            try:
+            with contextlib.suppress(Exception):
                 copy.close()
-            except Exception:
-                pass
         conn.close()
 
 
@@ -87,10 +85,8 @@ def _shutdown(conns: list[Connection], processes: list[Any], timeout: float) -> 
     kills what is left, and reaps every process. Never raises."""
     for conn, process in zip(conns, processes):
         if process.is_alive():
-            try:
+            with contextlib.suppress(OSError, EOFError, ValueError):
                 conn.send(("close", None))
-            except (OSError, EOFError, ValueError):
-                pass
     for conn, process in zip(conns, processes):
         try:
             if conn.poll(timeout):  # the worker's answer to close (or an error)
@@ -104,10 +100,8 @@ def _shutdown(conns: list[Connection], processes: list[Any], timeout: float) -> 
         if process.is_alive():
             process.kill()
             process.join()
-        try:
+        with contextlib.suppress(OSError):
             conn.close()
-        except OSError:
-            pass
 
 
 def _describe_exit(exitcode: int | None) -> str:
@@ -147,13 +141,21 @@ class SubProcVecParallelEnv(VecParallelEnv):
             any error while making the copies, every worker is shut down).
     """
 
-    def __init__(self, env_fns: Sequence[Callable[[], Any]], *, start_method: str = "spawn",
-                 clip_actions: bool = True, close_timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        env_fns: Sequence[Callable[[], Any]],
+        *,
+        start_method: str = "spawn",
+        clip_actions: bool = True,
+        close_timeout: float = 5.0,
+    ) -> None:
         import cloudpickle  # env_fns may be lambdas; cloudpickle sends them by value (Gymnasium does the same)
 
         env_fns = list(env_fns)
         if not env_fns or not all(callable(fn) for fn in env_fns):
-            raise ValueError(f"env_fns={env_fns!r} is not allowed; allowed: a non-empty list of callables making a ParallelEnv")
+            raise ValueError(
+                f"env_fns={env_fns!r} is not allowed; allowed: a non-empty list of callables making a ParallelEnv"
+            )
         if start_method not in START_METHODS:
             raise ValueError(f"start_method={start_method!r} is not allowed; allowed: {', '.join(START_METHODS)}")
         if not isinstance(close_timeout, (int, float)) or close_timeout < 0:
@@ -167,8 +169,10 @@ class SubProcVecParallelEnv(VecParallelEnv):
             for index, fn in enumerate(env_fns):
                 parent_end, child_end = context.Pipe()
                 process = context.Process(
-                    target=_worker, args=(index, child_end, cloudpickle.dumps(fn), clip_actions),
-                    name=f"kitae-parallel-env-{index}", daemon=True,
+                    target=_worker,
+                    args=(index, child_end, cloudpickle.dumps(fn), clip_actions),
+                    name=f"kitae-parallel-env-{index}",
+                    daemon=True,
                 )
                 process.start()
                 child_end.close()  # only the worker holds its end: its death closes the pipe

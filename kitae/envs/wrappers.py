@@ -12,7 +12,8 @@ Both are applied per sub-environment; ``kitae.envs.make.make_vec_env`` takes the
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -56,10 +57,12 @@ class ActionMaskObservation(gym.Wrapper):
             )
         self.observation_key = observation_key
         self.n_actions = int(env.action_space.n)
-        self.observation_space = gym.spaces.Dict({
-            observation_key: env.observation_space,
-            ACTION_MASK_KEY: gym.spaces.Box(0, 1, (self.n_actions,), np.int8),
-        })
+        self.observation_space = gym.spaces.Dict(
+            {
+                observation_key: env.observation_space,
+                ACTION_MASK_KEY: gym.spaces.Box(0, 1, (self.n_actions,), np.int8),
+            }
+        )
 
     def _observation(self, observation: Any, info: dict) -> dict[str, Any]:
         if ACTION_MASK_KEY not in info:
@@ -123,8 +126,7 @@ def frame_stack(env: gym.Env, n_frames: int) -> gym.Env:
     space = env.observation_space
     if not isinstance(space, gym.spaces.Box) or not 1 <= len(space.shape) <= 3:
         raise ValueError(
-            f"frame_stack={n_frames} needs a Box observation space of shape (D,), (H, W) or (H, W, C); "
-            f"got {space}"
+            f"frame_stack={n_frames} needs a Box observation space of shape (D,), (H, W) or (H, W, C); got {space}"
         )
     stacked = gym.wrappers.FrameStackObservation(env, n_frames)
     to_layout = _channels_last(n_frames, tuple(space.shape))

@@ -23,7 +23,8 @@ When the hooks are called:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from kitae.loops.result import Episodes, RunResult
 from kitae.loops.state import Payload

@@ -7,7 +7,8 @@ The compiled loop traces these functions inside its program; the host loop calls
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -17,8 +18,9 @@ from kitae.buffer import Experience
 __all__ = ["act_step", "update_step", "make_experience", "compiled_steps", "CompiledSteps"]
 
 
-def act_step(agent: Any, acting_params: Any, key: jax.Array, observation: Any,
-             env_step: jax.Array) -> tuple[Any, Any, jax.Array]:
+def act_step(
+    agent: Any, acting_params: Any, key: jax.Array, observation: Any, env_step: jax.Array
+) -> tuple[Any, Any, jax.Array]:
     """One act of a run: ``(key, act_key) = split(key)``, then ``agent.act`` with ``act_key``.
 
     Args:
@@ -50,13 +52,29 @@ def update_step(agent: Any, agent_state: Any, key: jax.Array, buffer_state: Any)
     return agent_state, key, info
 
 
-def make_experience(experience_type: type, *, observation: Any, action: Any, reward: Any, done: Any,
-                    next_observation: Any, log_prob: Any, truncated: Any) -> Any:
+def make_experience(
+    experience_type: type,
+    *,
+    observation: Any,
+    action: Any,
+    reward: Any,
+    done: Any,
+    next_observation: Any,
+    log_prob: Any,
+    truncated: Any,
+) -> Any:
     """One vector step as the agent's experience type (its fields are a subset of
     ``kitae.buffer.Experience``'s, filled by name). ``done`` is termination; ``truncated`` a cut;
     ``next_observation`` the real next observation (the final one where an episode ended)."""
-    fields = {"observation": observation, "action": action, "reward": reward, "done": done,
-              "next_observation": next_observation, "log_prob": log_prob, "truncated": truncated}
+    fields = {
+        "observation": observation,
+        "action": action,
+        "reward": reward,
+        "done": done,
+        "next_observation": next_observation,
+        "log_prob": log_prob,
+        "truncated": truncated,
+    }
     if experience_type is Experience:
         return Experience(**fields)
     return experience_type(**{name: fields[name] for name in experience_type._fields})

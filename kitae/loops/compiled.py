@@ -31,7 +31,8 @@ transition of an environment moves all its agents).
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -57,8 +58,14 @@ from kitae.loops.state import (
     strongly_typed,
 )
 
-__all__ = ["CompiledExecutor", "IterationMetrics", "compiled_train", "make_loop_functions", "loop_state_shape",
-           "segment_plan"]
+__all__ = [
+    "CompiledExecutor",
+    "IterationMetrics",
+    "compiled_train",
+    "make_loop_functions",
+    "loop_state_shape",
+    "segment_plan",
+]
 
 
 class IterationMetrics(NamedTuple):
@@ -138,7 +145,9 @@ def make_loop_functions(agent: Any, env: VecJaxEnv) -> tuple[Callable, Callable,
     def empty_buffer(agent_state: Any, agent_key: jax.Array, observation: Any) -> Any:
         actions, log_probs, _ = jax.eval_shape(
             lambda s, k, o: act_step(agent, agent.acting_params(s), k, o, jnp.zeros((), jnp.int32)),
-            agent_state, agent_key, observation,
+            agent_state,
+            agent_key,
+            observation,
         )
         example = make_experience(
             experience_type,
@@ -163,12 +172,20 @@ def make_loop_functions(agent: Any, env: VecJaxEnv) -> tuple[Callable, Callable,
         else:
             buffer = mark_episodes_cut(state.buffer, step > 0)
         carry = EnvCarry(
-            key=env_key, state=env_state, observation=observation,
+            key=env_key,
+            state=env_state,
+            observation=observation,
             episode_return=per_agent(lambda: jnp.zeros((n_envs,), jnp.float32)),
             episode_length=jnp.zeros((n_envs,), jnp.int32),
         )
-        out = LoopState(state.agent_state, jnp.asarray(state.agent_key), buffer, step,
-                        jnp.asarray(state.n_updates, jnp.int32), carry)
+        out = LoopState(
+            state.agent_state,
+            jnp.asarray(state.agent_key),
+            buffer,
+            step,
+            jnp.asarray(state.n_updates, jnp.int32),
+            carry,
+        )
         # strongly typed leaves: a fresh and a restored state trace, compile and compute the same program
         return strongly_typed(out)
 
@@ -185,10 +202,19 @@ def make_loop_functions(agent: Any, env: VecJaxEnv) -> tuple[Callable, Callable,
         )
         env_key, step_key = jax.random.split(env_carry.key)
         ts = env.step(step_key, env_carry.state, actions)
-        buffer = buffer_add(state.buffer, make_experience(
-            experience_type, observation=env_carry.observation, action=actions, reward=ts.reward,
-            done=ts.terminated, next_observation=ts.next_observation, log_prob=log_probs, truncated=ts.truncated,
-        ))
+        buffer = buffer_add(
+            state.buffer,
+            make_experience(
+                experience_type,
+                observation=env_carry.observation,
+                action=actions,
+                reward=ts.reward,
+                done=ts.terminated,
+                next_observation=ts.next_observation,
+                log_prob=log_probs,
+                truncated=ts.truncated,
+            ),
+        )
         if agents is None:
             ended = jnp.logical_or(ts.terminated, ts.truncated)
             running_return, running_length, episode_return, episode_length = track_episodes(
@@ -205,15 +231,21 @@ def make_loop_functions(agent: Any, env: VecJaxEnv) -> tuple[Callable, Callable,
         length_sum = length_sum + jnp.sum(jnp.where(ended, episode_length, 0))
         episodes = episodes + jnp.sum(ended)
         state = state._replace(
-            agent_key=agent_key, buffer=buffer, env_step=state.env_step + n_envs,
+            agent_key=agent_key,
+            buffer=buffer,
+            env_step=state.env_step + n_envs,
             env=EnvCarry(env_key, ts.state, ts.observation, running_return, running_length),
         )
         return (state, return_sum, length_sum, episodes, agent_return_sum), None
 
     def iteration(state: LoopState, index: jax.Array) -> tuple[LoopState, IterationMetrics]:
         del index
-        zero = (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32),
-                None if agents is None else per_agent(lambda: jnp.zeros((), jnp.float32)))
+        zero = (
+            jnp.zeros((), jnp.float32),
+            jnp.zeros((), jnp.int32),
+            jnp.zeros((), jnp.int32),
+            None if agents is None else per_agent(lambda: jnp.zeros((), jnp.float32)),
+        )
         (state, return_sum, length_sum, episodes, agent_return_sum), _ = jax.lax.scan(
             vector_step, (state, *zero), None, length=steps_per_iteration
         )
@@ -223,21 +255,29 @@ def make_loop_functions(agent: Any, env: VecJaxEnv) -> tuple[Callable, Callable,
         else:
             updated = jnp.asarray(schedule.update_due(state.env_step, state.buffer.size))
             info_shape = jax.eval_shape(
-                lambda s, k: update_step(agent, s, k, state.buffer), state.agent_state, state.agent_key)[2]
+                lambda s, k: update_step(agent, s, k, state.buffer), state.agent_state, state.agent_key
+            )[2]
             agent_state, agent_key, info = jax.lax.cond(
                 updated,
                 lambda s, k: update_step(agent, s, k, state.buffer),
                 lambda s, k: (s, k, jax.tree_util.tree_map(lambda x: jnp.zeros(x.shape, x.dtype), info_shape)),
-                state.agent_state, state.agent_key,
+                state.agent_state,
+                state.agent_key,
             )
             buffer = state.buffer
-        state = state._replace(agent_state=agent_state, agent_key=agent_key, buffer=buffer,
-                               n_updates=state.n_updates + updated.astype(jnp.int32))
-        return state, IterationMetrics(state.env_step, return_sum, length_sum, episodes, updated, info,
-                                       agent_return_sum)
+        state = state._replace(
+            agent_state=agent_state,
+            agent_key=agent_key,
+            buffer=buffer,
+            n_updates=state.n_updates + updated.astype(jnp.int32),
+        )
+        return state, IterationMetrics(
+            state.env_step, return_sum, length_sum, episodes, updated, info, agent_return_sum
+        )
 
-    def run(state: LoopState, n_iterations: int | jax.Array, first_index: int | jax.Array = 0, *,
-            length: int | None = None) -> tuple[LoopState, IterationMetrics]:
+    def run(
+        state: LoopState, n_iterations: int | jax.Array, first_index: int | jax.Array = 0, *, length: int | None = None
+    ) -> tuple[LoopState, IterationMetrics]:
         """Runs ``n_iterations`` iterations, numbered from ``first_index``.
 
         With ``length=None``, ``n_iterations`` is static (a Python int) and the metrics have a
@@ -299,8 +339,14 @@ def _episodes_of(metrics: IterationMetrics, seed_index: int, batched: bool) -> E
     rows = np.flatnonzero(m.episodes > 0)
     count = m.episodes[rows].astype(np.int64)
     agents = None if m.agent_return_sum is None else {a: v[rows] / count for a, v in m.agent_return_sum.items()}
-    return Episodes(m.env_step[rows].astype(np.int64), m.return_sum[rows] / count, m.length_sum[rows] / count,
-                    count, agents, seed_index)
+    return Episodes(
+        m.env_step[rows].astype(np.int64),
+        m.return_sum[rows] / count,
+        m.length_sum[rows] / count,
+        count,
+        agents,
+        seed_index,
+    )
 
 
 def _update_steps(metrics: IterationMetrics, seed_index: int, batched: bool) -> np.ndarray:
@@ -317,9 +363,19 @@ class CompiledExecutor:
 
     name = "compiled"
 
-    def run(self, agent: Any, env: VecJaxEnv, n_env_steps: int, *, start: LoopState | None = None,
-            seeds: list[int] | None = None, callbacks: Any = (), use_cache: bool = True, shard: bool = True,
-            segment_iterations: int | None = None) -> RunResult:
+    def run(
+        self,
+        agent: Any,
+        env: VecJaxEnv,
+        n_env_steps: int,
+        *,
+        start: LoopState | None = None,
+        seeds: list[int] | None = None,
+        callbacks: Any = (),
+        use_cache: bool = True,
+        shard: bool = True,
+        segment_iterations: int | None = None,
+    ) -> RunResult:
         """Trains ``agent`` in ``env`` until ``n_env_steps`` environment steps in all.
 
         Without callbacks (and without ``segment_iterations``) the whole run is one call of one
@@ -429,11 +485,18 @@ class CompiledExecutor:
         if not segmented:
             callbacks.on_checkpoint(self._payload(state, seed_list if batched else None))
         result = RunResult(
-            executor=self.name, seeds=seed_list, state=state,
+            executor=self.name,
+            seeds=seed_list,
+            state=state,
             episodes=[_episodes_of(metrics, i, batched) for i in range(len(seed_list))],
             update_steps=[_update_steps(metrics, i, batched) for i in range(len(seed_list))],
-            start_step=first_step, env_steps=env_steps, compile_seconds=compile_seconds,
-            train_seconds=train_seconds, stopped=stopped, batched=batched, metrics=metrics,
+            start_step=first_step,
+            env_steps=env_steps,
+            compile_seconds=compile_seconds,
+            train_seconds=train_seconds,
+            stopped=stopped,
+            batched=batched,
+            metrics=metrics,
         )
         callbacks.on_end(result)
         return result
@@ -441,8 +504,19 @@ class CompiledExecutor:
     def _payload(self, state: LoopState, seeds: list[int] | None) -> Payload:
         return Payload(state, {"executor": self.name, "seeds": seeds, "env_saved": True})
 
-    def _segments(self, compiled: Any, state: LoopState, first: int, total: int, length: int, schedule: Any,
-                  seeds: list[int], batched: bool, agent: Any, callbacks: Callback) -> tuple:
+    def _segments(
+        self,
+        compiled: Any,
+        state: LoopState,
+        first: int,
+        total: int,
+        length: int,
+        schedule: Any,
+        seeds: list[int],
+        batched: bool,
+        agent: Any,
+        callbacks: Callback,
+    ) -> tuple:
         """Runs the plan's segments, reporting to the callbacks between them."""
         first_step = first * schedule.steps_per_iteration
         losses = LossMeans(agent.config.train_cfg.log_frequency, first_step)
@@ -450,7 +524,7 @@ class CompiledExecutor:
         for index, n, save in segment_plan(first, total, schedule, length):
             clock = time.perf_counter()
             state, rows = compiled(state, jnp.int32(n), jnp.int32(index))
-            rows = jax.tree_util.tree_map(lambda x: np.asarray(x)[:, :n] if batched else np.asarray(x)[:n], rows)
+            rows = jax.tree_util.tree_map(lambda x, n=n: np.asarray(x)[:, :n] if batched else np.asarray(x)[:n], rows)
             train_seconds += time.perf_counter() - clock
             chunks.append(rows)
             done = index + n
@@ -466,8 +540,11 @@ class CompiledExecutor:
                 if logged is not None:
                     callbacks.on_losses(*logged, 0 if batched else None)
             step = done * schedule.steps_per_iteration
-            callbacks.on_progress(Progress(step, (step - first_step) / max(train_seconds, 1e-9),
-                                           float(np.mean(latest)) if latest else None))
+            callbacks.on_progress(
+                Progress(
+                    step, (step - first_step) / max(train_seconds, 1e-9), float(np.mean(latest)) if latest else None
+                )
+            )
             stopped = done < total and callbacks.should_stop()
             if save or stopped:
                 logged = losses.flush(step)  # the loss points do not depend on where a run was cut
@@ -479,8 +556,16 @@ class CompiledExecutor:
         return state, _concat_metrics(chunks, batched), train_seconds, stopped, done
 
 
-def compiled_train(agent: Any, env: VecJaxEnv, n_env_steps: int, *, seeds: list[int] | None = None,
-                   callbacks: Any = (), start: LoopState | None = None, **options: Any) -> RunResult:
+def compiled_train(
+    agent: Any,
+    env: VecJaxEnv,
+    n_env_steps: int,
+    *,
+    seeds: list[int] | None = None,
+    callbacks: Any = (),
+    start: LoopState | None = None,
+    **options: Any,
+) -> RunResult:
     """Trains ``agent`` in a JAX environment as one compiled program and sets the agent to the final
     state (for a single seed): ``CompiledExecutor().run`` then ``kitae.loops.state.apply_loop_state``.
 

@@ -54,7 +54,8 @@ def evaluate_host(agent: Any, spec: EnvSpec, episodes: int, seed: int = 0) -> np
                 actions = act(params, act_key, observations)
                 if isinstance(actions, dict):  # PettingZoo: the team's reward; all agents end together
                     observations, rewards, terminations, truncations, _ = env.step(
-                        {name: np.asarray(a) for name, a in actions.items()})
+                        {name: np.asarray(a) for name, a in actions.items()}
+                    )
                     rewards = np.sum(list(rewards.values()), axis=0)
                     terminations = np.any(list(terminations.values()), axis=0)
                     truncations = np.any(list(truncations.values()), axis=0)

@@ -39,8 +39,16 @@ class Executor(Protocol):
 
     name: str
 
-    def run(self, agent: Any, env: Any, n_env_steps: int, *, start: LoopState | None = None,
-            seeds: list[int] | None = None, callbacks: Any = ()) -> RunResult:
+    def run(
+        self,
+        agent: Any,
+        env: Any,
+        n_env_steps: int,
+        *,
+        start: LoopState | None = None,
+        seeds: list[int] | None = None,
+        callbacks: Any = (),
+    ) -> RunResult:
         """Trains until ``n_env_steps`` in all (whole iterations), from ``start`` (default: the
         agent's own state); see ``HostExecutor.run`` and ``CompiledExecutor.run``."""
         ...

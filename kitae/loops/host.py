@@ -95,10 +95,7 @@ def episode_statistics(infos: dict) -> list[tuple[int, float, int]]:
     if "episode" not in infos:
         return []
     mask = infos.get("_episode", np.ones(len(infos["episode"]["r"]), dtype=bool))
-    return [
-        (int(i), float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i]))
-        for i in np.flatnonzero(mask)
-    ]
+    return [(int(i), float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i])) for i in np.flatnonzero(mask)]
 
 
 def process_termination(
@@ -142,7 +139,7 @@ def process_termination(
             ended = np.flatnonzero(infos["_final_obs"])
             real_next = _with_final_observations(next_observations, [finals[i] for i in ended], ended)
     if writer is not None:
-        for _, episodic_return, length in (episode_statistics(infos) if episodes is None else episodes):
+        for _, episodic_return, length in episode_statistics(infos) if episodes is None else episodes:
             writer.add_scalar("charts/episodic_return", episodic_return, global_step)
             writer.add_scalar("charts/episodic_length", length, global_step)
     return real_next
@@ -204,8 +201,13 @@ class _Episodes:
             if not team:
                 return None
             n = len(team)
-            return Episodes(np.full(n, step), np.array([r for _, r, _ in team]), np.array([le for _, _, le in team]),
-                            np.ones(n, np.int64), {a: np.asarray(per_agent[a]) for a in self.agents})
+            return Episodes(
+                np.full(n, step),
+                np.array([r for _, r, _ in team]),
+                np.array([le for _, _, le in team]),
+                np.ones(n, np.int64),
+                {a: np.asarray(per_agent[a]) for a in self.agents},
+            )
         ended = np.logical_or(terminations, truncations)
         self.returns, self.lengths, returns, lengths = track_episodes(
             np, self.returns, self.lengths, np.asarray(rewards, np.float64), ended
@@ -213,8 +215,9 @@ class _Episodes:
         if not ended.any():
             return None
         rows = np.flatnonzero(ended)
-        return Episodes(np.full(len(rows), step), returns[rows], lengths[rows].astype(np.float64),
-                        np.ones(len(rows), np.int64))
+        return Episodes(
+            np.full(len(rows), step), returns[rows], lengths[rows].astype(np.float64), np.ones(len(rows), np.int64)
+        )
 
 
 def _fields(rewards: Any, terminations: Any, truncations: Any, parallel: bool) -> dict[str, Any]:
@@ -225,8 +228,11 @@ def _fields(rewards: Any, terminations: Any, truncations: Any, parallel: bool) -
             "done": {a: np.asarray(v, bool) for a, v in terminations.items()},
             "truncated": {a: np.asarray(v, bool) for a, v in truncations.items()},
         }
-    return {"reward": np.asarray(rewards, np.float32), "done": np.asarray(terminations, bool),
-            "truncated": np.asarray(truncations, bool)}
+    return {
+        "reward": np.asarray(rewards, np.float32),
+        "done": np.asarray(terminations, bool),
+        "truncated": np.asarray(truncations, bool),
+    }
 
 
 class HostExecutor:
@@ -234,8 +240,17 @@ class HostExecutor:
 
     name = "host"
 
-    def run(self, agent: Any, env: EnvLike, n_env_steps: int, *, start: LoopState | None = None,
-            seeds: list[int] | None = None, callbacks: Any = (), use_cache: bool = True) -> RunResult:
+    def run(
+        self,
+        agent: Any,
+        env: EnvLike,
+        n_env_steps: int,
+        *,
+        start: LoopState | None = None,
+        seeds: list[int] | None = None,
+        callbacks: Any = (),
+        use_cache: bool = True,
+    ) -> RunResult:
         """Trains ``agent`` in ``env`` until ``n_env_steps`` environment steps in all.
 
         Important: ``env.close()`` is called at the end.
@@ -271,8 +286,16 @@ class HostExecutor:
         finally:
             env.close()
 
-    def _run(self, agent: Any, env: Any, n_env_steps: int, start: LoopState | None, seed: int,
-             callbacks: Callback, use_cache: bool) -> RunResult:
+    def _run(
+        self,
+        agent: Any,
+        env: Any,
+        n_env_steps: int,
+        start: LoopState | None,
+        seed: int,
+        callbacks: Callback,
+        use_cache: bool,
+    ) -> RunResult:
         parallel = _check_layout(agent, env)
         if use_cache:
             use_compilation_cache()
@@ -301,8 +324,9 @@ class HostExecutor:
             logged = losses.flush(step)  # the loss points do not depend on where a run was cut
             if logged is not None:
                 callbacks.on_losses(*logged, None)
-            loop_state = LoopState(agent_state, key, buffer.state, np.asarray(step, np.int32),
-                                   np.asarray(n_updates, np.int32))
+            loop_state = LoopState(
+                agent_state, key, buffer.state, np.asarray(step, np.int32), np.asarray(n_updates, np.int32)
+            )
             return Payload(loop_state, {"executor": self.name, "seeds": None, "env_saved": False})
 
         callbacks.on_start(RunInfo(self.name, [seed], first, end, agent))
@@ -328,10 +352,16 @@ class HostExecutor:
                 found.append(ended)
                 latest_return = float(np.mean(ended.return_))
                 callbacks.on_episodes(ended)
-            buffer.add(make_experience(
-                experience_type, observation=observations, action=actions, next_observation=real_next,
-                log_prob=log_probs, **_fields(rewards, terminations, truncations, parallel),
-            ))
+            buffer.add(
+                make_experience(
+                    experience_type,
+                    observation=observations,
+                    action=actions,
+                    next_observation=real_next,
+                    log_prob=log_probs,
+                    **_fields(rewards, terminations, truncations, parallel),
+                )
+            )
             observations = next_observations
 
             if schedule.update_due(env_step, buffer.size):
@@ -366,9 +396,16 @@ class HostExecutor:
         final = payload(env_step)
         callbacks.on_checkpoint(final)
         result = RunResult(
-            executor=self.name, seeds=[seed], state=final.state, episodes=[concat_episodes(found)],
-            update_steps=[np.asarray(update_steps, np.int64)], start_step=first, env_steps=env_step,
-            compile_seconds=compile_seconds, train_seconds=train_seconds, stopped=stopped,
+            executor=self.name,
+            seeds=[seed],
+            state=final.state,
+            episodes=[concat_episodes(found)],
+            update_steps=[np.asarray(update_steps, np.int64)],
+            start_step=first,
+            env_steps=env_step,
+            compile_seconds=compile_seconds,
+            train_seconds=train_seconds,
+            stopped=stopped,
         )
         callbacks.on_end(result)
         return result

@@ -1,13 +1,11 @@
-"""Multi-agent bookkeeping for both loops: episode statistics per agent and for the team, the
-conversion of one host-loop step of dicts keyed by agent into the arrays the buffer stores, and
+"""Multi-agent bookkeeping for both loops: episode statistics per agent and for the team, and
 evaluation of team returns in JAX environments.
 
 An episode's TEAM return is the SUM over agents of their returns in the episode (the usual team
 score of cooperative environments); every agent's own return is kept and logged too.
 
-* Host loop (``kitae.loops.train.vectorized_train``, ``env_cfg.n_agents > 1`` with a
-  ``kitae.envs.parallel.VecParallelEnv``, PettingZoo's Parallel API): ``AgentEpisodes``,
-  ``log_agent_episodes``, ``step_fields``.
+* Host loop (``kitae.loops.host``, ``env_cfg.n_agents > 1`` with a
+  ``kitae.envs.parallel.VecParallelEnv``, PettingZoo's Parallel API): ``AgentEpisodes``.
 * Compiled loop (``kitae.loops.compiled``, ``kitae.envs.jaxmarl_env.VecJaxMARLEnv``):
   ``env_agents`` tells a multi-agent environment from a single-agent one;
   ``track_team_episodes`` counts episodes (the team's ends when every agent's does);
@@ -17,16 +15,14 @@ score of cooperative environments); every agent's own return is kept and logged 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from kitae.loops.episodes import track_episodes
-
-if TYPE_CHECKING:  # pragma: no cover
-    from tensorboardX import SummaryWriter
 
 
 class AgentEpisodes:
@@ -43,8 +39,9 @@ class AgentEpisodes:
         self.lengths = np.zeros(n_envs, dtype=np.int64)
         self.agent_returns = {agent: np.zeros(n_envs, dtype=np.float64) for agent in self.agents}
 
-    def step(self, rewards: dict[str, Any], terminations: dict[str, Any], truncations: dict[str, Any]
-             ) -> tuple[np.ndarray, list[tuple[int, float, int]], dict[str, list[float]]]:
+    def step(
+        self, rewards: dict[str, Any], terminations: dict[str, Any], truncations: dict[str, Any]
+    ) -> tuple[np.ndarray, list[tuple[int, float, int]], dict[str, list[float]]]:
         """Adds one vector step.
 
         Args:
@@ -72,30 +69,6 @@ class AgentEpisodes:
             per_agent[agent] = [float(finished[i]) for i in indices]
         team = [(int(i), float(team_returns[i]), int(lengths[i])) for i in indices]
         return ended, team, per_agent
-
-
-def log_agent_episodes(writer: "SummaryWriter | None", per_agent: dict[str, list[float]], global_step: int,
-                       returns: dict[str, list[float]]) -> None:
-    """Appends each agent's finished returns to ``returns`` and writes them to
-    ``charts/<agent>/episodic_return`` (the team's go to ``charts/episodic_return``)."""
-    for agent, values in per_agent.items():
-        if not values:
-            continue
-        returns.setdefault(agent, []).extend(values)
-        if writer is not None:
-            for value in values:
-                writer.add_scalar(f"charts/{agent}/episodic_return", value, global_step)
-
-
-def step_fields(rewards: dict, terminations: dict, truncations: dict, log_probs: dict) -> dict[str, dict]:
-    """The buffer's ``reward`` (float32), ``done`` and ``truncated`` (bool) and ``log_prob``
-    (float32) fields of one step, dicts keyed by agent of ``(N,)`` arrays."""
-    return {
-        "reward": {agent: np.asarray(value, dtype=np.float32) for agent, value in rewards.items()},
-        "done": {agent: np.asarray(value, dtype=bool) for agent, value in terminations.items()},
-        "truncated": {agent: np.asarray(value, dtype=bool) for agent, value in truncations.items()},
-        "log_prob": {agent: np.asarray(value, dtype=np.float32) for agent, value in log_probs.items()},
-    }
 
 
 def env_agents(env: Any) -> tuple[str, ...] | None:
@@ -135,8 +108,9 @@ def track_team_episodes(returns: dict[str, jax.Array], lengths: jax.Array, ts: A
     return running, running_length, team_returns, episode_length, ended, agent_returns
 
 
-def evaluate_team_returns(env: Any, act: Callable[[jax.Array, dict], dict], key: jax.Array,
-                          episodes: int = 1, max_steps: int = 100_000) -> np.ndarray:
+def evaluate_team_returns(
+    env: Any, act: Callable[[jax.Array, dict], dict], key: jax.Array, episodes: int = 1, max_steps: int = 100_000
+) -> np.ndarray:
     """Team returns of the first ``episodes`` episodes of each of ``env.num_envs`` environments.
 
     Runs in one compiled ``jax.lax.while_loop`` until every environment has finished
@@ -169,9 +143,14 @@ def evaluate_team_returns(env: Any, act: Callable[[jax.Array, dict], dict], key:
         key, reset_key = jax.random.split(key)
         observation, env_state = env.reset(reset_key)
         carry = (
-            jnp.zeros((), jnp.int32), key, observation, env_state,
-            {a: jnp.zeros((n_envs,), jnp.float32) for a in agents}, jnp.zeros((n_envs,), jnp.int32),
-            jnp.full((n_envs, episodes), jnp.nan, jnp.float32), jnp.zeros((n_envs,), jnp.int32),
+            jnp.zeros((), jnp.int32),
+            key,
+            observation,
+            env_state,
+            {a: jnp.zeros((n_envs,), jnp.float32) for a in agents},
+            jnp.zeros((n_envs,), jnp.int32),
+            jnp.full((n_envs, episodes), jnp.nan, jnp.float32),
+            jnp.zeros((n_envs,), jnp.int32),
         )
 
         def cond(carry: tuple) -> jax.Array:

@@ -34,10 +34,16 @@ class Episodes(NamedTuple):
     seed_index: int = 0
 
     @classmethod
-    def empty(cls, seed_index: int = 0, agents: tuple[str, ...] | None = None) -> "Episodes":
+    def empty(cls, seed_index: int = 0, agents: tuple[str, ...] | None = None) -> Episodes:
         zeros = np.zeros(0)
-        return cls(zeros.astype(np.int64), zeros, zeros, zeros.astype(np.int64),
-                   None if agents is None else {a: zeros for a in agents}, seed_index)
+        return cls(
+            zeros.astype(np.int64),
+            zeros,
+            zeros,
+            zeros.astype(np.int64),
+            None if agents is None else dict.fromkeys(agents, zeros),
+            seed_index,
+        )
 
     def __len__(self) -> int:
         return len(self.step)
@@ -50,8 +56,10 @@ def concat_episodes(parts: list[Episodes], seed_index: int = 0) -> Episodes:
         return Episodes.empty(seed_index)
     agents = parts[0].agent_returns
     return Episodes(
-        np.concatenate([p.step for p in parts]), np.concatenate([p.return_ for p in parts]),
-        np.concatenate([p.length for p in parts]), np.concatenate([p.count for p in parts]),
+        np.concatenate([p.step for p in parts]),
+        np.concatenate([p.return_ for p in parts]),
+        np.concatenate([p.length for p in parts]),
+        np.concatenate([p.count for p in parts]),
         None if agents is None else {a: np.concatenate([p.agent_returns[a] for p in parts]) for a in agents},
         seed_index,
     )
@@ -144,7 +152,7 @@ class RunResult:
         e = self.episodes[seed_index]
         if e.agent_returns is None:
             raise ValueError("final_agent_returns is for multi-agent runs; this run has a single agent")
-        totals, count = {agent: 0.0 for agent in e.agent_returns}, 0
+        totals, count = dict.fromkeys(e.agent_returns, 0.0), 0
         for i in range(len(e) - 1, -1, -1):
             count += int(e.count[i])
             for agent in totals:

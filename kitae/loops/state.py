@@ -23,8 +23,17 @@ import numpy as np
 
 from kitae.buffer import BufferState
 
-__all__ = ["EnvCarry", "LoopState", "Payload", "payload_from_agent", "apply_loop_state", "mark_episodes_cut",
-           "pick_seed", "reset_seed", "strongly_typed"]
+__all__ = [
+    "EnvCarry",
+    "LoopState",
+    "Payload",
+    "payload_from_agent",
+    "apply_loop_state",
+    "mark_episodes_cut",
+    "pick_seed",
+    "reset_seed",
+    "strongly_typed",
+]
 
 
 class EnvCarry(NamedTuple):

@@ -22,8 +22,14 @@ from kitae.loops.result import RunResult
 from kitae.loops.state import Payload, apply_loop_state, payload_from_agent
 from kitae.types import AlgoType
 
-__all__ = ["check_env", "process_termination", "episode_statistics", "vectorized_train", "SubProcVecParallelEnv",
-           "CheckpointerCallback"]
+__all__ = [
+    "check_env",
+    "process_termination",
+    "episode_statistics",
+    "vectorized_train",
+    "SubProcVecParallelEnv",
+    "CheckpointerCallback",
+]
 
 
 class CheckpointerCallback(Callback):
@@ -32,7 +38,9 @@ class CheckpointerCallback(Callback):
 
     def __init__(self, checkpointer: Any) -> None:
         if not callable(getattr(checkpointer, "save", None)):
-            raise TypeError(f"checkpointer={checkpointer!r} is not allowed; allowed: an object with save(step, payload)")
+            raise TypeError(
+                f"checkpointer={checkpointer!r} is not allowed; allowed: an object with save(step, payload)"
+            )
         self.checkpointer = checkpointer
 
     def on_checkpoint(self, payload: Payload) -> None:
@@ -88,7 +96,13 @@ def vectorized_train(
         extra.append(CheckpointerCallback(checkpointer))
     start = payload_from_agent(agent).state
     start = start._replace(env_step=start.env_step * 0 + (start_step - 1))
-    result = HostExecutor().run(agent, env, start_step - 1 + n_env_steps, start=start, seeds=[seed],
-                                callbacks=[*extra, *(callbacks if not isinstance(callbacks, Callback) else [callbacks])])
+    result = HostExecutor().run(
+        agent,
+        env,
+        start_step - 1 + n_env_steps,
+        start=start,
+        seeds=[seed],
+        callbacks=[*extra, *(callbacks if not isinstance(callbacks, Callback) else [callbacks])],
+    )
     apply_loop_state(agent, result.state)
     return result

@@ -16,7 +16,7 @@ a ``Dict`` observation is never encoded (see ``kitae.action_masks``).
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import flax.linen as nn
 import gymnasium as gym
@@ -149,8 +149,9 @@ def _conv_torso(x: jax.Array, convs: tuple[tuple[int, int, int], ...], features:
     batch = x.shape[:-3]
     x = x.reshape((-1,) + x.shape[-3:])
     for n_filters, kernel, stride in convs:
-        x = nn.relu(nn.Conv(n_filters, (kernel, kernel), strides=(stride, stride), padding="VALID",
-                            kernel_init=kinit)(x))
+        x = nn.relu(
+            nn.Conv(n_filters, (kernel, kernel), strides=(stride, stride), padding="VALID", kernel_init=kinit)(x)
+        )
     x = x.reshape(batch + (-1,))
     return nn.relu(nn.Dense(features, kernel_init=kinit)(x))
 
@@ -282,14 +283,17 @@ def encoder_factory(
                     raise ValueError(
                         f"Unsupported observation space {observation_space}: it looks channels-first "
                         f"(C, H, W) (a small height or width, {shape[2]} channels); kitae's CNNs read "
-                        f"(H, W, C): transpose the observations to {(shape[1], shape[2], shape[0])} (np.moveaxis(obs, 0, -1); "
+                        f"(H, W, C): transpose the observations to {(shape[1], shape[2], shape[0])} "
+                        "(np.moveaxis(obs, 0, -1); "
                         f"kitae.envs.envpool_env.EnvPoolVectorEnv does with channels_last=True); {_accepted()}."
                     )
                 return MinAtarCNN()
             return NatureCNN()
     elif isinstance(observation_space, gym.spaces.Discrete):
         return DiscreteEncoder(
-            n=int(observation_space.n), start=int(observation_space.start), hidden=hidden,
+            n=int(observation_space.n),
+            start=int(observation_space.start),
+            hidden=hidden,
             activation=activation,
         )
     elif isinstance(observation_space, gym.spaces.Dict):

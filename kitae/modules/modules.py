@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from kitae.modules.encoders import (  # noqa: F401  (re-exports)
+from kitae.modules.encoders import (
     MLP,
     DictEncoder,
     DiscreteEncoder,
@@ -17,7 +18,7 @@ from kitae.modules.encoders import (  # noqa: F401  (re-exports)
     encoder_factory,
     space_input_shape,
 )
-from kitae.modules.policy import (  # noqa: F401
+from kitae.modules.policy import (
     CategoricalHead,
     DeterministicHead,
     NormalHead,
@@ -27,8 +28,8 @@ from kitae.modules.policy import (  # noqa: F401
     scale_action,
     unscale_action,
 )
-from kitae.modules.qvalue import ContinuousQValue, DiscreteQValue, qvalue_factory  # noqa: F401
-from kitae.modules.value import Value, ValueHead, value_factory  # noqa: F401
+from kitae.modules.qvalue import ContinuousQValue, DiscreteQValue, qvalue_factory
+from kitae.modules.value import Value, ValueHead, value_factory
 from kitae.types import Params
 
 InputShape = tuple[int, ...] | dict[str, Any]

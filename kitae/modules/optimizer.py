@@ -46,8 +46,9 @@ def optimizer_factory(
     return optax.chain(optax.clip_by_global_norm(max_grad_norm), adam) if max_grad_norm else adam
 
 
-def optimizer_from_config(config: AlgoConfig, algo_type: AlgoType,
-                          learning_rate: float | None = None) -> optax.GradientTransformation:
+def optimizer_from_config(
+    config: AlgoConfig, algo_type: AlgoType, learning_rate: float | None = None
+) -> optax.GradientTransformation:
     """``optimizer_factory`` with the ``UpdateConfig``'s learning rate, clipping and annealing.
 
     ``learning_rate`` overrides the config's (for algorithms with one rate per network).
@@ -67,6 +68,7 @@ def learning_rate(opt_state: Any) -> jax.Array:
     Raises:
         ValueError: for an optimizer state without an injected learning rate.
     """
+
     def injected(x: Any) -> bool:
         return isinstance(x, tuple) and hasattr(x, "hyperparams") and "learning_rate" in x.hyperparams
 

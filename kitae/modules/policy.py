@@ -9,7 +9,8 @@ bounds with ``scale_action`` (and back with ``unscale_action``).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import flax.linen as nn
 import gymnasium as gym
@@ -132,7 +133,9 @@ class Policy(nn.Module):
         if mask is None:
             return self.head(features)
         if not isinstance(self.head, CategoricalHead):
-            raise ValueError(f"An action mask is only supported by categorical policies, not {type(self.head).__name__}.")
+            raise ValueError(
+                f"An action mask is only supported by categorical policies, not {type(self.head).__name__}."
+            )
         return self.head(features, mask)
 
 

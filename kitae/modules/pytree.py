@@ -10,7 +10,7 @@ fields can be reassigned inside a jitted function (``state.qvalue = state.qvalue
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Self, dataclass_transform
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +20,7 @@ from flax.training import train_state as flax_train_state
 from kitae.types import Params
 
 
+@dataclass_transform(eq_default=False)
 class AgentPyTree:
     """Base class of agent states: a mutable dataclass that is also a JAX pytree.
 
@@ -40,7 +41,7 @@ class AgentPyTree:
         dataclasses.dataclass(cls, eq=False)
         jax.tree_util.register_dataclass(cls)
 
-    def replace(self, **changes: Any) -> "AgentPyTree":
+    def replace(self, **changes: Any) -> Self:
         """Returns a copy of the state with the given fields replaced."""
         return dataclasses.replace(self, **changes)
 
@@ -55,17 +56,17 @@ class TrainState(flax_train_state.TrainState):
     target_params: Params = None
 
     @classmethod
-    def create(cls, *, apply_fn: Any, params: Params, tx: optax.GradientTransformation, **kwargs: Any) -> "TrainState":
+    def create(cls, *, apply_fn: Any, params: Params, tx: optax.GradientTransformation, **kwargs: Any) -> TrainState:
         """flax's ``create``, with ``step`` an int32 array from the start (flax starts it as the
         Python int 0, which becomes an array after the first update and makes every jitted
         function that takes the state compile twice)."""
         state = super().create(apply_fn=apply_fn, params=params, tx=tx, **kwargs)
         return state.replace(step=jnp.zeros((), jnp.int32))
 
-    def soft_update_target(self, tau: float | jax.Array) -> "TrainState":
+    def soft_update_target(self, tau: float | jax.Array) -> TrainState:
         """Polyak averaging: ``target <- tau * params + (1 - tau) * target``."""
         return self.replace(target_params=optax.incremental_update(self.params, self.target_params, tau))
 
-    def hard_update_target(self) -> "TrainState":
+    def hard_update_target(self) -> TrainState:
         """Copies ``params`` into ``target_params``."""
         return self.replace(target_params=self.params)

@@ -11,7 +11,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import flax.linen as nn
 import gymnasium as gym
@@ -78,8 +79,7 @@ def _ensemble(module_cls: type[nn.Module], n_critics: int) -> type[nn.Module]:
 
 def _accepted() -> str:
     return (
-        "accepted action spaces: Discrete -> obs -> Q (..., n_actions); Box with shape (D,) -> "
-        "(obs, action) -> Q (...)"
+        "accepted action spaces: Discrete -> obs -> Q (..., n_actions); Box with shape (D,) -> (obs, action) -> Q (...)"
     )
 
 

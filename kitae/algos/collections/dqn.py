@@ -1,5 +1,10 @@
 """Deep Q-Network (DQN): epsilon-greedy Q-learning from a replay buffer with a target network.
 
+Why this module is long: one algorithm is one module, on the template every algorithm of the
+collection follows (params with documented defaults, state, networks, the four factories, the losses
+split into ``compute_gradients`` / ``apply_gradients``, the agent class), so that a reader finds the
+whole algorithm in one place; its parts are small functions, each tested on its own.
+
 Mnih et al. (2015), "Human-level control through deep reinforcement learning", with the usual
 options: Double DQN (van Hasselt et al., 2016), a Huber or squared TD loss, and a target network
 updated by hard copies every ``target_update_interval`` gradient steps or by Polyak averaging.
@@ -57,8 +62,9 @@ transitions summed over all environments; ``target_update_interval`` counts grad
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import gymnasium as gym
 import jax
@@ -100,7 +106,6 @@ __all__ = [
 
 LOSSES = ("huber", "l2")
 """The TD losses ``DQNParams.loss`` accepts."""
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -601,9 +606,7 @@ class DQN(OffPolicyAgent):
     ) -> None:
         if isinstance(config, cfg.AlgoConfig):
             if not isinstance(config.algo_params, DQNParams):
-                raise TypeError(
-                    f"algo_params={type(config.algo_params).__name__} is not allowed; allowed: a DQNParams"
-                )
+                raise TypeError(f"algo_params={type(config.algo_params).__name__} is not allowed; allowed: a DQNParams")
             _check_action_space(config.env_cfg.action_space)
         super().__init__(
             run_name,
@@ -627,8 +630,9 @@ class DQN(OffPolicyAgent):
         """The online Q-network without its optimizer state and target parameters (what acting reads)."""
         return DQNState(qvalue=state.qvalue.replace(opt_state=None, target_params=None))
 
-    def act(self, acting_params: DQNState, key: jax.Array, observation: Any, env_step: Any,
-            deterministic: bool = False) -> tuple[jax.Array, jax.Array]:
+    def act(
+        self, acting_params: DQNState, key: jax.Array, observation: Any, env_step: Any, deterministic: bool = False
+    ) -> tuple[jax.Array, jax.Array]:
         """Epsilon-greedy actions with epsilon from the schedule at ``env_step`` (pure; see
         ``BaseAgent.act``); ``deterministic``: greedy actions ``argmax_a Q(s, a)``.
 

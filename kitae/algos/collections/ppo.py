@@ -1,5 +1,10 @@
 """Proximal Policy Optimization (PPO), Schulman et al. 2017, https://arxiv.org/abs/1707.06347.
 
+Why this module is long: one algorithm is one module, on the template every algorithm of the
+collection follows (params with documented defaults, state, networks, the four factories, the losses
+split into ``compute_gradients`` / ``apply_gradients``, the agent class), so that a reader finds the
+whole algorithm in one place; its parts are small functions, each tested on its own.
+
 An on-policy actor-critic with a clipped surrogate objective, written from kitae's four pure
 factories (see the custom-agent guide) on ``kitae.base.OnPolicyAgent``:
 
@@ -90,8 +95,9 @@ Example::
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import gymnasium as gym
@@ -196,7 +202,7 @@ class PPOParams(AlgoParams):
     gae_lambda: float = 0.95
     clip_coef: float = 0.2
     clip_value_loss: bool = True
-    value_clip_coef: Optional[float] = None
+    value_clip_coef: float | None = None
     entropy_coef: float = 0.01
     value_coef: float = 0.5
     normalize_advantages: bool = True
@@ -215,21 +221,29 @@ class PPOParams(AlgoParams):
         _require(0.0 < self.clip_coef < math.inf, "clip_coef", self.clip_coef, "a finite float > 0")
         _require(
             self.value_clip_coef is None or 0.0 < self.value_clip_coef < math.inf,
-            "value_clip_coef", self.value_clip_coef, "a finite float > 0, or None to use clip_coef",
+            "value_clip_coef",
+            self.value_clip_coef,
+            "a finite float > 0, or None to use clip_coef",
         )
         _require(0.0 <= self.entropy_coef < math.inf, "entropy_coef", self.entropy_coef, "a finite float >= 0")
         _require(0.0 <= self.value_coef < math.inf, "value_coef", self.value_coef, "a finite float >= 0")
-        _require(0.0 < self.observation_clip, "observation_clip", self.observation_clip, "a float > 0")
-        _require(0.0 < self.reward_clip, "reward_clip", self.reward_clip, "a float > 0")
+        _require(self.observation_clip > 0.0, "observation_clip", self.observation_clip, "a float > 0")
+        _require(self.reward_clip > 0.0, "reward_clip", self.reward_clip, "a float > 0")
         _require(
             all(isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in self.hidden_sizes),
-            "hidden_sizes", self.hidden_sizes, "a tuple of ints >= 1 (possibly empty)",
+            "hidden_sizes",
+            self.hidden_sizes,
+            "a tuple of ints >= 1 (possibly empty)",
         )
         try:
             get_activation(self.activation)
         except ValueError:
-            _require(False, "activation", self.activation,
-                     "one of 'tanh', 'relu', 'gelu', 'elu', 'silu', 'swish', 'leaky_relu', 'sigmoid', 'identity'")
+            _require(
+                False,
+                "activation",
+                self.activation,
+                "one of 'tanh', 'relu', 'gelu', 'elu', 'silu', 'swish', 'leaky_relu', 'sigmoid', 'identity'",
+            )
         _require(-20.0 <= self.log_std_init <= 2.0, "log_std_init", self.log_std_init, "a float in [-20, 2]")
 
 
@@ -318,9 +332,7 @@ class RunningStatistics(NamedTuple):
 
 def init_running_statistics(shape: tuple[int, ...] = ()) -> RunningStatistics:
     """``count = 0, mean = 0, var = 1``: normalising with them is (almost) the identity."""
-    return RunningStatistics(
-        jnp.zeros(shape, jnp.float32), jnp.ones(shape, jnp.float32), jnp.zeros((), jnp.float32)
-    )
+    return RunningStatistics(jnp.zeros(shape, jnp.float32), jnp.ones(shape, jnp.float32), jnp.zeros((), jnp.float32))
 
 
 def update_running_statistics(stats: RunningStatistics, batch: jax.Array) -> RunningStatistics:
@@ -390,7 +402,7 @@ class SharedActorCritic(nn.Module):
     encoder: nn.Module
     policy_head: nn.Module
     value_head: nn.Module
-    preprocess_fn: Optional[Callable] = None
+    preprocess_fn: Callable | None = None
 
     def _features(self, observations: Any) -> jax.Array:
         if self.preprocess_fn is not None:
@@ -426,7 +438,7 @@ class SeparateActorCritic(nn.Module):
     value_encoder: nn.Module
     policy_head: nn.Module
     value_head: nn.Module
-    preprocess_fn: Optional[Callable] = None
+    preprocess_fn: Callable | None = None
 
     def _preprocess(self, observations: Any) -> Any:
         return observations if self.preprocess_fn is None else self.preprocess_fn(observations)
@@ -542,8 +554,9 @@ def explore_factory(config: cfg.AlgoConfig) -> Callable:
     action_map = _action_map(config.env_cfg.action_space)
     normalize = _observation_normalizer(config)
 
-    def explore_fn(state: PPOState, key: jax.Array, observations: Any,
-                   deterministic: bool = False) -> tuple[jax.Array, jax.Array]:
+    def explore_fn(
+        state: PPOState, key: jax.Array, observations: Any, deterministic: bool = False
+    ) -> tuple[jax.Array, jax.Array]:
         ac = state.actor_critic
         dist = ac.apply_fn(ac.params, normalize(state, observations), method="policy")
         dist = apply_action_mask(dist, observations)
@@ -626,8 +639,9 @@ def process_experience_factory(config: cfg.AlgoConfig) -> Callable:
 # ---------------------------------------------------------------------------------------------
 
 
-def ppo_policy_loss(log_probs: jax.Array, old_log_probs: jax.Array, advantages: jax.Array,
-                    clip_coef: float | jax.Array) -> jax.Array:
+def ppo_policy_loss(
+    log_probs: jax.Array, old_log_probs: jax.Array, advantages: jax.Array, clip_coef: float | jax.Array
+) -> jax.Array:
     """Clipped surrogate loss (to minimise), a scalar.
 
     With ``ratio = exp(log_probs - old_log_probs)``:
@@ -645,8 +659,9 @@ def ppo_policy_loss(log_probs: jax.Array, old_log_probs: jax.Array, advantages: 
     return jnp.mean(jnp.maximum(unclipped, clipped))
 
 
-def ppo_value_loss(values: jax.Array, old_values: jax.Array, returns: jax.Array,
-                   clip_coef: float | jax.Array | None) -> jax.Array:
+def ppo_value_loss(
+    values: jax.Array, old_values: jax.Array, returns: jax.Array, clip_coef: float | jax.Array | None
+) -> jax.Array:
     """Value loss (to minimise), a scalar, with the 1/2 factor of CleanRL.
 
     * ``clip_coef=None``: ``0.5 * mean((values - returns)^2)``.
@@ -671,8 +686,9 @@ def normalize_advantages(advantages: jax.Array) -> jax.Array:
     return (advantages - jnp.mean(advantages)) / (jnp.std(advantages) + ADVANTAGE_EPSILON)
 
 
-def approx_kl_and_clip_fraction(log_probs: jax.Array, old_log_probs: jax.Array,
-                                clip_coef: float | jax.Array) -> tuple[jax.Array, jax.Array]:
+def approx_kl_and_clip_fraction(
+    log_probs: jax.Array, old_log_probs: jax.Array, clip_coef: float | jax.Array
+) -> tuple[jax.Array, jax.Array]:
     """Diagnostics: ``mean((ratio - 1) - log ratio)`` (the k3 KL estimator) and the fraction of
     ratios outside ``[1 - clip_coef, 1 + clip_coef]``."""
     log_ratio = log_probs - old_log_probs
@@ -710,8 +726,12 @@ def compute_gradients_factory(config: cfg.AlgoConfig) -> Callable:
                 jax.lax.stop_gradient(log_probs), batch.log_prob, p.clip_coef
             )
             return loss, {
-                "loss_policy": policy_loss, "loss_value": value_loss, "entropy": entropy,
-                "loss_total": loss, "approx_kl": approx_kl, "clip_fraction": clip_fraction,
+                "loss_policy": policy_loss,
+                "loss_value": value_loss,
+                "entropy": entropy,
+                "loss_total": loss,
+                "approx_kl": approx_kl,
+                "clip_fraction": clip_fraction,
             }
 
         (_, info), grads = jax.value_and_grad(loss_fn, has_aux=True)(ac.params)
@@ -775,9 +795,7 @@ def update_observation_statistics(state: PPOState, observations: Any) -> PPOStat
     shape = state.observation_statistics.mean.shape
     leaves = jax.tree_util.tree_leaves(observations)
     batch = jnp.concatenate([jnp.reshape(x, (-1, *shape)) for x in leaves], axis=0)
-    return state.replace(
-        observation_statistics=update_running_statistics(state.observation_statistics, batch)
-    )
+    return state.replace(observation_statistics=update_running_statistics(state.observation_statistics, batch))
 
 
 def ppo_rollout_update_factory(config: cfg.AlgoConfig, update_fn: Callable) -> Callable:
@@ -798,8 +816,11 @@ def ppo_rollout_update_factory(config: cfg.AlgoConfig, update_fn: Callable) -> C
 
     def rollout_update_fn(state: PPOState, key: jax.Array, rollout: Experience) -> tuple[PPOState, dict]:
         if p.normalize_rewards:
-            ends = rollout.done if rollout.truncated is None else jax.tree_util.tree_map(
-                jnp.logical_or, rollout.done, rollout.truncated)
+            ends = (
+                rollout.done
+                if rollout.truncated is None
+                else jax.tree_util.tree_map(jnp.logical_or, rollout.done, rollout.truncated)
+            )
             state = update_return_statistics(state, rollout.reward, ends, p.gamma)
         state, info = update_fn(state, key, rollout)
         if p.normalize_observations:
@@ -880,11 +901,13 @@ class PPO(OnPolicyAgent):
         statistics)."""
         return state.replace(actor_critic=state.actor_critic.replace(opt_state=None))
 
-    def act(self, acting_params: PPOState, key: jax.Array, observation: Any, env_step: Any,
-            deterministic: bool = False) -> tuple[jax.Array, jax.Array]:
+    def act(
+        self, acting_params: PPOState, key: jax.Array, observation: Any, env_step: Any, deterministic: bool = False
+    ) -> tuple[jax.Array, jax.Array]:
         """Samples actions from the policy (pure; see ``BaseAgent.act``): observations
         ``(E, *obs_shape)`` -> ``(actions (E, ...), log_probs (E,))``, actions in the environment's
         units; ``deterministic``: the mode (greedy class / Gaussian mean). ``env_step`` is not used."""
         del env_step
-        return self.explore_fn(acting_params, agent_keys(key, observation, self.parallel), observation,
-                               deterministic=deterministic)
+        return self.explore_fn(
+            acting_params, agent_keys(key, observation, self.parallel), observation, deterministic=deterministic
+        )

@@ -1,5 +1,10 @@
 """Soft Actor-Critic (SAC) for continuous (``Box``) action spaces.
 
+Why this module is long: one algorithm is one module, on the template every algorithm of the
+collection follows (params with documented defaults, state, networks, the four factories, the losses
+split into ``compute_gradients`` / ``apply_gradients``, the agent class), so that a reader finds the
+whole algorithm in one place; its parts are small functions, each tested on its own.
+
 SAC (Haarnoja et al., 2018, "Soft Actor-Critic Algorithms and Applications") learns a stochastic
 tanh-squashed Gaussian policy that maximises return plus entropy, with:
 
@@ -48,8 +53,9 @@ Usage (Pendulum-v1, about 20k steps to a return near -150)::
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import gymnasium as gym
 import jax
@@ -136,10 +142,10 @@ class SACParams(AlgoParams):
     policy_frequency: int = 1
     alpha: float = 1.0
     autotune: bool = True
-    target_entropy: Optional[float] = None
-    policy_learning_rate: Optional[float] = None
-    q_learning_rate: Optional[float] = None
-    alpha_learning_rate: Optional[float] = None
+    target_entropy: float | None = None
+    policy_learning_rate: float | None = None
+    q_learning_rate: float | None = None
+    alpha_learning_rate: float | None = None
     policy_hidden: tuple = (256, 256)
     q_hidden: tuple = (256, 256)
     n_critics: int = 2
@@ -302,9 +308,7 @@ def sac_actor_loss(log_probs: jax.Array, q_values: jax.Array, alpha: jax.Array |
     return jnp.mean(alpha * log_probs - jnp.min(q_values, axis=0))
 
 
-def sac_temperature_loss(
-    log_alpha: jax.Array, log_probs: jax.Array, target_entropy: jax.Array | float
-) -> jax.Array:
+def sac_temperature_loss(log_alpha: jax.Array, log_probs: jax.Array, target_entropy: jax.Array | float) -> jax.Array:
     """The temperature's loss ``-mean_b log_alpha * (log pi(a_b|s_b) + target_entropy)``.
 
     Written on ``log_alpha`` as in SB3 / SBX / softlearning: the temperature rises while the
@@ -551,9 +555,7 @@ def compute_gradients_factory(config: cfg.AlgoConfig) -> Callable:
         critic_loss, q_grads = jax.value_and_grad(critic_loss_fn)(qvalue.params)
         (actor_loss, log_probs), policy_grads = jax.value_and_grad(actor_loss_fn, has_aux=True)(policy.params)
         if autotune:
-            alpha_loss, log_alpha_grad = jax.value_and_grad(sac_temperature_loss)(
-                log_alpha, log_probs, target_entropy
-            )
+            alpha_loss, log_alpha_grad = jax.value_and_grad(sac_temperature_loss)(log_alpha, log_probs, target_entropy)
         else:
             alpha_loss = jnp.zeros((), jnp.float32)
             log_alpha_grad = jnp.zeros_like(log_alpha)
@@ -664,13 +666,19 @@ class SAC(OffPolicyAgent):
         each act call hands the compiled function a handful of arrays instead of ~60."""
         return SACState(policy=state.policy.replace(opt_state=None), qvalue=None, alpha=None)
 
-    def act(self, acting_params: SACState, key: jax.Array, observation: Any, env_step: Any,
-            deterministic: bool = False) -> tuple[jax.Array, jax.Array]:
+    def act(
+        self, acting_params: SACState, key: jax.Array, observation: Any, env_step: Any, deterministic: bool = False
+    ) -> tuple[jax.Array, jax.Array]:
         """Samples actions (uniform random ones while ``env_step < start_step``), pure (see
         ``BaseAgent.act``); ``deterministic``: ``tanh(mean)`` scaled to the bounds, log-probs 0.
 
         Returns:
             ``(actions (E, D) in the environment's units, log_probs (E,))``.
         """
-        return self.explore_fn(acting_params, agent_keys(key, observation, self.parallel), observation,
-                               env_step=env_step, deterministic=deterministic)
+        return self.explore_fn(
+            acting_params,
+            agent_keys(key, observation, self.parallel),
+            observation,
+            env_step=env_step,
+            deterministic=deterministic,
+        )

@@ -1,5 +1,10 @@
 """TD3: Twin Delayed Deep Deterministic policy gradient (Fujimoto et al., 2018), for continuous actions.
 
+Why this module is long: one algorithm is one module, on the template every algorithm of the
+collection follows (params with documented defaults, state, networks, the four factories, the losses
+split into ``compute_gradients`` / ``apply_gradients``, the agent class), so that a reader finds the
+whole algorithm in one place; its parts are small functions, each tested on its own.
+
 A deterministic, tanh-bounded policy ``pi(s)`` in ``[-1, 1]`` and two critics ``Q_1, Q_2`` (one
 ``qvalue_factory(..., n_critics=2)`` ensemble), each with a Polyak-averaged target network.
 
@@ -52,9 +57,10 @@ Usage (a runnable example; about a minute on a laptop CPU)::
 from __future__ import annotations
 
 from collections import namedtuple
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import flax.linen as nn
 import gymnasium as gym
@@ -166,7 +172,9 @@ class TD3Params(AlgoParams):
             sizes = getattr(self, name)
             _require(
                 all(isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in sizes),
-                name, sizes, "a tuple of ints >= 1",
+                name,
+                sizes,
+                "a tuple of ints >= 1",
             )
 
 
@@ -205,8 +213,10 @@ def check_action_space(action_space: gym.Space) -> None:
     if not ok:
         hint = ""
         if isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
-            hint = (" (gymnasium's vector ClipAction wrapper replaces a Box's bounds by -inf, inf: build the "
-                    "EnvConfig from the environment's own bounded action space)")
+            hint = (
+                " (gymnasium's vector ClipAction wrapper replaces a Box's bounds by -inf, inf: build the "
+                "EnvConfig from the environment's own bounded action space)"
+            )
         raise ValueError(
             f"TD3 cannot act in action space {action_space}: TD3 accepts only continuous actions, "
             f"a gymnasium.spaces.Box of shape (D,) with finite low and high bounds{hint}"
@@ -260,8 +270,9 @@ def train_state_td3_factory(
     refuse_action_mask(observation_space, "TD3")
     action_dim = int(action_space.shape[0])
 
-    actor = policy_factory(observation_space, action_space, hidden=p.actor_hidden, kind="deterministic",
-                           activation="relu")
+    actor = policy_factory(
+        observation_space, action_space, hidden=p.actor_hidden, kind="deterministic", activation="relu"
+    )
     critic = qvalue_factory(observation_space, action_space, hidden=p.critic_hidden, n_critics=N_CRITICS)
     if preprocess_fn is not None:
         actor, critic = _Preprocessed(actor, preprocess_fn), _Preprocessed(critic, preprocess_fn)
@@ -354,13 +365,12 @@ def is_policy_update_step(critic_step: int | jax.Array, policy_delay: int) -> ja
     return (jnp.asarray(critic_step) + 1) % policy_delay == 0
 
 
-def td3_target_actions(
-    key: jax.Array, next_actions: jax.Array, policy_noise: float, noise_clip: float
-) -> jax.Array:
+def td3_target_actions(key: jax.Array, next_actions: jax.Array, policy_noise: float, noise_clip: float) -> jax.Array:
     """Target policy smoothing: ``clip(next_actions + clip(policy_noise * N(0, 1), -noise_clip,
     noise_clip), -1, 1)``. Shapes: ``next_actions (B, D)`` -> ``(B, D)``."""
-    noise = jnp.clip(policy_noise * jax.random.normal(key, next_actions.shape, next_actions.dtype),
-                     -noise_clip, noise_clip)
+    noise = jnp.clip(
+        policy_noise * jax.random.normal(key, next_actions.shape, next_actions.dtype), -noise_clip, noise_clip
+    )
     return jnp.clip(next_actions + noise, -1.0, 1.0)
 
 
@@ -448,8 +458,16 @@ def compute_gradients_factory(config: cfg.AlgoConfig) -> Callable:
         batch = TD3Batch(*batch)
         actor, critic = state.actor, state.critic
         targets = td3_targets(
-            key, actor.apply_fn, actor.target_params, critic.apply_fn, critic.target_params,
-            batch.next_observation, batch.reward, batch.discount, p.policy_noise, p.noise_clip,
+            key,
+            actor.apply_fn,
+            actor.target_params,
+            critic.apply_fn,
+            critic.target_params,
+            batch.next_observation,
+            batch.reward,
+            batch.discount,
+            p.policy_noise,
+            p.noise_clip,
         )
         (_, critic_info), critic_grads = jax.value_and_grad(td3_critic_loss, has_aux=True)(
             critic.params, critic.apply_fn, batch.observation, batch.action, targets
@@ -462,8 +480,7 @@ def compute_gradients_factory(config: cfg.AlgoConfig) -> Callable:
             return info, grads
 
         def actor_loss_only(_: None) -> tuple[dict, Params]:
-            _, info = td3_actor_loss(actor.params, actor.apply_fn, critic.params, critic.apply_fn,
-                                     batch.observation)
+            _, info = td3_actor_loss(actor.params, actor.apply_fn, critic.params, critic.apply_fn, batch.observation)
             return info, jax.tree_util.tree_map(jnp.zeros_like, actor.params)
 
         actor_info, actor_grads = jax.lax.cond(
@@ -570,8 +587,9 @@ class TD3(OffPolicyAgent):
         """The actor without its optimizer state and target parameters (what acting reads)."""
         return TD3State(actor=state.actor.replace(opt_state=None, target_params=None), critic=None)
 
-    def act(self, acting_params: TD3State, key: jax.Array, observation: Any, env_step: Any,
-            deterministic: bool = False) -> tuple[jax.Array, jax.Array]:
+    def act(
+        self, acting_params: TD3State, key: jax.Array, observation: Any, env_step: Any, deterministic: bool = False
+    ) -> tuple[jax.Array, jax.Array]:
         """Noisy policy actions (uniform random before ``start_step``), in the environment's units,
         pure (see ``BaseAgent.act``); ``deterministic``: the policy's action without noise.
 
@@ -580,7 +598,9 @@ class TD3(OffPolicyAgent):
         """
         keys = agent_keys(key, observation, self.parallel)
         if deterministic:
-            return self.explore_fn(acting_params, keys, observation, exploration_noise=self._no_noise,
-                                   env_step=self._not_random)
-        return self.explore_fn(acting_params, keys, observation, exploration_noise=self._exploration_noise,
-                               env_step=env_step)
+            return self.explore_fn(
+                acting_params, keys, observation, exploration_noise=self._no_noise, env_step=self._not_random
+            )
+        return self.explore_fn(
+            acting_params, keys, observation, exploration_noise=self._exploration_noise, env_step=env_step
+        )

@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench compare install clean
+.PHONY: run test check bench compare install clean
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -19,7 +19,15 @@ install: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/kitae train
 
-test: $(STAMP)
+# The checks CI makes before the tests: lint and format (ruff), types (mypy), the layers of
+# docs/architecture.md (import-linter).
+check: $(STAMP)
+	$(VENV)/bin/ruff check kitae tests benchmarks examples
+	$(VENV)/bin/ruff format --check kitae tests benchmarks examples
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+
+test: check
 	$(PY) -m pytest -q
 
 bench: $(STAMP)

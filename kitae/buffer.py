@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kitae.validation import check_positive_int
+
 
 class Experience(NamedTuple):
     """One step of interaction, for each environment (and agent).
@@ -85,8 +87,7 @@ def buffer_init(example: Any, capacity: int) -> BufferState:
     Returns:
         An empty ``BufferState`` with leaves ``(capacity, E, ...)``, dtypes those of ``example``.
     """
-    if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
-        raise ValueError(f"capacity={capacity!r} is not allowed; allowed: an int >= 1")
+    check_positive_int("capacity", capacity)
     leaves = jax.tree_util.tree_leaves(example)
     if not leaves or any(jnp.ndim(x) < 1 for x in leaves):
         raise ValueError("every leaf of the example experience needs a leading environment axis (E, ...)")
@@ -166,8 +167,7 @@ class _HostBuffer:
     asking for the size never waits for the device)."""
 
     def __init__(self, capacity: int) -> None:
-        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
-            raise ValueError(f"capacity={capacity!r} is not allowed; allowed: an int >= 1")
+        check_positive_int("capacity", capacity)
         self.capacity = capacity
         self._state: BufferState | None = None
         self._size = 0

@@ -96,14 +96,6 @@ def _require(condition: bool, field_path: str, value: Any, allowed: str) -> None
         raise ValueError(f"{field_path}={value!r} is not allowed; allowed: {allowed}")
 
 
-def check_positive_int(name: str, value: Any) -> int:
-    """Returns ``value`` if it is an int >= 1 (not a bool); else raises ``ValueError`` naming
-    ``name``, the value and what is allowed. The one check of step counts such as ``n_env_steps``."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name}={value!r} is not allowed; allowed: an int >= 1")
-    return value
-
-
 def check_algo_param(condition: bool, field: str, value: Any, allowed: str) -> None:
     """For params dataclasses' ``__post_init__``: raises ``ValueError`` naming
     ``algo_params.<field>``, the value and what is allowed, unless ``condition`` holds."""

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, TypeVar, dataclass_transform, overload
+from collections.abc import Callable
+from typing import Any, TypeVar, dataclass_transform, overload
 
 import jax
 import jax.numpy as jnp

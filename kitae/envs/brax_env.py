@@ -36,6 +36,7 @@ import numpy as np
 from flax import struct
 
 from kitae.envs.jax_env import JaxTimeStep
+from kitae.validation import check_positive_int
 
 DEFAULT_BACKEND = "generalized"
 BACKENDS = ("generalized", "positional", "spring", "mjx")
@@ -113,8 +114,7 @@ class BraxEnv:
             raise ValueError(f"unknown Brax environment {name!r}; available: {', '.join(names)}")
         if backend not in BACKENDS:
             raise ValueError(f"backend={backend!r} is not allowed; allowed: {', '.join(BACKENDS)}")
-        if not isinstance(episode_length, int) or isinstance(episode_length, bool) or episode_length < 1:
-            raise ValueError(f"episode_length={episode_length!r} is not allowed; allowed: an int >= 1")
+        check_positive_int("episode_length", episode_length)
         self.name = name
         self.backend = backend
         self.env = envs.get_environment(name, backend=backend, **env_kwargs)

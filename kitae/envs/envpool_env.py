@@ -39,6 +39,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
+from kitae.validation import check_positive_int
+
 ATARI_DEFAULTS: dict[str, Any] = {
     "img_height": 84,
     "img_width": 84,
@@ -150,8 +152,7 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
         num_threads: int = 0,
         env_kwargs: dict[str, Any] | None = None,
     ) -> None:
-        if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:
-            raise ValueError(f"num_envs={num_envs!r} is not allowed; allowed: an int >= 1")
+        check_positive_int("num_envs", num_envs)
         if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
             raise ValueError(f"seed={seed!r} is not allowed; allowed: an int >= 0")
         if not isinstance(num_threads, int) or isinstance(num_threads, bool) or num_threads < 0:

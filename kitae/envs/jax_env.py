@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kitae.validation import check_positive_int
+
 
 class JaxTimeStep(NamedTuple):
     """What ``JaxEnv.step`` returns, for one environment (or batched ``(E, ...)`` by ``VecJaxEnv``).
@@ -117,8 +119,7 @@ class VecJaxEnv:
     """
 
     def __init__(self, env: JaxEnv, n_envs: int, params: Any = None) -> None:
-        if not isinstance(n_envs, int) or isinstance(n_envs, bool) or n_envs < 1:
-            raise ValueError(f"n_envs={n_envs!r} is not allowed; allowed: an int >= 1")
+        check_positive_int("n_envs", n_envs)
         self.env = env
         self.num_envs = n_envs
         self.params = env.default_params if params is None else params

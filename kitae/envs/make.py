@@ -17,6 +17,8 @@ from typing import Any
 import gymnasium as gym
 from gymnasium.vector import AutoresetMode
 
+from kitae.validation import check_positive_int
+
 SOURCES = ("gymnasium", "gymnax", "envpool", "pettingzoo", "brax", "jaxmarl")
 HOST_SOURCES = ("gymnasium", "envpool", "pettingzoo")
 """Sources whose environments are Python objects (stepped by the host loop)."""
@@ -207,8 +209,7 @@ def make_vec_env(
         raise ValueError(
             f"make_vec_env builds host-loop environments ({', '.join(HOST_SOURCES)}); {spec.id!r} comes from {source!r}"
         )
-    if not isinstance(n_envs, int) or isinstance(n_envs, bool) or n_envs < 1:
-        raise ValueError(f"n_envs={n_envs!r} is not allowed; allowed: an int >= 1")
+    check_positive_int("n_envs", n_envs)
     if vectorization_mode not in ("sync", "async"):
         raise ValueError(f"vectorization_mode={vectorization_mode!r} is not allowed; allowed: 'sync', 'async'")
     if capture_video and not run_name:
@@ -234,8 +235,7 @@ def make_vec_env(
         return make_envpool_env(name, n_envs, seed=seed, env_kwargs=env_kwargs)
     if name not in gym.registry:
         raise ValueError(f"unknown Gymnasium environment {name!r}; see gymnasium.pprint_registry() for the ids")
-    if not isinstance(frame_stack, int) or isinstance(frame_stack, bool) or frame_stack < 1:
-        raise ValueError(f"frame_stack={frame_stack!r} is not allowed; allowed: an int >= 1")
+    check_positive_int("frame_stack", frame_stack)
     wrappers = tuple(wrappers)
     for wrapper in wrappers:
         if not callable(wrapper):

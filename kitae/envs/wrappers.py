@@ -19,6 +19,7 @@ import gymnasium as gym
 import numpy as np
 
 from kitae.action_masks import ACTION_MASK_KEY
+from kitae.validation import check_positive_int
 
 __all__ = ["ActionMaskObservation", "frame_stack"]
 
@@ -119,8 +120,7 @@ def frame_stack(env: gym.Env, n_frames: int) -> gym.Env:
     Raises:
         ValueError: for ``n_frames < 1`` or an observation space that is not a ``Box`` of 1 to 3 dims.
     """
-    if not isinstance(n_frames, int) or isinstance(n_frames, bool) or n_frames < 1:
-        raise ValueError(f"frame_stack={n_frames!r} is not allowed; allowed: an int >= 1")
+    check_positive_int("frame_stack", n_frames)
     if n_frames == 1:
         return env
     space = env.observation_space

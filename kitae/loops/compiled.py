@@ -40,7 +40,6 @@ import numpy as np
 
 from kitae.buffer import buffer_add, buffer_init, buffer_reset
 from kitae.compilation_cache import use_compilation_cache
-from kitae.config import check_positive_int
 from kitae.envs.jax_env import VecJaxEnv
 from kitae.loops.callbacks import Callback, CallbackList, LossMeans, Progress, RunInfo
 from kitae.loops.collect import act_step, make_experience, update_step
@@ -57,6 +56,7 @@ from kitae.loops.state import (
     pick_seed,
     strongly_typed,
 )
+from kitae.validation import check_positive_int
 
 __all__ = [
     "CompiledExecutor",

@@ -13,9 +13,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kitae.config import check_positive_int
 from kitae.envs.make import EnvSpec, make_jax_env, make_vec_env
 from kitae.loops.multi_agent import evaluate_team_returns
+from kitae.validation import check_positive_int
 
 __all__ = ["evaluate_host", "evaluate_jax"]
 

@@ -27,7 +27,6 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from kitae.compilation_cache import use_compilation_cache
-from kitae.config import check_positive_int
 from kitae.envs.parallel import SyncVecParallelEnv, VecParallelEnv, is_parallel_env
 from kitae.loops.callbacks import Callback, CallbackList, LossMeans, Progress, RunInfo
 from kitae.loops.collect import compiled_steps, make_experience
@@ -35,6 +34,7 @@ from kitae.loops.episodes import track_episodes
 from kitae.loops.multi_agent import AgentEpisodes
 from kitae.loops.result import Episodes, RunResult, concat_episodes
 from kitae.loops.state import LoopState, Payload, mark_episodes_cut, payload_from_agent, reset_seed, strongly_typed
+from kitae.validation import check_positive_int
 
 __all__ = ["HostExecutor", "check_env", "process_termination", "episode_statistics", "EnvLike"]
 

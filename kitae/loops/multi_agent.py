@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kitae.loops.episodes import track_episodes
+from kitae.validation import check_positive_int
 
 
 class AgentEpisodes:
@@ -135,8 +136,7 @@ def evaluate_team_returns(
     if agents is None:
         raise ValueError(f"env={env!r} is not allowed; allowed: a multi-agent JAX environment (with agents)")
     for name, value in (("episodes", episodes), ("max_steps", max_steps)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name}={value!r} is not allowed; allowed: an int >= 1")
+        check_positive_int(name, value)
     n_envs = env.num_envs
 
     def run(key: jax.Array) -> jax.Array:

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from kitae.config import check_positive_int
 from kitae.envs.subproc import SubProcVecParallelEnv
 from kitae.loops.callbacks import Callback, WriterLogger
 from kitae.loops.host import EnvLike, HostExecutor, check_env, episode_statistics, process_termination
 from kitae.loops.result import RunResult
 from kitae.loops.state import Payload, apply_loop_state, payload_from_agent
 from kitae.types import AlgoType
+from kitae.validation import check_positive_int
 
 __all__ = [
     "check_env",

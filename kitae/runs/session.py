@@ -52,6 +52,7 @@ from kitae.runs.rundir import (
     write_summary,
 )
 from kitae.runs.signals import StopRequest, stop_on_signals
+from kitae.validation import check_positive_int
 
 __all__ = ["train_run", "resume_run", "train_agent", "resume_agent", "Plan", "execute"]
 
@@ -232,8 +233,6 @@ def train_agent(agent: Any, env: Any, n_env_steps: int | None, *, callbacks: Any
                 ) -> RunResult:
     """``agent.train(env, n_env_steps)``: trains ``n_env_steps`` more steps (default
     ``train_cfg.n_env_steps``) from the agent's state into ``agent.run_dir``, as ``kitae train`` does."""
-    from kitae.config import check_positive_int
-
     n_env_steps = agent.config.train_cfg.n_env_steps if n_env_steps is None else n_env_steps
     check_positive_int("n_env_steps", n_env_steps)
     run = resolve_agent(agent, env)
@@ -338,8 +337,6 @@ def resume_agent(agent: Any, env: Any, n_env_steps: int | None = None, *, callba
     Raises:
         RunError: no readable checkpoint, or one already at ``n_env_steps``.
     """
-    from kitae.config import check_positive_int
-
     run = resolve_agent(agent, env)
     total = agent.config.train_cfg.n_env_steps if n_env_steps is None else n_env_steps
     check_positive_int("n_env_steps", total)

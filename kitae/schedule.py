@@ -172,9 +172,13 @@ class Schedule:
 
     def save_iterations(self, first: int, last: int) -> list[int]:
         """The iteration ends ``k`` in ``(first, last]`` (iterations counted from the start of the run)
-        after which a periodic checkpoint is due."""
-        per = self.steps_per_iteration
-        return [k for k in range(first + 1, last + 1) if self.save_due((k - 1) * per, k * per)]
+        after which a periodic checkpoint is due: for each multiple of ``save_frequency`` in
+        ``(first * P, last * P]`` (``P = steps_per_iteration``), the first iteration end at or past it."""
+        if self.save_frequency == -1:
+            return []
+        per, every = self.steps_per_iteration, self.save_frequency
+        multiples = range(first * per // every + 1, last * per // every + 1)
+        return sorted({-(-m * every // per) for m in multiples})
 
     def describe(self) -> str:
         """One line for logs and errors."""

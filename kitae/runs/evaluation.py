@@ -1,0 +1,105 @@
+"""``kitae eval``: a run's agent, evaluated with its deterministic policy, and a video of it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kitae.envs.make import EnvSpec
+from kitae.runs.errors import RunError
+from kitae.runs.load import load_agent, run_seeds
+from kitae.runs.resolve import resolve_run_dir
+from kitae.runs.rundir import check_run_dir, write_summary
+
+__all__ = ["eval_run", "record_video", "gymnasium_twin"]
+
+
+def gymnasium_twin(env: EnvSpec) -> str | None:
+    """The Gymnasium id that renders ``env``: its own name for Gymnasium ids, the id of the same
+    name for gymnax ids whose environment Gymnasium also has (CartPole-v1, Pendulum-v1,
+    Acrobot-v1, MountainCar-v0, MountainCarContinuous-v0), else ``None``."""
+    import gymnasium as gym
+
+    return env.name if env.name in gym.registry else None
+
+
+def record_video(agent: Any, env: EnvSpec, folder: Path, prefix: str, seed: int = 0) -> Path:
+    """Records one episode of ``agent.select_action`` as an MP4 in ``folder`` (Gymnasium's
+    ``RecordVideo`` on ``rgb_array`` frames; a gymnax environment is rendered through its
+    Gymnasium twin, ``gymnasium_twin``). Returns the file."""
+    import os
+    import warnings
+
+    import gymnasium as gym
+
+    os.environ.setdefault("SDL_AUDIODRIVER", "dummy")  # pygame renders off-screen: no sound card,
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # no display needed
+    os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
+    name = gymnasium_twin(env)
+    if name is None:
+        raise RunError(f"--video: {env.id} has no Gymnasium environment of the same name to render")
+    single = gym.make(name, render_mode="rgb_array")
+    with warnings.catch_warnings():  # a second evaluation of the same checkpoint replaces its video
+        warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
+        single = gym.wrappers.RecordVideo(single, str(folder), name_prefix=prefix, episode_trigger=lambda i: i == 0,
+                                          disable_logger=True)
+    try:
+        observation, _ = single.reset(seed=seed)
+        done = False
+        while not done:
+            actions, _ = agent.select_action(np.asarray(observation)[None])
+            action = np.asarray(actions)[0]
+            if isinstance(single.action_space, gym.spaces.Box):
+                action = np.clip(action, single.action_space.low, single.action_space.high)
+            observation, _, terminated, truncated, _ = single.step(action)
+            done = terminated or truncated
+    finally:
+        single.close()
+    videos = sorted(folder.glob(f"{prefix}-episode-0.mp4"))
+    if not videos:
+        raise RunError(f"--video: no video was written to {folder} (is moviepy installed?)")
+    return videos[-1]
+
+
+def eval_run(run_dir: str | Path, episodes: int = 10, video: bool = False, seed: int = 0) -> dict:
+    """Evaluates the run's agent(s) with the deterministic policy over ``episodes`` episodes (the
+    executor's ``evaluate``) and writes ``eval_return`` (mean raw return; one per seed for runs of
+    several seeds), ``eval_return_std``, ``eval_episodes`` and ``eval_step`` into ``summary.json``.
+
+    With ``video``, records one episode to ``<run_dir>/videos/``.
+    """
+    if not isinstance(episodes, int) or isinstance(episodes, bool) or episodes < 1:
+        raise RunError(f"--episodes {episodes} is not allowed; allowed: an int >= 1")
+    run_dir = check_run_dir(run_dir)
+    run = resolve_run_dir(run_dir)
+    if video and gymnasium_twin(run.env) is None:
+        raise RunError(f"--video: {run.env.id} has no Gymnasium environment of the same name to render")
+    seeds = run_seeds(run_dir)
+    means, stds, all_returns, step, video_path = [], [], [], 0, None
+    for index in range(len(seeds) if seeds else 1):
+        agent = load_agent(run_dir, index)
+        returns = run.executor.evaluate(agent, run.env, episodes, seed)
+        means.append(float(np.mean(returns)))
+        stds.append(float(np.std(returns)))
+        all_returns.append(returns.tolist())
+        step = agent.checkpoint_step
+        if video and index == 0:
+            video_path = record_video(agent, run.env, run_dir / "videos", f"eval-step{step}", seed)
+    summary_path = run_dir / "summary.json"
+    try:
+        summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    except json.JSONDecodeError:
+        summary = {}
+    summary.update(
+        eval_return=means if seeds else means[0],
+        eval_return_std=stds if seeds else stds[0],
+        eval_episodes=episodes,
+        eval_step=step,
+    )
+    write_summary(run_dir, **summary)
+    return {"run_dir": str(run_dir), "env": run.env.id, "seeds": seeds, "episodes": episodes, "step": step,
+            "mean": means, "std": stds, "returns": all_returns,
+            "video": str(video_path) if video_path else None}

@@ -1,0 +1,123 @@
+"""Reading a run back: its checkpoint folders, its seeds, its newest payload, its agent.
+
+A run of one seed (or of several seeds trained together in one compiled program) keeps its
+checkpoints in ``checkpoints/<step>/``; a host-loop run of several seeds trains them one after
+the other and keeps one folder per seed, ``checkpoints/seed-<seed>/<step>/``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kitae.loops.state import Payload, apply_loop_state
+from kitae.runs.checkpoints import CheckpointError, Checkpointer, Restored, restore_target
+from kitae.runs.errors import RunError
+from kitae.runs.resolve import resolve_run_dir
+from kitae.runs.rundir import check_run_dir
+
+__all__ = ["checkpoint_dirs", "run_seeds", "restore_payload", "restore_error", "load_agent"]
+
+
+def checkpoint_dirs(run_dir: Path) -> dict[int | None, Path]:
+    """``{None: checkpoints/}`` or, for host runs of several seeds, ``{seed: checkpoints/seed-<seed>/}``."""
+    root = run_dir / "checkpoints"
+    per_seed = sorted(
+        (int(p.name[5:]), p) for p in root.glob("seed-*") if p.is_dir() and p.name[5:].isdigit()
+    ) if root.is_dir() else []
+    return dict(per_seed) if per_seed else {None: root}
+
+
+def _newest_meta(directory: Path) -> dict:
+    """The metadata of the newest readable checkpoint in ``directory`` (``{}`` if none)."""
+    with Checkpointer(directory) as checkpointer:
+        for step in reversed(checkpointer.all_steps()):
+            try:
+                return checkpointer.read_meta(step)
+            except CheckpointError:
+                continue
+    return {}
+
+
+def run_seeds(run_dir: Path) -> list[int] | None:
+    """The seeds of a run of several seeds (``None`` for one seed), from its checkpoints: also the
+    seeds a host run had not started when it stopped."""
+    dirs = checkpoint_dirs(run_dir)
+    if None in dirs:
+        return _newest_meta(dirs[None]).get("seeds")
+    per_seed = sorted(s for s in dirs if s is not None)
+    recorded = _newest_meta(dirs[per_seed[0]]).get("run_seeds") or []
+    return sorted(set(recorded) | set(per_seed))
+
+
+def restore_error(error: Exception) -> RunError:
+    """A ``CheckpointError`` in the command line's words."""
+    text = str(error)
+    if isinstance(error, CheckpointError) and text.startswith("no checkpoint in"):
+        return RunError(
+            f"{text}: the run stopped before its first checkpoint (checkpoints are written every "
+            "train_cfg.save_frequency steps, at the end and on Ctrl-C/SIGTERM); start it again with kitae train"
+        )
+    return RunError(text)
+
+
+def restore_payload(agent: Any, env: Any, executor: Any, directory: Path,
+                    max_step: int | None = None) -> tuple[Payload, Restored]:
+    """Restores the newest readable checkpoint in ``directory`` for ``agent``.
+
+    Args:
+        agent: the agent it was written by (rebuilt from ``config.yaml``): the structure to restore into.
+        env: the run's environments, to restore a checkpoint's environment part too (a compiled
+            run goes on from it), or ``None`` to restore the rest only (an agent to evaluate).
+        executor: the run's executor (``kitae.loops.executor``).
+        directory: the checkpoint folder.
+        max_step: ignore checkpoints past this step.
+
+    Returns:
+        ``(payload, restored)``.
+
+    Raises:
+        CheckpointError: no readable checkpoint, or one that does not fit.
+    """
+
+    def target(meta: dict) -> dict:
+        env_target = executor.restore_target(agent, env, meta) if env is not None else None
+        return restore_target(agent, meta, env_target)
+
+    with Checkpointer(directory) as checkpointer:
+        restored = checkpointer.restore_latest(target, max_step=max_step)
+    return Payload(restored.items["loop_state"], restored.meta), restored
+
+
+def load_agent(run_dir: str | Path, seed_index: int = 0, agent_cls: type | None = None) -> Any:
+    """Rebuilds the trained agent of a run directory: ``config.yaml``, then the newest readable
+    checkpoint (parameters, optimizer and normalisation state, keys, counters, buffer).
+
+    Args:
+        run_dir: the run directory.
+        seed_index: which seed of a run of several seeds.
+        agent_cls: the agent class (default: the built-in algorithm named by the config's
+            params class); ``BaseAgent.unserialize`` passes its own class.
+
+    Returns:
+        The agent, with ``checkpoint_step`` set to the checkpoint's step.
+
+    Raises:
+        RunError: for a missing or unusable run directory or checkpoint.
+    """
+    run_dir = check_run_dir(run_dir)
+    run = resolve_run_dir(run_dir, agent_cls=agent_cls)
+    dirs = checkpoint_dirs(run_dir)
+    per_seed = sorted(s for s in dirs if s is not None)
+    seeds = per_seed or run_seeds(run_dir)
+    if seeds and not 0 <= seed_index < len(seeds):
+        raise RunError(f"seed_index={seed_index} is not allowed; the run has {len(seeds)} seeds: {seeds}")
+    agent = run.make_agent(seeds[seed_index] if seeds else None)
+    directory = dirs[seeds[seed_index]] if per_seed else dirs[None]
+    try:
+        payload, restored = restore_payload(agent, None, run.executor, directory)
+    except CheckpointError as error:
+        raise restore_error(error) from None
+    apply_loop_state(agent, payload.state, seed_index if payload.meta.get("seeds") else None)
+    agent.checkpoint_step = restored.step
+    return agent

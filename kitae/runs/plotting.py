@@ -1,0 +1,140 @@
+"""Curves of runs: return against environment steps, for ``curve.png`` and ``kitae plot``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from kitae.algos.collections import algorithm_name
+from kitae.envs.make import EnvSpec
+from kitae.runs.errors import RunError
+from kitae.runs.rundir import check_run_dir, read_metrics, read_run_config
+
+__all__ = ["curves_from_metrics", "plot_curves", "plot_runs"]
+
+
+def curves_from_metrics(rows: Iterable[dict], counts: bool = False) -> dict[Any, tuple[np.ndarray, ...]]:
+    """``{seed: (steps, returns)}`` from metrics rows that carry ``episodic_return``.
+
+    With ``counts``, ``{seed: (steps, returns, episodes)}``: how many episodes each row averages
+    (the compiled loop logs one row per iteration with an ``episodes`` count; the host loop one
+    row per episode).
+    """
+    curves: dict[Any, tuple[list, list, list]] = {}
+    for row in rows:
+        if "episodic_return" in row:
+            steps, returns, n = curves.setdefault(row.get("seed", 0), ([], [], []))
+            steps.append(row["step"])
+            returns.append(row["episodic_return"])
+            n.append(row.get("episodes", 1))
+    return {
+        seed: (np.asarray(s), np.asarray(r, dtype=float), np.asarray(n, dtype=float))[: 3 if counts else 2]
+        for seed, (s, r, n) in curves.items()
+    }
+
+
+def _smooth(steps: np.ndarray, returns: np.ndarray, grid: np.ndarray, window: int = 10,
+            counts: np.ndarray | None = None) -> np.ndarray:
+    """The mean of the last ``window`` episodes at each step (fewer at the start), read at ``grid``
+    (NaN before the first episode and after the last). Rows averaging several episodes weigh as many."""
+    if len(returns) == 0:
+        return np.full_like(grid, np.nan, dtype=float)
+    counts = np.ones(len(returns)) if counts is None else np.maximum(np.asarray(counts, float), 1e-12)
+    total_n = np.concatenate([[0.0], np.cumsum(counts)])
+    total_r = np.concatenate([[0.0], np.cumsum(np.asarray(returns, float) * counts)])
+    end = np.arange(1, len(returns) + 1)
+    begin = np.searchsorted(total_n, total_n[end] - window, side="left")
+    begin = np.minimum(begin, end - 1)  # at least the row itself
+    smoothed = (total_r[end] - total_r[begin]) / (total_n[end] - total_n[begin])
+    return np.interp(grid, steps, smoothed, left=np.nan, right=np.nan)
+
+
+def _format_steps(value: float, _: Any = None) -> str:
+    for size, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= size:
+            return f"{value / size:g}{suffix}"
+    return f"{value:g}"
+
+
+def plot_curves(runs: dict[str, dict[Any, tuple[np.ndarray, ...]]], path: str | Path,
+                title: str | None = None, window: int = 10) -> Path:
+    """Plots return against environment steps: for each run, its seeds' mean (each seed smoothed
+    as the mean of its last ``window`` episodes) as a line and their min-max as a band. Curves are
+    ``(steps, returns)`` or ``(steps, returns, episodes)`` (``curves_from_metrics``). Writes
+    the image (PNG, PDF or SVG, from the suffix)."""
+    import warnings
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    fig, ax = plt.subplots(figsize=(8, 4.6), dpi=130)
+    for label, curves in runs.items():
+        curves = {s: c for s, c in curves.items() if len(c[0])}
+        if not curves:
+            continue
+        start = min(c[0].min() for c in curves.values())
+        end = max(c[0].max() for c in curves.values())
+        grid = np.linspace(start, end, 300) if end > start else np.asarray([start, start + 1.0])
+        lines = np.stack([_smooth(c[0], c[1], grid, window, c[2] if len(c) > 2 else None) for c in curves.values()])
+        with warnings.catch_warnings():  # grid points where no seed has a value yet stay NaN
+            warnings.simplefilter("ignore", RuntimeWarning)
+            mean = np.nanmean(lines, axis=0)
+            low, high = np.nanmin(lines, axis=0), np.nanmax(lines, axis=0)
+        seeds = f"{len(curves)} seed{'s' if len(curves) > 1 else ''}"
+        (line,) = ax.plot(grid, mean, label=f"{label}  [{seeds}]", lw=2)
+        if len(lines) > 1:
+            ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.18, lw=0)
+    ax.set_xlabel("environment steps")
+    ax.set_ylabel(f"episodic return (mean of last {window} episodes)")
+    ax.xaxis.set_major_formatter(FuncFormatter(_format_steps))
+    ax.set_xlim(left=0)
+    ax.grid(alpha=0.3)
+    ax.spines[["top", "right"]].set_visible(False)
+    if title:
+        ax.set_title(title)
+    if any(len(c) for c in runs.values()):
+        legend = ax.legend(loc="best", fontsize=8, frameon=True, framealpha=0.85)
+        if any(len(c) > 1 for c in runs.values()):
+            legend.set_title("line: mean over seeds, band: min-max", prop={"size": 7})
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_runs(run_dirs: list[str | Path], output: str | Path | None = None) -> Path:
+    """Plots the training curves of several runs on one figure (each run's seeds as a mean line
+    and a min-max band); returns the image's path (default ``curves.png``)."""
+    if not run_dirs:
+        raise RunError("give at least one run directory")
+    output = Path(output) if output is not None else Path("curves.png")
+    if output.suffix.lower() not in (".png", ".pdf", ".svg"):
+        raise RunError(f"-o {str(output)!r}: the output must end in .png, .pdf or .svg")
+    if not output.parent.is_dir():
+        raise RunError(f"-o {str(output)!r}: the folder {str(output.parent)!r} does not exist")
+    runs = []
+    for run_dir in run_dirs:
+        run_dir = check_run_dir(run_dir)
+        config = read_run_config(run_dir)
+        metrics_path = run_dir / "metrics.jsonl"
+        curves = curves_from_metrics(read_metrics(metrics_path), counts=True) if metrics_path.exists() else {}
+        if not curves:
+            raise RunError(f"{str(run_dir)!r} has no finished episodes in metrics.jsonl yet")
+        algo = algorithm_name(config) or type(config.algo_params).__name__
+        runs.append((run_dir, algo, EnvSpec.parse(config.env_cfg.task_name).id, curves))
+    algos, envs = {r[1] for r in runs}, {r[2] for r in runs}
+    names = [r[0].name for r in runs]
+    named = {}
+    for run_dir, algo, env_id, curves in runs:
+        name = run_dir.name if names.count(run_dir.name) == 1 else str(run_dir)
+        differs = [x for x, shared in ((algo, len(algos) == 1), (env_id, len(envs) == 1)) if not shared]
+        named[name + (f" ({' '.join(differs)})" if differs else "")] = curves
+    title = " on ".join(([next(iter(algos))] if len(algos) == 1 else []) + ([next(iter(envs))] if len(envs) == 1 else []))
+    plot_curves(named, output, title=title or None)
+    return output

@@ -1,0 +1,34 @@
+"""The Python road: what ``agent.train``, ``agent.resume``, ``agent.save`` and ``Agent.unserialize``
+do, through the same code as the command line (``kitae.runs.session``, ``kitae.runs.load``).
+
+``kitae.base`` declares the ``RunService`` interface these methods call; this module implements it
+and ``kitae.runs`` installs it (``kitae.base.install_run_service``) when it is imported.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kitae.runs.checkpoints import Checkpointer
+from kitae.runs.load import load_agent
+from kitae.runs.session import resume_agent, train_agent
+
+__all__ = ["PythonRuns"]
+
+
+class PythonRuns:
+    """``kitae.base.RunService`` on the run-directory code of the command line."""
+
+    def train(self, agent: Any, env: Any, n_env_steps: int | None, **options: Any) -> Any:
+        return train_agent(agent, env, n_env_steps, **options)
+
+    def resume(self, agent: Any, env: Any, n_env_steps: int | None, **options: Any) -> Any:
+        return resume_agent(agent, env, n_env_steps, **options)
+
+    def save(self, agent: Any, step: int | None, directory: str | Path | None) -> Path:
+        with Checkpointer(directory or Path(agent.run_dir) / "checkpoints") as checkpointer:
+            return checkpointer.save(agent.env_step if step is None else step, agent)
+
+    def load(self, agent_cls: type | None, run_dir: str | Path, seed_index: int) -> Any:
+        return load_agent(run_dir, seed_index, agent_cls=agent_cls)

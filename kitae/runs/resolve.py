@@ -1,0 +1,200 @@
+"""A run resolved once: from what the user asked for to the values that flow down.
+
+``resolve_train(RunSpec(...))`` (the command line's ``kitae train``) and ``resolve_run_dir``
+(``kitae resume``, ``kitae eval``) read the algorithm name, the environment id, the presets, the
+config file and the overrides once and return a ``ResolvedRun``: the agent class, the parsed
+``EnvSpec``, the whole ``AlgoConfig``, the seeds, the run directory and the executor. Nothing
+below reads the id or the presets again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from pathlib import Path
+from typing import Any
+
+from kitae.algos.collections import ALGORITHMS, algorithm_name, get_algorithm
+from kitae.config import AlgoConfig
+from kitae.envs.make import EnvSpec, make_env
+from kitae.loops.executor import Executor, executor_for
+from kitae.runs.errors import RunError
+from kitae.runs.presets import build_config, resolve
+from kitae.runs.rundir import default_run_dir, read_run_config
+
+__all__ = ["RunSpec", "ResolvedRun", "resolve_train", "resolve_run_dir", "resolve_agent", "make_run_env",
+           "preset_agent"]
+
+_WARNED_HOST_ONLY: set[str] = set()
+
+
+@dataclasses.dataclass
+class RunSpec:
+    """What ``kitae train`` was asked for (the command line's flags)."""
+
+    algo: str
+    env_id: str
+    steps: int | None = None
+    seed: int | None = None
+    seeds: int | None = None
+    n_envs: int | None = None
+    config_file: str | None = None
+    sets: list[str] = dataclasses.field(default_factory=list)
+    run_dir: str | None = None
+    quiet: bool = False
+
+
+@dataclasses.dataclass
+class ResolvedRun:
+    """A run, resolved once.
+
+    Attributes:
+        algo: the algorithm's name (``"ppo"``; a custom agent's class name, lower-cased).
+        agent_cls: the agent class.
+        env: the environment, parsed.
+        config: the whole config (its ``train_cfg.n_env_steps`` is the run's total).
+        seeds: the seeds of a run of several seeds (``config.seed``, ``config.seed + 1``, ...), or
+            ``None`` for one seed.
+        run_dir: the run directory.
+        executor: the executor that trains it (``kitae.loops.executor.executor_for``).
+    """
+
+    algo: str
+    agent_cls: type
+    env: EnvSpec
+    config: AlgoConfig
+    seeds: list[int] | None
+    run_dir: Path
+    executor: Executor
+
+    @property
+    def total(self) -> int:
+        """The run's total of environment steps."""
+        return self.config.train_cfg.n_env_steps
+
+    def with_total(self, total: int) -> "ResolvedRun":
+        """The same run with another total (``kitae resume --steps``)."""
+        if total == self.total:
+            return self
+        train_cfg = dataclasses.replace(self.config.train_cfg, n_env_steps=total)
+        return dataclasses.replace(self, config=dataclasses.replace(self.config, train_cfg=train_cfg))
+
+    def make_agent(self, seed: int | None = None) -> Any:
+        """A fresh agent of the run (of ``seed`` when given)."""
+        config = self.config if seed is None else dataclasses.replace(self.config, seed=seed)
+        try:
+            return self.agent_cls(self.run_dir.name, config, run_dir=self.run_dir)
+        except TypeError as error:  # a custom agent whose constructor takes no run_dir
+            if "run_dir" not in str(error):
+                raise
+            agent = self.agent_cls(self.run_dir.name, config)
+            agent.run_dir = self.run_dir
+            return agent
+
+
+def make_run_env(env: EnvSpec, n_envs: int) -> Any:
+    """The environments of a run (``kitae.envs.make.make_env``); a missing optional extra is a
+    ``RunError``. EnvPool ids warn once that they train in the host loop."""
+    if env.source == "envpool" and env.source not in _WARNED_HOST_ONLY:
+        _WARNED_HOST_ONLY.add(env.source)
+        warnings.warn(
+            "envpool: environments train in the host loop: EnvPool's XLA interface (a stateful handle, "
+            "not a pure vmappable environment) does not fit kitae's compiled loop; see docs/envpool.md",
+            stacklevel=3,
+        )
+    try:
+        return make_env(env, n_envs)
+    except ImportError as error:  # an optional extra (brax, jaxmarl, envpool...) that is not installed
+        raise RunError(str(error)) from None
+
+
+def resolve_train(spec: RunSpec) -> tuple[ResolvedRun, Any]:
+    """Resolves ``kitae train``: returns the run and its environments (made, for their spaces).
+
+    Raises:
+        RunError, ValueError, TypeError, FileNotFoundError: for bad input, before anything is
+        written.
+    """
+    agent_cls, params_cls = get_algorithm(spec.algo)
+    env_spec = EnvSpec.parse(spec.env_id)
+    if spec.steps is not None and spec.steps < 1:
+        raise RunError(f"--steps {spec.steps} is not allowed; allowed: an int >= 1")
+    if spec.seeds is not None and spec.seeds < 1:
+        raise RunError(f"--seeds {spec.seeds} is not allowed; allowed: an int >= 1")
+    values = resolve(
+        spec.algo, params_cls, env_spec, config_file=spec.config_file, sets=spec.sets,
+        overrides={"seed": spec.seed, "n_envs": spec.n_envs, "n_env_steps": spec.steps},
+    )
+    env = make_run_env(env_spec, values["n_envs"])
+    try:
+        config = build_config(params_cls, env_spec, env, values)
+    except Exception:
+        env.close()
+        raise
+    run_dir = Path(spec.run_dir) if spec.run_dir else default_run_dir(spec.algo, env_spec.name, config.seed)
+    seeds = [config.seed + i for i in range(spec.seeds)] if spec.seeds else None
+    run = ResolvedRun(spec.algo.lower(), agent_cls, env_spec, config, seeds, run_dir, executor_for(env_spec))
+    return run, env
+
+
+def resolve_agent(agent: Any, env: Any) -> ResolvedRun:
+    """The run of an agent trained from Python (``agent.train(env)``): its class, its config, its
+    ``run_dir`` and the executor of ``env``."""
+    env_spec = EnvSpec.parse(agent.config.env_cfg.task_name)
+    algo = algorithm_name(agent.config) or type(agent).__name__.lower()
+    return ResolvedRun(algo, type(agent), env_spec, agent.config, None, Path(agent.run_dir), executor_for(env))
+
+
+def resolve_run_dir(run_dir: Path, *, steps: int | None = None, agent_cls: type | None = None,
+                    seeds: list[int] | None = None) -> ResolvedRun:
+    """Resolves an existing run directory from its ``config.yaml`` (``kitae resume``, ``kitae eval``).
+
+    Args:
+        run_dir: a checked run directory.
+        steps: a new total (``kitae resume --steps``).
+        agent_cls: the agent class (default: the built-in algorithm of the config's params class).
+        seeds: the run's seeds when it trained several.
+    """
+    config = read_run_config(run_dir)
+    algo = algorithm_name(config)
+    if agent_cls is None:
+        if algo is None:
+            raise RunError(
+                f"the run's algo_params class {type(config.algo_params).__name__!r} is not a built-in algorithm's "
+                f"({', '.join(p.__name__ for _, p in ALGORITHMS.values())}); rebuild it with "
+                "YourAgent.unserialize(run_dir)"
+            )
+        agent_cls = ALGORITHMS[algo][0]
+    try:
+        env_spec = EnvSpec.parse(config.env_cfg.task_name)
+    except ValueError as error:
+        raise RunError(f"config.yaml in {str(run_dir)!r}: {error}") from None
+    run = ResolvedRun(algo or agent_cls.__name__.lower(), agent_cls, env_spec, config, seeds, run_dir,
+                      executor_for(env_spec))
+    if steps is not None:
+        if steps < 1:
+            raise RunError(f"--steps {steps} is not allowed; allowed: an int >= 1")
+        run = run.with_total(steps)
+    return run
+
+
+def preset_agent(algo: str, env_id: str, *, run_dir: str | Path | None = None, steps: int | None = None,
+                 seed: int | None = None, n_envs: int | None = None, sets: list[str] | None = None,
+                 config_file: str | None = None) -> tuple[Any, Any]:
+    """An agent configured as ``kitae train ALGO ENV`` would (preset, config file, overrides), and
+    its environments: the command line's resolution, from Python.
+
+    Args:
+        algo: ``"ppo"``, ``"dqn"``, ``"sac"``, ``"td3"``.
+        env_id: ``"SOURCE:ID"``.
+        run_dir: the agent's run directory (default ``runs/<algo>-<env>-s<seed>-<time>``).
+        steps, seed, n_envs: as ``--steps``, ``--seed``, ``--n-envs``.
+        sets: ``["update_cfg.learning_rate=1e-3", ...]``, as ``--set``.
+        config_file: as ``--config``.
+
+    Returns:
+        ``(agent, env)``: ``agent.train(env)`` then trains as ``kitae train`` does.
+    """
+    run, env = resolve_train(RunSpec(algo, env_id, steps=steps, seed=seed, n_envs=n_envs, sets=list(sets or []),
+                                     config_file=config_file, run_dir=None if run_dir is None else str(run_dir)))
+    return run.make_agent(), env

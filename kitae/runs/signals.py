@@ -1,0 +1,59 @@
+"""Stopping cleanly on Ctrl-C and SIGTERM: finish the current step or segment, save, exit."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import threading
+from typing import Any, Iterator
+
+from kitae.loops.callbacks import Callback
+
+__all__ = ["StopRequest", "stop_on_signals"]
+
+
+class StopRequest(Callback):
+    """Set by the first SIGINT / SIGTERM. As a callback, its ``should_stop`` tells the executor to
+    stop after the current step (host loop) or segment (compiled loop), saving a checkpoint."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+
+    def __call__(self) -> bool:
+        return self.signal is not None
+
+    def should_stop(self) -> bool:
+        return self.signal is not None
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signal).name if self.signal is not None else ""
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[StopRequest]:
+    """Within the block, SIGINT (Ctrl-C) and SIGTERM ask the run to stop cleanly; a second Ctrl-C
+    aborts at once (``KeyboardInterrupt``). Handlers are only installed in the main thread."""
+    stop = StopRequest()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if stop.signal is None:
+            stop.signal = signum
+            sys.stderr.write(
+                f"\nkitae: {signal.Signals(signum).name} received: finishing the current step and saving a "
+                "checkpoint (Ctrl-C again aborts without saving)\n"
+            )
+            sys.stderr.flush()
+        elif signum == signal.SIGINT:
+            raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)

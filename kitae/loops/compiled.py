@@ -362,6 +362,8 @@ class CompiledExecutor:
     """Runs an agent in a JAX environment as one compiled program (see the module docstring)."""
 
     name = "compiled"
+    batches_seeds = True  # several seeds train together in one program
+    starting: str | None = "compiling the training program (one XLA program, run in segments)..."
 
     def run(
         self,

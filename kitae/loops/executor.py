@@ -35,9 +35,13 @@ class Executor(Protocol):
 
     Attributes:
         name: ``"host"`` or ``"compiled"`` (recorded in checkpoints).
+        batches_seeds: whether one ``run`` trains several seeds together (else one seed per run).
+        starting: a line to show before a run starts (the compiled loop compiles first), or ``None``.
     """
 
     name: str
+    batches_seeds: bool
+    starting: str | None
 
     def run(
         self,

@@ -239,6 +239,8 @@ class HostExecutor:
     """Runs an agent in a Python loop over a vector environment (see the module docstring)."""
 
     name = "host"
+    batches_seeds = False  # one seed per run: kitae.runs trains several one after the other
+    starting: str | None = None  # nothing to say before the first step
 
     def run(
         self,

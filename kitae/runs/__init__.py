@@ -28,7 +28,16 @@ from kitae.runs.python_api import PythonRuns
 from kitae.runs.resolve import ResolvedRun, RunSpec, preset_agent
 from kitae.runs.session import resume_run, train_run
 
-__all__ = ["RunError", "RunSpec", "ResolvedRun", "train_run", "resume_run", "eval_run", "plot_runs", "load_agent",
-           "preset_agent"]
+__all__ = [
+    "RunError",
+    "RunSpec",
+    "ResolvedRun",
+    "train_run",
+    "resume_run",
+    "eval_run",
+    "plot_runs",
+    "load_agent",
+    "preset_agent",
+]
 
 install_run_service(PythonRuns())

@@ -36,8 +36,13 @@ class MetricsLogger(Callback):
     def on_episodes(self, episodes: Episodes) -> None:
         seed = self.seeds[episodes.seed_index]
         for i in range(len(episodes)):
-            self.metrics.write(step=int(episodes.step[i]), seed=seed, episodic_return=float(episodes.return_[i]),
-                               episodic_length=float(episodes.length[i]), episodes=int(episodes.count[i]))
+            self.metrics.write(
+                step=int(episodes.step[i]),
+                seed=seed,
+                episodic_return=float(episodes.return_[i]),
+                episodic_length=float(episodes.length[i]),
+                episodes=int(episodes.count[i]),
+            )
 
 
 class CheckpointSaver(Callback):

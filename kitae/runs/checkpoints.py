@@ -32,8 +32,9 @@ import logging
 import sys
 import time
 import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -132,8 +133,11 @@ def _unflatten_into(name: str, target: Any, arrays: list[np.ndarray], described:
             raise CheckpointMismatch(f"{name}{path}: typed PRNG keys are not supported; use raw uint32 keys")
         # a Python scalar leaf (a fresh optimizer's step counter) takes the saved array's dtype
         python_scalar = isinstance(leaf, (bool, int, float, complex))
-        if path != entry["path"] or shape != tuple(entry["shape"]) or (
-                str(dtype) != entry["dtype"] and not python_scalar):
+        if (
+            path != entry["path"]
+            or shape != tuple(entry["shape"])
+            or (str(dtype) != entry["dtype"] and not python_scalar)
+        ):
             raise CheckpointMismatch(
                 f"checkpoint step {step}: {name}{entry['path']} {tuple(entry['shape'])} {entry['dtype']} does not "
                 f"match the agent's {name}{path} {shape} {dtype}; the checkpoint was written by another "
@@ -218,8 +222,14 @@ class Checkpointer:
     with ``payload_from_agent``); ``restore_latest(target)`` reads the newest readable one.
     """
 
-    def __init__(self, directory: str | Path, max_to_keep: int = 3, *,
-                 before_save: Callable[[], None] | None = None, meta: dict | None = None) -> None:
+    def __init__(
+        self,
+        directory: str | Path,
+        max_to_keep: int = 3,
+        *,
+        before_save: Callable[[], None] | None = None,
+        meta: dict | None = None,
+    ) -> None:
         if not isinstance(max_to_keep, int) or isinstance(max_to_keep, bool) or max_to_keep < 1:
             raise ValueError(f"max_to_keep={max_to_keep!r} is not allowed; allowed: an int >= 1")
         self.directory = Path(directory).absolute()
@@ -236,8 +246,9 @@ class Checkpointer:
         between saves, and a manager never works from a stale listing)."""
         import orbax.checkpoint as ocp
 
-        options = ocp.CheckpointManagerOptions(max_to_keep=self.max_to_keep, enable_async_checkpointing=False,
-                                               create=True)
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=self.max_to_keep, enable_async_checkpointing=False, create=True
+        )
         with _quiet_orbax():
             manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "meta"))
             try:
@@ -248,7 +259,7 @@ class Checkpointer:
     def close(self) -> None:
         """Nothing to release (kept so a ``Checkpointer`` can be used as a context manager)."""
 
-    def __enter__(self) -> "Checkpointer":
+    def __enter__(self) -> Checkpointer:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -304,8 +315,11 @@ class Checkpointer:
         with self._manager() as manager:
             if step in manager.all_steps():
                 manager.delete(step)
-            manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(stored),
-                                                       meta=ocp.args.JsonSave(meta)), force=True)
+            manager.save(
+                step,
+                args=ocp.args.Composite(state=ocp.args.StandardSave(stored), meta=ocp.args.JsonSave(meta)),
+                force=True,
+            )
             manager.wait_until_finished()
         self.saved.append(step)
         return self.path(step)
@@ -320,11 +334,11 @@ class Checkpointer:
         try:
             meta = json.loads(path.read_text())
         except (OSError, ValueError) as error:
-            raise CheckpointCorrupt(f"checkpoint step {step} ({self.path(step)}): unreadable metadata: {error}") from None
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
             raise CheckpointCorrupt(
-                f"checkpoint step {step} ({self.path(step)}): not a {FORMAT} checkpoint"
-            )
+                f"checkpoint step {step} ({self.path(step)}): unreadable metadata: {error}"
+            ) from None
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+            raise CheckpointCorrupt(f"checkpoint step {step} ({self.path(step)}): not a {FORMAT} checkpoint")
         return meta
 
     def restore(self, step: int, target: dict[str, Any] | None = None) -> Restored:
@@ -349,8 +363,11 @@ class Checkpointer:
         meta = self.read_meta(step)
         described = meta.get("items", {})
         abstract = {
-            name: {str(i): np.zeros(entry["shape"], entry["dtype"]) for i, entry in enumerate(entries)
-                   if int(np.prod(entry["shape"])) > 0}
+            name: {
+                str(i): np.zeros(entry["shape"], entry["dtype"])
+                for i, entry in enumerate(entries)
+                if int(np.prod(entry["shape"])) > 0
+            }
             for name, entries in described.items()
         }
         abstract = {name: arrays for name, arrays in abstract.items() if arrays}
@@ -373,9 +390,14 @@ class Checkpointer:
                     try:
                         array = np.asarray(stored[name][str(i)])
                     except (KeyError, TypeError):
-                        raise CheckpointCorrupt(f"checkpoint step {step}: array {name}{entry['path']} is missing") from None
-                if (list(array.shape) != entry["shape"] or str(array.dtype) != entry["dtype"]
-                        or _sha256(array) != entry["sha256"]):
+                        raise CheckpointCorrupt(
+                            f"checkpoint step {step}: array {name}{entry['path']} is missing"
+                        ) from None
+                if (
+                    list(array.shape) != entry["shape"]
+                    or str(array.dtype) != entry["dtype"]
+                    or _sha256(array) != entry["sha256"]
+                ):
                     raise CheckpointCorrupt(
                         f"checkpoint step {step} ({self.path(step)}) is damaged: array {name}{entry['path']} "
                         "does not match its checksum"
@@ -392,8 +414,9 @@ class Checkpointer:
                     raise CheckpointMismatch(f"checkpoint step {step} holds no {name!r} (it has {', '.join(items)})")
         return Restored(step=step, meta=meta, items=items, path=self.path(step))
 
-    def restore_latest(self, target: dict[str, Any] | Callable[[dict], dict] | None = None, *,
-                       max_step: int | None = None) -> Restored:
+    def restore_latest(
+        self, target: dict[str, Any] | Callable[[dict], dict] | None = None, *, max_step: int | None = None
+    ) -> Restored:
         """Restores the newest readable checkpoint, falling back to older ones.
 
         Args:
@@ -421,9 +444,7 @@ class Checkpointer:
             for failure in failures:
                 warnings.warn(f"{failure}; using checkpoint step {step} instead", CheckpointWarning, stacklevel=2)
             return restored
-        raise CheckpointError(
-            f"no readable checkpoint in {self.directory}: " + "; ".join(failures)
-        )
+        raise CheckpointError(f"no readable checkpoint in {self.directory}: " + "; ".join(failures))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -451,8 +472,11 @@ def buffer_target(experience_type: type, entries: list[dict], prefix: str = ".bu
     """The ``BufferState`` structure a saved buffer is poured into, rebuilt from the saved paths
     (``<prefix>.data.<field>``, ``<prefix>.position``, ``<prefix>.size``) and the agent's
     experience type; ``None`` when no buffer was saved (a run stopped before its first step)."""
-    by_path = {entry["path"][len(prefix):]: jax.ShapeDtypeStruct(tuple(entry["shape"]), np.dtype(entry["dtype"]))
-               for entry in entries if entry["path"].startswith(prefix + ".")}
+    by_path = {
+        entry["path"][len(prefix) :]: jax.ShapeDtypeStruct(tuple(entry["shape"]), np.dtype(entry["dtype"]))
+        for entry in entries
+        if entry["path"].startswith(prefix + ".")
+    }
     if not by_path:
         return None
 
@@ -470,8 +494,7 @@ def buffer_target(experience_type: type, entries: list[dict], prefix: str = ".bu
         return BufferState(data=data, position=by_path[".position"], size=by_path[".size"])
     except KeyError as error:
         raise CheckpointMismatch(
-            f"the saved buffer does not hold the agent's experience fields {experience_type._fields} "
-            f"(missing {error})"
+            f"the saved buffer does not hold the agent's experience fields {experience_type._fields} (missing {error})"
         ) from None
 
 
@@ -482,7 +505,7 @@ def _nested(by_path: dict[str, Any], prefix: str) -> Any:
     out: dict[Any, Any] = {}
     for path in by_path:
         if path.startswith(prefix + "["):
-            key_text = path[len(prefix) + 1:path.index("]", len(prefix))]
+            key_text = path[len(prefix) + 1 : path.index("]", len(prefix))]
             key = ast.literal_eval(key_text)
             if key not in out:
                 out[key] = _nested(by_path, f"{prefix}[{key_text}]")

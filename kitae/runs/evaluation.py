@@ -44,8 +44,9 @@ def record_video(agent: Any, env: EnvSpec, folder: Path, prefix: str, seed: int 
     single = gym.make(name, render_mode="rgb_array")
     with warnings.catch_warnings():  # a second evaluation of the same checkpoint replaces its video
         warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
-        single = gym.wrappers.RecordVideo(single, str(folder), name_prefix=prefix, episode_trigger=lambda i: i == 0,
-                                          disable_logger=True)
+        single = gym.wrappers.RecordVideo(
+            single, str(folder), name_prefix=prefix, episode_trigger=lambda i: i == 0, disable_logger=True
+        )
     try:
         observation, _ = single.reset(seed=seed)
         done = False
@@ -100,6 +101,14 @@ def eval_run(run_dir: str | Path, episodes: int = 10, video: bool = False, seed:
         eval_step=step,
     )
     write_summary(run_dir, **summary)
-    return {"run_dir": str(run_dir), "env": run.env.id, "seeds": seeds, "episodes": episodes, "step": step,
-            "mean": means, "std": stds, "returns": all_returns,
-            "video": str(video_path) if video_path else None}
+    return {
+        "run_dir": str(run_dir),
+        "env": run.env.id,
+        "seeds": seeds,
+        "episodes": episodes,
+        "step": step,
+        "mean": means,
+        "std": stds,
+        "returns": all_returns,
+        "video": str(video_path) if video_path else None,
+    }

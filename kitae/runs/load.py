@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from kitae.loops.state import Payload, apply_loop_state
-from kitae.runs.checkpoints import CheckpointError, Checkpointer, Restored, restore_target
+from kitae.runs.checkpoints import Checkpointer, CheckpointError, Restored, restore_target
 from kitae.runs.errors import RunError
 from kitae.runs.resolve import resolve_run_dir
 from kitae.runs.rundir import check_run_dir
@@ -22,9 +22,11 @@ __all__ = ["checkpoint_dirs", "run_seeds", "restore_payload", "restore_error", "
 def checkpoint_dirs(run_dir: Path) -> dict[int | None, Path]:
     """``{None: checkpoints/}`` or, for host runs of several seeds, ``{seed: checkpoints/seed-<seed>/}``."""
     root = run_dir / "checkpoints"
-    per_seed = sorted(
-        (int(p.name[5:]), p) for p in root.glob("seed-*") if p.is_dir() and p.name[5:].isdigit()
-    ) if root.is_dir() else []
+    per_seed = (
+        sorted((int(p.name[5:]), p) for p in root.glob("seed-*") if p.is_dir() and p.name[5:].isdigit())
+        if root.is_dir()
+        else []
+    )
     return dict(per_seed) if per_seed else {None: root}
 
 
@@ -61,8 +63,9 @@ def restore_error(error: Exception) -> RunError:
     return RunError(text)
 
 
-def restore_payload(agent: Any, env: Any, executor: Any, directory: Path,
-                    max_step: int | None = None) -> tuple[Payload, Restored]:
+def restore_payload(
+    agent: Any, env: Any, executor: Any, directory: Path, max_step: int | None = None
+) -> tuple[Payload, Restored]:
     """Restores the newest readable checkpoint in ``directory`` for ``agent``.
 
     Args:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -35,8 +36,9 @@ def curves_from_metrics(rows: Iterable[dict], counts: bool = False) -> dict[Any,
     }
 
 
-def _smooth(steps: np.ndarray, returns: np.ndarray, grid: np.ndarray, window: int = 10,
-            counts: np.ndarray | None = None) -> np.ndarray:
+def _smooth(
+    steps: np.ndarray, returns: np.ndarray, grid: np.ndarray, window: int = 10, counts: np.ndarray | None = None
+) -> np.ndarray:
     """The mean of the last ``window`` episodes at each step (fewer at the start), read at ``grid``
     (NaN before the first episode and after the last). Rows averaging several episodes weigh as many."""
     if len(returns) == 0:
@@ -58,8 +60,9 @@ def _format_steps(value: float, _: Any = None) -> str:
     return f"{value:g}"
 
 
-def plot_curves(runs: dict[str, dict[Any, tuple[np.ndarray, ...]]], path: str | Path,
-                title: str | None = None, window: int = 10) -> Path:
+def plot_curves(
+    runs: dict[str, dict[Any, tuple[np.ndarray, ...]]], path: str | Path, title: str | None = None, window: int = 10
+) -> Path:
     """Plots return against environment steps: for each run, its seeds' mean (each seed smoothed
     as the mean of its last ``window`` episodes) as a line and their min-max as a band. Curves are
     ``(steps, returns)`` or ``(steps, returns, episodes)`` (``curves_from_metrics``). Writes
@@ -135,6 +138,8 @@ def plot_runs(run_dirs: list[str | Path], output: str | Path | None = None) -> P
         name = run_dir.name if names.count(run_dir.name) == 1 else str(run_dir)
         differs = [x for x, shared in ((algo, len(algos) == 1), (env_id, len(envs) == 1)) if not shared]
         named[name + (f" ({' '.join(differs)})" if differs else "")] = curves
-    title = " on ".join(([next(iter(algos))] if len(algos) == 1 else []) + ([next(iter(envs))] if len(envs) == 1 else []))
+    title = " on ".join(
+        ([next(iter(algos))] if len(algos) == 1 else []) + ([next(iter(envs))] if len(envs) == 1 else [])
+    )
     plot_curves(named, output, title=title or None)
     return output

@@ -128,7 +128,9 @@ def _learning_rate(value: Any) -> tuple[Any, bool | None]:
         try:
             return float(value[4:]), True
         except ValueError:
-            raise ValueError(f"update_cfg.learning_rate={value!r} is not allowed; allowed: a float or 'lin_<float>'") from None
+            raise ValueError(
+                f"update_cfg.learning_rate={value!r} is not allowed; allowed: a float or 'lin_<float>'"
+            ) from None
     return value, None
 
 
@@ -158,8 +160,15 @@ def build_config(params_cls: type, env_spec: EnvSpec, env: Any, resolved: dict) 
     )
 
 
-def resolve(algo: str, params_cls: type, env: EnvSpec, *, config_file: str | None = None,
-            sets: list[str] | None = None, overrides: dict | None = None) -> dict:
+def resolve(
+    algo: str,
+    params_cls: type,
+    env: EnvSpec,
+    *,
+    config_file: str | None = None,
+    sets: list[str] | None = None,
+    overrides: dict | None = None,
+) -> dict:
     """Preset, then config file, then ``overrides`` (from command-line flags), then ``--set``.
 
     Args:

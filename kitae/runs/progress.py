@@ -27,16 +27,21 @@ class ProgressBar(Callback):
     def on_start(self, info: RunInfo) -> None:
         if self.quiet:
             return
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeRemainingColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+        from rich.progress import Progress as Bar
 
-        seeds = f" seed {info.seeds[0]}" if len(info.seeds) == 1 and info.executor == "host" else ""
+        seeds = f" seed {info.seeds[0]}" if len(info.seeds) == 1 else ""
         self.progress = Bar(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[sps]} steps/s"), TextColumn("return {task.fields[ret]}"),
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[sps]} steps/s"),
+            TextColumn("return {task.fields[ret]}"),
             TimeRemainingColumn(),
         )
-        self.task = self.progress.add_task(self.description + seeds, total=info.end_step, completed=info.start_step,
-                                           sps="-", ret="-")
+        self.task = self.progress.add_task(
+            self.description + seeds, total=info.end_step, completed=info.start_step, sps="-", ret="-"
+        )
         self.progress.start()
 
     def on_progress(self, progress: Progress) -> None:

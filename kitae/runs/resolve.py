@@ -22,8 +22,15 @@ from kitae.runs.errors import RunError
 from kitae.runs.presets import build_config, resolve
 from kitae.runs.rundir import default_run_dir, read_run_config
 
-__all__ = ["RunSpec", "ResolvedRun", "resolve_train", "resolve_run_dir", "resolve_agent", "make_run_env",
-           "preset_agent"]
+__all__ = [
+    "RunSpec",
+    "ResolvedRun",
+    "resolve_train",
+    "resolve_run_dir",
+    "resolve_agent",
+    "make_run_env",
+    "preset_agent",
+]
 
 _WARNED_HOST_ONLY: set[str] = set()
 
@@ -72,7 +79,7 @@ class ResolvedRun:
         """The run's total of environment steps."""
         return self.config.train_cfg.n_env_steps
 
-    def with_total(self, total: int) -> "ResolvedRun":
+    def with_total(self, total: int) -> ResolvedRun:
         """The same run with another total (``kitae resume --steps``)."""
         if total == self.total:
             return self
@@ -122,7 +129,11 @@ def resolve_train(spec: RunSpec) -> tuple[ResolvedRun, Any]:
     if spec.seeds is not None and spec.seeds < 1:
         raise RunError(f"--seeds {spec.seeds} is not allowed; allowed: an int >= 1")
     values = resolve(
-        spec.algo, params_cls, env_spec, config_file=spec.config_file, sets=spec.sets,
+        spec.algo,
+        params_cls,
+        env_spec,
+        config_file=spec.config_file,
+        sets=spec.sets,
         overrides={"seed": spec.seed, "n_envs": spec.n_envs, "n_env_steps": spec.steps},
     )
     env = make_run_env(env_spec, values["n_envs"])
@@ -145,8 +156,9 @@ def resolve_agent(agent: Any, env: Any) -> ResolvedRun:
     return ResolvedRun(algo, type(agent), env_spec, agent.config, None, Path(agent.run_dir), executor_for(env))
 
 
-def resolve_run_dir(run_dir: Path, *, steps: int | None = None, agent_cls: type | None = None,
-                    seeds: list[int] | None = None) -> ResolvedRun:
+def resolve_run_dir(
+    run_dir: Path, *, steps: int | None = None, agent_cls: type | None = None, seeds: list[int] | None = None
+) -> ResolvedRun:
     """Resolves an existing run directory from its ``config.yaml`` (``kitae resume``, ``kitae eval``).
 
     Args:
@@ -169,8 +181,9 @@ def resolve_run_dir(run_dir: Path, *, steps: int | None = None, agent_cls: type 
         env_spec = EnvSpec.parse(config.env_cfg.task_name)
     except ValueError as error:
         raise RunError(f"config.yaml in {str(run_dir)!r}: {error}") from None
-    run = ResolvedRun(algo or agent_cls.__name__.lower(), agent_cls, env_spec, config, seeds, run_dir,
-                      executor_for(env_spec))
+    run = ResolvedRun(
+        algo or agent_cls.__name__.lower(), agent_cls, env_spec, config, seeds, run_dir, executor_for(env_spec)
+    )
     if steps is not None:
         if steps < 1:
             raise RunError(f"--steps {steps} is not allowed; allowed: an int >= 1")
@@ -178,9 +191,17 @@ def resolve_run_dir(run_dir: Path, *, steps: int | None = None, agent_cls: type 
     return run
 
 
-def preset_agent(algo: str, env_id: str, *, run_dir: str | Path | None = None, steps: int | None = None,
-                 seed: int | None = None, n_envs: int | None = None, sets: list[str] | None = None,
-                 config_file: str | None = None) -> tuple[Any, Any]:
+def preset_agent(
+    algo: str,
+    env_id: str,
+    *,
+    run_dir: str | Path | None = None,
+    steps: int | None = None,
+    seed: int | None = None,
+    n_envs: int | None = None,
+    sets: list[str] | None = None,
+    config_file: str | None = None,
+) -> tuple[Any, Any]:
     """An agent configured as ``kitae train ALGO ENV`` would (preset, config file, overrides), and
     its environments: the command line's resolution, from Python.
 
@@ -195,6 +216,16 @@ def preset_agent(algo: str, env_id: str, *, run_dir: str | Path | None = None, s
     Returns:
         ``(agent, env)``: ``agent.train(env)`` then trains as ``kitae train`` does.
     """
-    run, env = resolve_train(RunSpec(algo, env_id, steps=steps, seed=seed, n_envs=n_envs, sets=list(sets or []),
-                                     config_file=config_file, run_dir=None if run_dir is None else str(run_dir)))
+    run, env = resolve_train(
+        RunSpec(
+            algo,
+            env_id,
+            steps=steps,
+            seed=seed,
+            n_envs=n_envs,
+            sets=list(sets or []),
+            config_file=config_file,
+            run_dir=None if run_dir is None else str(run_dir),
+        )
+    )
     return run.make_agent(), env

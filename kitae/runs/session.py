@@ -24,8 +24,9 @@ import contextlib
 import dataclasses
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -33,7 +34,7 @@ from kitae.loops.callbacks import WriterLogger
 from kitae.loops.result import RunResult
 from kitae.loops.state import LoopState, apply_loop_state, pick_seed
 from kitae.runs.callbacks import CheckpointSaver, MetricsLogger
-from kitae.runs.checkpoints import CheckpointError, Checkpointer
+from kitae.runs.checkpoints import Checkpointer, CheckpointError
 from kitae.runs.errors import RunError
 from kitae.runs.load import checkpoint_dirs, restore_error, restore_payload, run_seeds
 from kitae.runs.plotting import curves_from_metrics, plot_curves
@@ -98,9 +99,17 @@ def _fingerprints(result: RunResult) -> list[str]:
     return [state_fingerprint(states)]
 
 
-def execute(run: ResolvedRun, plans: list[Plan], total: int, *, quiet: bool, purge_step: int | None = None,
-            describe_config: bool = True, callbacks: Any = (), extra_summary: dict | None = None
-            ) -> tuple[dict, list[RunResult]]:
+def execute(
+    run: ResolvedRun,
+    plans: list[Plan],
+    total: int,
+    *,
+    quiet: bool,
+    purge_step: int | None = None,
+    describe_config: bool = True,
+    callbacks: Any = (),
+    extra_summary: dict | None = None,
+) -> tuple[dict, list[RunResult]]:
     """Trains the plans until ``total`` environment steps and writes the run directory.
 
     Returns:
@@ -135,13 +144,17 @@ def execute(run: ResolvedRun, plans: list[Plan], total: int, *, quiet: bool, pur
                 meta = {"run_seeds": run.seeds} if run.seeds and plan.seeds is None else None
                 saver = CheckpointSaver(Checkpointer(plan.directory, before_save=flush, meta=meta))
                 bar = ProgressBar(f"{type(agent).__name__} {run.env.id}", quiet)
-                if run.executor.name == "compiled" and index == 0:
-                    bar.message("compiling the training program (one XLA program, run in segments)...")
+                if run.executor.starting and index == 0:
+                    bar.message(run.executor.starting)
                 seeds = plan.seeds or [plan.seed]
                 extra = [WriterLogger(writer)] if index == 0 else []
                 try:
                     result = run.executor.run(
-                        agent, env, total, start=plan.start, seeds=plan.seeds,
+                        agent,
+                        env,
+                        total,
+                        start=plan.start,
+                        seeds=plan.seeds,
                         callbacks=[MetricsLogger(metrics, seeds), saver, bar, stop, *extra, *callbacks],
                     )
                 finally:
@@ -184,16 +197,25 @@ def execute(run: ResolvedRun, plans: list[Plan], total: int, *, quiet: bool, pur
 
 
 def _plot(run: ResolvedRun, rows: list[dict]) -> None:
-    plot_curves({f"{run.algo} {run.env.id}": curves_from_metrics(rows, counts=True)}, run.run_dir / "curve.png",
-                title=run.run_dir.name)
+    plot_curves(
+        {f"{run.algo} {run.env.id}": curves_from_metrics(rows, counts=True)},
+        run.run_dir / "curve.png",
+        title=run.run_dir.name,
+    )
 
 
 def _stopped(run_dir: Path, checkpoint: Path | None, steps: int, stop: StopRequest) -> dict:
     where = str(checkpoint) if checkpoint is not None else None
     if checkpoint is not None and checkpoint.is_relative_to(run_dir.absolute()):  # as the user named the run
         where = str(run_dir / checkpoint.relative_to(run_dir.absolute()))
-    return {"stopped": True, "signal": stop.name, "signum": stop.signal, "steps": steps, "checkpoint": where,
-            "run_dir": str(run_dir)}
+    return {
+        "stopped": True,
+        "signal": stop.name,
+        "signum": stop.signal,
+        "steps": steps,
+        "checkpoint": where,
+        "run_dir": str(run_dir),
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -221,16 +243,17 @@ def train_run(spec: RunSpec) -> dict:
     run.run_dir.mkdir(parents=True, exist_ok=True)
     write_config(run.run_dir, run.config)
     root = run.run_dir / "checkpoints"
-    if run.seeds and run.executor.name == "host":
-        plans = [Plan(root / f"seed-{seed}", seed, agent=agent if i == 0 else None, env=env if i == 0 else None)
-                 for i, seed in enumerate(run.seeds)]
+    if run.seeds and not run.executor.batches_seeds:
+        plans = [
+            Plan(root / f"seed-{seed}", seed, agent=agent if i == 0 else None, env=env if i == 0 else None)
+            for i, seed in enumerate(run.seeds)
+        ]
     else:
         plans = [Plan(root, run.config.seed, seeds=run.seeds, agent=agent, env=env)]
     return execute(run, plans, run.total, quiet=spec.quiet)[0]
 
 
-def train_agent(agent: Any, env: Any, n_env_steps: int | None, *, callbacks: Any = (), quiet: bool = True
-                ) -> RunResult:
+def train_agent(agent: Any, env: Any, n_env_steps: int | None, *, callbacks: Any = (), quiet: bool = True) -> RunResult:
     """``agent.train(env, n_env_steps)``: trains ``n_env_steps`` more steps (default
     ``train_cfg.n_env_steps``) from the agent's state into ``agent.run_dir``, as ``kitae train`` does."""
     n_env_steps = agent.config.train_cfg.n_env_steps if n_env_steps is None else n_env_steps
@@ -247,8 +270,14 @@ def train_agent(agent: Any, env: Any, n_env_steps: int | None, *, callbacks: Any
     if not (run.run_dir / "config.yaml").exists():
         write_config(run.run_dir, run.config)
     plan = Plan(run.run_dir / "checkpoints", agent.config.seed, agent=agent, env=env)
-    summary, results = execute(run, [plan], int(agent.env_step) + n_env_steps, quiet=quiet, describe_config=fresh,
-                               callbacks=list(callbacks) if not hasattr(callbacks, "on_start") else [callbacks])
+    summary, results = execute(
+        run,
+        [plan],
+        int(agent.env_step) + n_env_steps,
+        quiet=quiet,
+        describe_config=fresh,
+        callbacks=list(callbacks) if not hasattr(callbacks, "on_start") else [callbacks],
+    )
     return results[0]
 
 
@@ -292,7 +321,7 @@ def resume_run(run_dir: str | Path, steps: int | None = None, quiet: bool = Fals
             payload, restored = restore_payload(agent, env, run.executor, dirs[None])
             batched = payload.meta.get("seeds")
             plans.append(Plan(dirs[None], run.config.seed, seeds=batched, agent=agent, env=env, start=payload.state))
-            keep = {seed: restored.step for seed in (batched or [run.config.seed])}
+            keep = dict.fromkeys(batched or [run.config.seed], restored.step)
         else:  # a host run of several seeds, one after the other
             keep = {}
             for i, seed in enumerate(seeds or []):
@@ -307,8 +336,16 @@ def resume_run(run_dir: str | Path, steps: int | None = None, quiet: bool = Fals
                     keep[seed] = 0
                     continue
                 step = restored.step
-                plans.append(Plan(directory, seed, agent=agent, env=env if not plans else None, start=payload.state,
-                                  finished=step >= run.total))
+                plans.append(
+                    Plan(
+                        directory,
+                        seed,
+                        agent=agent,
+                        env=env if not plans else None,
+                        start=payload.state,
+                        finished=step >= run.total,
+                    )
+                )
                 if step >= run.total:
                     apply_loop_state(agent, payload.state)
                 keep[seed] = step
@@ -324,12 +361,20 @@ def resume_run(run_dir: str | Path, steps: int | None = None, quiet: bool = Fals
     _prepare_resume(run, keep)
     if not quiet:
         print(f"resuming {run_dir} from step {first_step:,} to {run.total:,} steps", file=sys.stderr)
-    return execute(run, plans, run.total, quiet=quiet, purge_step=first_step + 1, describe_config=False,
-                   extra_summary={"resumed_from": first_step})[0]
+    return execute(
+        run,
+        plans,
+        run.total,
+        quiet=quiet,
+        purge_step=first_step + 1,
+        describe_config=False,
+        extra_summary={"resumed_from": first_step},
+    )[0]
 
 
-def resume_agent(agent: Any, env: Any, n_env_steps: int | None = None, *, callbacks: Any = (),
-                 quiet: bool = True) -> RunResult:
+def resume_agent(
+    agent: Any, env: Any, n_env_steps: int | None = None, *, callbacks: Any = (), quiet: bool = True
+) -> RunResult:
     """``agent.resume(env, n_env_steps)``: restores ``agent`` from the newest readable checkpoint in
     ``<run_dir>/checkpoints`` and trains on until ``n_env_steps`` in all (default
     ``config.train_cfg.n_env_steps``), writing the run directory as ``kitae resume`` does.
@@ -349,10 +394,16 @@ def resume_agent(agent: Any, env: Any, n_env_steps: int | None = None, *, callba
     if not batched:
         apply_loop_state(agent, payload.state)
     _check_total(run.run_dir, restored.step, total)
-    truncate_metrics(run.run_dir / "metrics.jsonl", {seed: restored.step for seed in (batched or [agent.config.seed])})
+    truncate_metrics(run.run_dir / "metrics.jsonl", dict.fromkeys(batched or [agent.config.seed], restored.step))
     plan = Plan(directory, agent.config.seed, seeds=batched, agent=agent, env=env, start=payload.state)
-    _, results = execute(dataclasses.replace(run, seeds=batched), [plan], total, quiet=quiet,
-                         purge_step=restored.step + 1, describe_config=False,
-                         callbacks=list(callbacks) if not hasattr(callbacks, "on_start") else [callbacks],
-                         extra_summary={"resumed_from": restored.step})
+    _, results = execute(
+        dataclasses.replace(run, seeds=batched),
+        [plan],
+        total,
+        quiet=quiet,
+        purge_step=restored.step + 1,
+        describe_config=False,
+        callbacks=list(callbacks) if not hasattr(callbacks, "on_start") else [callbacks],
+        extra_summary={"resumed_from": restored.step},
+    )
     return results[0]

@@ -6,7 +6,8 @@ import contextlib
 import signal
 import sys
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from kitae.loops.callbacks import Callback
 

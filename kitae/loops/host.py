@@ -382,7 +382,8 @@ class HostExecutor:
                     callbacks.on_losses(*logged, None)
 
             stopping = env_step < end and callbacks.should_stop()
-            if env_step % per_iteration == 0 and schedule.save_due(env_step - per_iteration, env_step) and not stopping:
+            due = env_step % per_iteration == 0 and schedule.save_due(env_step - per_iteration, env_step)
+            if due and env_step < end and not stopping:  # the end and a stop save below
                 callbacks.on_checkpoint(payload(env_step))
             now = time.perf_counter()
             if stopping or now - last_progress >= 0.5:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import chex
 import gymnasium as gym
 import jax
 import jax.numpy as jnp
@@ -18,6 +19,8 @@ from kitae.buffer import Experience
 from kitae.envs.make import make_vec_env
 
 pytestmark = pytest.mark.timeout(120)  # a hung compilation fails instead of stalling the run
+# The tests of the pure maths are chex variants: each runs once under jax.jit and once eagerly.
+VARIANTS = dict(with_jit=True, without_jit=True)
 
 BOX2 = gym.spaces.Box(-10.0, 10.0, (2,), np.float32)
 DISCRETE3 = gym.spaces.Discrete(3)
@@ -101,24 +104,28 @@ EXPECTED_LOSS = {
 }
 
 
-def test_dqn_targets_by_hand():
-    next_q_target = jnp.array([[2.0, 2.0, 1.0], [1.5, 1.0, 3.0], [1.5, 1.0, 3.0]])
-    next_q_online = jnp.array([[2.0, 1.0, 3.0], [1.0, 3.0, -1.0], [1.0, 3.0, -1.0]])
-    rewards, terminated = jnp.array([1.0, -1.0, 0.5]), jnp.array([0.0, 1.0, 0.0])
-    plain = dqn.dqn_targets(rewards, terminated, next_q_target, 0.9)
-    double = dqn.dqn_targets(rewards, terminated, next_q_target, 0.9, next_q_online)
-    np.testing.assert_allclose(plain, PLAIN_TARGETS, rtol=1e-6)
-    np.testing.assert_allclose(double, DOUBLE_TARGETS, rtol=1e-6)
+class TestTargetsAndLoss(chex.TestCase):
+    @chex.variants(**VARIANTS)
+    def test_dqn_targets_by_hand(self):
+        targets = self.variant(dqn.dqn_targets)
+        next_q_target = jnp.array([[2.0, 2.0, 1.0], [1.5, 1.0, 3.0], [1.5, 1.0, 3.0]])
+        next_q_online = jnp.array([[2.0, 1.0, 3.0], [1.0, 3.0, -1.0], [1.0, 3.0, -1.0]])
+        rewards, terminated = jnp.array([1.0, -1.0, 0.5]), jnp.array([0.0, 1.0, 0.0])
+        plain = targets(rewards, terminated, next_q_target, 0.9)
+        double = targets(rewards, terminated, next_q_target, 0.9, next_q_online)
+        np.testing.assert_allclose(plain, PLAIN_TARGETS, rtol=1e-6)
+        np.testing.assert_allclose(double, DOUBLE_TARGETS, rtol=1e-6)
 
-
-def test_dqn_loss_by_hand():
-    q_values = jnp.array([[5.0, 7.0, 0.0], [0.0, 9.0, 9.0], [4.0, 1.0, 4.0]])  # taken: 0, 0, 1
-    actions = jnp.array([2, 0, 1])
-    targets = jnp.array([2.8, -1.0, 3.2])  # errors -2.8, 1.0, -2.2
-    np.testing.assert_allclose(dqn.dqn_loss(q_values, actions, targets, "huber"), 1.5, rtol=1e-6)
-    np.testing.assert_allclose(dqn.dqn_loss(q_values, actions, targets, "l2"), 2.28, rtol=1e-6)
-    # inside the quadratic zone huber and l2 agree: error 0.5 -> 0.125
-    np.testing.assert_allclose(dqn.dqn_loss(jnp.array([[1.5]]), jnp.array([0]), jnp.array([1.0])), 0.125)
+    @chex.variants(**VARIANTS)
+    def test_dqn_loss_by_hand(self):
+        loss_fn = self.variant(dqn.dqn_loss, static_argnames=("loss",))  # loss: a static Python string
+        q_values = jnp.array([[5.0, 7.0, 0.0], [0.0, 9.0, 9.0], [4.0, 1.0, 4.0]])  # taken: 0, 0, 1
+        actions = jnp.array([2, 0, 1])
+        targets = jnp.array([2.8, -1.0, 3.2])  # errors -2.8, 1.0, -2.2
+        np.testing.assert_allclose(loss_fn(q_values, actions, targets, loss="huber"), 1.5, rtol=1e-6)
+        np.testing.assert_allclose(loss_fn(q_values, actions, targets, loss="l2"), 2.28, rtol=1e-6)
+        # inside the quadratic zone huber and l2 agree: error 0.5 -> 0.125
+        np.testing.assert_allclose(loss_fn(jnp.array([[1.5]]), jnp.array([0]), jnp.array([1.0])), 0.125)
 
 
 @pytest.mark.parametrize("loss", ["huber", "l2"])
@@ -179,32 +186,38 @@ def test_polyak_target_update(interval):
             np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
 
 
-def test_update_target_hand_values():
-    state = dqn.train_state_dqn_factory(jax.random.PRNGKey(0), make_config(DQNParams(hidden=())))
-    ts = state.qvalue.replace(params={"w": jnp.array([4.0])}, target_params={"w": jnp.array([0.0])})
-    assert float(dqn.update_target(ts.replace(step=2), 2, 0.5).target_params["w"][0]) == 2.0
-    assert float(dqn.update_target(ts.replace(step=3), 2, 0.5).target_params["w"][0]) == 0.0
-    assert float(dqn.update_target(ts.replace(step=4), 2, 1.0).target_params["w"][0]) == 4.0
+class TestTargetRuleAndSchedule(chex.TestCase):
+    @chex.variants(**VARIANTS)
+    def test_update_target_hand_values(self):
+        # the interval and tau are static; the step (a leaf of the TrainState) is traced under jit
+        update_target = self.variant(dqn.update_target, static_argnums=(1, 2))
+        state = dqn.train_state_dqn_factory(jax.random.PRNGKey(0), make_config(DQNParams(hidden=())))
+        ts = state.qvalue.replace(params={"w": jnp.array([4.0])}, target_params={"w": jnp.array([0.0])})
+        assert float(update_target(ts.replace(step=2), 2, 0.5).target_params["w"][0]) == 2.0
+        assert float(update_target(ts.replace(step=3), 2, 0.5).target_params["w"][0]) == 0.0
+        assert float(update_target(ts.replace(step=4), 2, 1.0).target_params["w"][0]) == 4.0
 
+    @chex.variants(**VARIANTS)
+    def test_epsilon_schedule_values(self):
+        params = DQNParams(exploration=1.0, exploration_final=0.1, exploration_fraction=0.5, start_step=0)
+        schedule = self.variant(dqn.epsilon_schedule(params, n_env_steps=1000))  # decays over 500 transitions
+        for step, expected in [(0, 1.0), (250, 0.55), (500, 0.1), (1000, 0.1)]:
+            np.testing.assert_allclose(schedule(step), expected, rtol=1e-6)
+        # a JAX integer step (traced under jit)
+        np.testing.assert_allclose(schedule(jnp.int32(100)), 1.0 - 0.9 * 100 / 500, rtol=1e-6)
 
-def test_epsilon_schedule_values():
-    params = DQNParams(exploration=1.0, exploration_final=0.1, exploration_fraction=0.5, start_step=0)
-    schedule = dqn.epsilon_schedule(params, n_env_steps=1000)  # decays over 500 transitions
-    for step, expected in [(0, 1.0), (250, 0.55), (500, 0.1), (1000, 0.1)]:
-        np.testing.assert_allclose(schedule(step), expected, rtol=1e-6)
-    # works with a traced step
-    np.testing.assert_allclose(jax.jit(schedule)(jnp.int32(100)), 1.0 - 0.9 * 100 / 500, rtol=1e-6)
+        # random actions (epsilon 1) before start_step; the decay still counts from step 0
+        warm = self.variant(dqn.epsilon_schedule(dataclasses.replace(params, start_step=100), 1000))
+        np.testing.assert_allclose(warm(99), 1.0)
+        np.testing.assert_allclose(warm(100), 0.82, rtol=1e-6)
 
-    # random actions (epsilon 1) before start_step; the decay still counts from step 0
-    warm = dqn.epsilon_schedule(dataclasses.replace(params, start_step=100), 1000)
-    np.testing.assert_allclose(warm(99), 1.0)
-    np.testing.assert_allclose(warm(100), 0.82, rtol=1e-6)
+        constant = self.variant(
+            dqn.epsilon_schedule(DQNParams(exploration=0.3, exploration_fraction=0.0, start_step=0), 1000)
+        )
+        np.testing.assert_allclose([constant(0), constant(10_000)], [0.3, 0.3], rtol=1e-6)
 
-    constant = dqn.epsilon_schedule(DQNParams(exploration=0.3, exploration_fraction=0.0, start_step=0), 1000)
-    np.testing.assert_allclose([constant(0), constant(10_000)], [0.3, 0.3], rtol=1e-6)
-
-    fn = dqn.epsilon_schedule(DQNParams(exploration=lambda s: 1.0 / (1.0 + s), start_step=0), 1000)
-    np.testing.assert_allclose([fn(0), fn(3), jax.jit(fn)(jnp.int32(4))], [1.0, 0.25, 0.2], rtol=1e-6)
+        fn = self.variant(dqn.epsilon_schedule(DQNParams(exploration=lambda s: 1.0 / (1.0 + s), start_step=0), 1000))
+        np.testing.assert_allclose([fn(0), fn(3), fn(jnp.int32(4))], [1.0, 0.25, 0.2], rtol=1e-6)
 
 
 def test_explore_follows_the_schedule_and_select_action_is_greedy():

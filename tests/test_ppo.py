@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import chex
 import gymnasium as gym
 import jax
 import jax.numpy as jnp
@@ -19,6 +20,8 @@ from kitae.buffer import Experience
 from kitae.envs.make import make_vec_env
 
 pytestmark = pytest.mark.timeout(120)  # a hung compilation fails instead of stalling the run
+# The tests of the pure maths are chex variants: each runs once under jax.jit and once eagerly.
+VARIANTS = dict(with_jit=True, without_jit=True)
 
 
 def _config(
@@ -85,52 +88,54 @@ def _collect(agent, env, obs, n_steps):
 # ---------------------------------------------------------------------------------------------
 
 
-def test_policy_loss_against_hand_computed_values():
-    # ratios 0.5 (below 1 - 0.2), 1.1 (inside), 1.5 (above 1 + 0.2), 1.5 and 0.5 with negative advantages
-    ratios = np.array([0.5, 1.1, 1.5, 1.5, 0.5])
-    advantages = jnp.array([1.0, -1.0, 2.0, -1.0, -1.0])
-    old = jnp.array([0.3, -0.2, 0.0, 1.0, -2.0])
-    log_probs = old + jnp.log(jnp.asarray(ratios))
-    # per sample: max(-A * r, -A * clip(r, 0.8, 1.2))
-    #   r=0.5, A=1 : max(-0.5, -0.8) = -0.5
-    #   r=1.1, A=-1: max( 1.1,  1.1) =  1.1
-    #   r=1.5, A=2 : max(-3.0, -2.4) = -2.4
-    #   r=1.5, A=-1: max( 1.5,  1.2) =  1.5
-    #   r=0.5, A=-1: max( 0.5,  0.8) =  0.8
-    expected = (-0.5 + 1.1 - 2.4 + 1.5 + 0.8) / 5  # = 0.1
-    loss = ppo.ppo_policy_loss(log_probs, old, advantages, 0.2)
-    np.testing.assert_allclose(loss, expected, rtol=1e-5, atol=1e-6)
-    # ratio 1 everywhere: the loss is -mean(A)
-    np.testing.assert_allclose(ppo.ppo_policy_loss(old, old, advantages, 0.2), -np.mean(advantages), rtol=1e-6)
+class TestLosses(chex.TestCase):
+    @chex.variants(**VARIANTS)
+    def test_policy_loss_against_hand_computed_values(self):
+        policy_loss = self.variant(ppo.ppo_policy_loss)
+        # ratios 0.5 (below 1 - 0.2), 1.1 (inside), 1.5 (above 1 + 0.2), 1.5 and 0.5 with negative advantages
+        ratios = np.array([0.5, 1.1, 1.5, 1.5, 0.5])
+        advantages = jnp.array([1.0, -1.0, 2.0, -1.0, -1.0])
+        old = jnp.array([0.3, -0.2, 0.0, 1.0, -2.0])
+        log_probs = old + jnp.log(jnp.asarray(ratios))
+        # per sample: max(-A * r, -A * clip(r, 0.8, 1.2))
+        #   r=0.5, A=1 : max(-0.5, -0.8) = -0.5
+        #   r=1.1, A=-1: max( 1.1,  1.1) =  1.1
+        #   r=1.5, A=2 : max(-3.0, -2.4) = -2.4
+        #   r=1.5, A=-1: max( 1.5,  1.2) =  1.5
+        #   r=0.5, A=-1: max( 0.5,  0.8) =  0.8
+        expected = (-0.5 + 1.1 - 2.4 + 1.5 + 0.8) / 5  # = 0.1
+        loss = policy_loss(log_probs, old, advantages, 0.2)
+        np.testing.assert_allclose(loss, expected, rtol=1e-5, atol=1e-6)
+        # ratio 1 everywhere: the loss is -mean(A)
+        np.testing.assert_allclose(policy_loss(old, old, advantages, 0.2), -np.mean(advantages), rtol=1e-6)
 
+    @chex.variants(**VARIANTS)
+    def test_value_loss_against_hand_computed_values(self):
+        value_loss = self.variant(ppo.ppo_value_loss, static_argnums=(3,))  # clip_coef: None or a float, static
+        values = jnp.array([1.0, 2.0, 0.0])
+        old_values = jnp.array([0.5, 2.1, 0.5])
+        returns = jnp.array([2.0, 1.0, 0.4])
+        # unclipped squared errors: (1-2)^2 = 1, (2-1)^2 = 1, (0-0.4)^2 = 0.16
+        np.testing.assert_allclose(value_loss(values, old_values, returns, None), 0.5 * (1 + 1 + 0.16) / 3, rtol=1e-6)
+        # clipped values: 0.5 + 0.2 = 0.7, 2.1 - 0.1 = 2.0 (inside), 0.5 - 0.2 = 0.3
+        # clipped squared errors: (0.7-2)^2 = 1.69, (2-1)^2 = 1, (0.3-0.4)^2 = 0.01
+        # max per sample: 1.69, 1, 0.16
+        np.testing.assert_allclose(value_loss(values, old_values, returns, 0.2), 0.5 * (1.69 + 1 + 0.16) / 3, rtol=1e-6)
 
-def test_value_loss_against_hand_computed_values():
-    values = jnp.array([1.0, 2.0, 0.0])
-    old_values = jnp.array([0.5, 2.1, 0.5])
-    returns = jnp.array([2.0, 1.0, 0.4])
-    # unclipped squared errors: (1-2)^2 = 1, (2-1)^2 = 1, (0-0.4)^2 = 0.16
-    np.testing.assert_allclose(
-        ppo.ppo_value_loss(values, old_values, returns, None), 0.5 * (1 + 1 + 0.16) / 3, rtol=1e-6
-    )
-    # clipped values: 0.5 + 0.2 = 0.7, 2.1 - 0.1 = 2.0 (inside), 0.5 - 0.2 = 0.3
-    # clipped squared errors: (0.7-2)^2 = 1.69, (2-1)^2 = 1, (0.3-0.4)^2 = 0.01
-    # max per sample: 1.69, 1, 0.16
-    np.testing.assert_allclose(
-        ppo.ppo_value_loss(values, old_values, returns, 0.2), 0.5 * (1.69 + 1 + 0.16) / 3, rtol=1e-6
-    )
-
-
-def test_advantage_normalisation_and_diagnostics():
-    adv = jnp.array([1.0, 2.0, 3.0])
-    # mean 2, population std sqrt(2/3)
-    np.testing.assert_allclose(ppo.normalize_advantages(adv), np.array([-1.0, 0.0, 1.0]) / math.sqrt(2 / 3), rtol=1e-6)
-    old = jnp.zeros(3)
-    log_probs = jnp.log(jnp.array([1.0, 1.1, 1.5]))
-    kl, clip_fraction = ppo.approx_kl_and_clip_fraction(log_probs, old, 0.2)
-    # k3 estimator: (r - 1) - log r
-    expected_kl = np.mean([0.0, 0.1 - math.log(1.1), 0.5 - math.log(1.5)])
-    np.testing.assert_allclose(kl, expected_kl, rtol=1e-5)
-    np.testing.assert_allclose(clip_fraction, 1 / 3)
+    @chex.variants(**VARIANTS)
+    def test_advantage_normalisation_and_diagnostics(self):
+        adv = jnp.array([1.0, 2.0, 3.0])
+        # mean 2, population std sqrt(2/3)
+        np.testing.assert_allclose(
+            self.variant(ppo.normalize_advantages)(adv), np.array([-1.0, 0.0, 1.0]) / math.sqrt(2 / 3), rtol=1e-6
+        )
+        old = jnp.zeros(3)
+        log_probs = jnp.log(jnp.array([1.0, 1.1, 1.5]))
+        kl, clip_fraction = self.variant(ppo.approx_kl_and_clip_fraction)(log_probs, old, 0.2)
+        # k3 estimator: (r - 1) - log r
+        expected_kl = np.mean([0.0, 0.1 - math.log(1.1), 0.5 - math.log(1.5)])
+        np.testing.assert_allclose(kl, expected_kl, rtol=1e-5)
+        np.testing.assert_allclose(clip_fraction, 1 / 3)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,35 +200,44 @@ def test_process_experience_gae_with_truncation_and_termination():
 # ---------------------------------------------------------------------------------------------
 
 
-def test_running_statistics_match_numpy_over_two_batches():
-    rng = np.random.default_rng(0)
-    a = rng.normal(3.0, 2.0, size=(7, 3)).astype(np.float32)
-    b = rng.normal(-1.0, 0.5, size=(5, 3)).astype(np.float32)
-    stats = ppo.init_running_statistics((3,))
-    stats = ppo.update_running_statistics(stats, a)
-    np.testing.assert_allclose(stats.mean, a.mean(0), rtol=1e-5)
-    np.testing.assert_allclose(stats.var, a.var(0), rtol=1e-5)
-    stats = ppo.update_running_statistics(stats, b)
-    both = np.concatenate([a, b])
-    np.testing.assert_allclose(stats.mean, both.mean(0), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(stats.var, both.var(0), rtol=1e-5)
-    assert float(stats.count) == 12.0
-    normalised = ppo.normalize_with_statistics(both, stats, 10.0)
-    np.testing.assert_allclose(normalised, (both - both.mean(0)) / np.sqrt(both.var(0) + 1e-8), rtol=1e-4, atol=1e-5)
-    assert float(jnp.max(ppo.normalize_with_statistics(both * 100, stats, 2.0))) == 2.0
+class TestRunningStatistics(chex.TestCase):
+    @chex.variants(**VARIANTS)
+    def test_running_statistics_match_numpy_over_two_batches(self):
+        init = self.variant(ppo.init_running_statistics, static_argnums=(0,))  # the shape is static
+        update = self.variant(ppo.update_running_statistics)
+        normalize = self.variant(ppo.normalize_with_statistics)
+        rng = np.random.default_rng(0)
+        a = rng.normal(3.0, 2.0, size=(7, 3)).astype(np.float32)
+        b = rng.normal(-1.0, 0.5, size=(5, 3)).astype(np.float32)
+        stats = init((3,))
+        stats = update(stats, a)
+        np.testing.assert_allclose(stats.mean, a.mean(0), rtol=1e-5)
+        np.testing.assert_allclose(stats.var, a.var(0), rtol=1e-5)
+        stats = update(stats, b)
+        both = np.concatenate([a, b])
+        np.testing.assert_allclose(stats.mean, both.mean(0), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(stats.var, both.var(0), rtol=1e-5)
+        assert float(stats.count) == 12.0
+        normalised = normalize(both, stats, 10.0)
+        np.testing.assert_allclose(
+            normalised, (both - both.mean(0)) / np.sqrt(both.var(0) + 1e-8), rtol=1e-4, atol=1e-5
+        )
+        assert float(jnp.max(normalize(both * 100, stats, 2.0))) == 2.0
 
-
-def test_return_statistics_by_hand():
-    config = _config(gym.spaces.Box(-1, 1, (2,)), gym.spaces.Discrete(2), PPOParams(normalize_rewards=True), n_envs=2)
-    state = ppo.train_state_ppo_factory(jax.random.PRNGKey(0), config)
-    rewards = jnp.array([[1.0, 2.0], [1.0, 0.0], [1.0, 1.0]])
-    ends = jnp.array([[False, True], [False, False], [True, False]])
-    state = ppo.update_return_statistics(state, rewards, ends, 0.5)
-    # env 0: R = 1, 1.5, 1.75 (then reset); env 1: R = 2 (then reset), 0, 1
-    recorded = np.array([1.0, 2.0, 1.5, 0.0, 1.75, 1.0])
-    np.testing.assert_allclose(state.return_statistics.mean, recorded.mean(), rtol=1e-6)
-    np.testing.assert_allclose(state.return_statistics.var, recorded.var(), rtol=1e-6)
-    np.testing.assert_allclose(state.discounted_returns, [0.0, 1.0])
+    @chex.variants(**VARIANTS)
+    def test_return_statistics_by_hand(self):
+        config = _config(
+            gym.spaces.Box(-1, 1, (2,)), gym.spaces.Discrete(2), PPOParams(normalize_rewards=True), n_envs=2
+        )
+        state = ppo.train_state_ppo_factory(jax.random.PRNGKey(0), config)
+        rewards = jnp.array([[1.0, 2.0], [1.0, 0.0], [1.0, 1.0]])
+        ends = jnp.array([[False, True], [False, False], [True, False]])
+        state = self.variant(ppo.update_return_statistics)(state, rewards, ends, 0.5)
+        # env 0: R = 1, 1.5, 1.75 (then reset); env 1: R = 2 (then reset), 0, 1
+        recorded = np.array([1.0, 2.0, 1.5, 0.0, 1.75, 1.0])
+        np.testing.assert_allclose(state.return_statistics.mean, recorded.mean(), rtol=1e-6)
+        np.testing.assert_allclose(state.return_statistics.var, recorded.var(), rtol=1e-6)
+        np.testing.assert_allclose(state.discounted_returns, [0.0, 1.0])
 
 
 def test_agent_keeps_statistics_in_its_state_and_updates_them_after_the_epochs():

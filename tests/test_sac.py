@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import chex
 import gymnasium as gym
 import jax
 import jax.numpy as jnp
@@ -31,6 +32,8 @@ from kitae.envs.make import make_vec_env
 OBS_SPACE = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
 ACT_SPACE = gym.spaces.Box(np.array([-2.0, 0.0], np.float32), np.array([1.0, 5.0], np.float32))
 SMALL = dict(policy_hidden=(16, 16), q_hidden=(16, 16))
+# The tests of the pure maths are chex variants: each runs once under jax.jit and once eagerly.
+VARIANTS = dict(with_jit=True, without_jit=True)
 
 
 def make_config(
@@ -83,58 +86,65 @@ def tiny_batch(n=4, seed=0) -> SACBatch:
 # ---------------------------------------------------------------------------------------------
 
 
-def test_critic_loss_by_hand():
-    q_values = jnp.array([[1.0, 2.0, 0.5], [1.5, 1.0, 0.0]])  # 2 critics, 3 transitions
-    rewards = jnp.array([1.0, 0.0, -1.0])
-    dones = jnp.array([0.0, 1.0, 0.0])
-    next_q = jnp.array([[2.0, 3.0, 1.0], [1.0, 4.0, 2.0]])  # min over critics: 1, 3, 1
-    next_log_probs = jnp.array([0.2, -0.4, 1.0])
-    alpha, gamma = 0.5, 0.9
-    # soft values: 1 - 0.5*0.2 = 0.9, 3 + 0.5*0.4 = 3.2, 1 - 0.5*1 = 0.5
-    # targets: 1 + 0.9*0.9 = 1.81, 0 (terminated), -1 + 0.9*0.5 = -0.55
-    targets = sac_td_targets(rewards, dones, next_q, next_log_probs, alpha, gamma)
-    np.testing.assert_allclose(targets, [1.81, 0.0, -0.55], rtol=1e-6)
-    critic_1 = ((1.0 - 1.81) ** 2 + (2.0 - 0.0) ** 2 + (0.5 + 0.55) ** 2) / 3
-    critic_2 = ((1.5 - 1.81) ** 2 + (1.0 - 0.0) ** 2 + (0.0 + 0.55) ** 2) / 3
-    expected = 0.5 * (critic_1 + critic_2)  # = 1.19286...
-    loss = sac_critic_loss(q_values, rewards, dones, next_q, next_log_probs, alpha, gamma)
-    np.testing.assert_allclose(loss, expected, rtol=1e-6)
-    np.testing.assert_allclose(expected, 1.1928667, rtol=1e-6)
-    # the targets carry no gradient: only q_values do
-    g_next, g_logp = jax.grad(
-        lambda nq, lp: sac_critic_loss(q_values, rewards, dones, nq, lp, alpha, gamma), argnums=(0, 1)
-    )(next_q, next_log_probs)
-    assert not np.any(g_next) and not np.any(g_logp)
-    g_q = jax.grad(lambda q: sac_critic_loss(q, rewards, dones, next_q, next_log_probs, alpha, gamma))(q_values)
-    # d/dq 0.5 * mean (q - y)^2 = (q - y) / 3
-    np.testing.assert_allclose(g_q[0], np.array([1.0 - 1.81, 2.0, 1.05]) / 3, rtol=1e-5)
+class TestLosses(chex.TestCase):
+    @chex.variants(**VARIANTS)
+    def test_critic_loss_by_hand(self):
+        q_values = jnp.array([[1.0, 2.0, 0.5], [1.5, 1.0, 0.0]])  # 2 critics, 3 transitions
+        rewards = jnp.array([1.0, 0.0, -1.0])
+        dones = jnp.array([0.0, 1.0, 0.0])
+        next_q = jnp.array([[2.0, 3.0, 1.0], [1.0, 4.0, 2.0]])  # min over critics: 1, 3, 1
+        next_log_probs = jnp.array([0.2, -0.4, 1.0])
+        alpha, gamma = 0.5, 0.9
+        # soft values: 1 - 0.5*0.2 = 0.9, 3 + 0.5*0.4 = 3.2, 1 - 0.5*1 = 0.5
+        # targets: 1 + 0.9*0.9 = 1.81, 0 (terminated), -1 + 0.9*0.5 = -0.55
+        targets = self.variant(sac_td_targets)(rewards, dones, next_q, next_log_probs, alpha, gamma)
+        np.testing.assert_allclose(targets, [1.81, 0.0, -0.55], rtol=1e-6)
+        critic_1 = ((1.0 - 1.81) ** 2 + (2.0 - 0.0) ** 2 + (0.5 + 0.55) ** 2) / 3
+        critic_2 = ((1.5 - 1.81) ** 2 + (1.0 - 0.0) ** 2 + (0.0 + 0.55) ** 2) / 3
+        expected = 0.5 * (critic_1 + critic_2)  # = 1.19286...
+        loss = self.variant(sac_critic_loss)(q_values, rewards, dones, next_q, next_log_probs, alpha, gamma)
+        np.testing.assert_allclose(loss, expected, rtol=1e-6)
+        np.testing.assert_allclose(expected, 1.1928667, rtol=1e-6)
+        # the targets carry no gradient: only q_values do
+        g_next, g_logp = self.variant(
+            jax.grad(lambda nq, lp: sac_critic_loss(q_values, rewards, dones, nq, lp, alpha, gamma), argnums=(0, 1))
+        )(next_q, next_log_probs)
+        assert not np.any(g_next) and not np.any(g_logp)
+        g_q = self.variant(
+            jax.grad(lambda q: sac_critic_loss(q, rewards, dones, next_q, next_log_probs, alpha, gamma))
+        )(q_values)
+        # d/dq 0.5 * mean (q - y)^2 = (q - y) / 3
+        np.testing.assert_allclose(g_q[0], np.array([1.0 - 1.81, 2.0, 1.05]) / 3, rtol=1e-5)
 
+    @chex.variants(**VARIANTS)
+    def test_actor_loss_by_hand(self):
+        log_probs = jnp.array([0.5, -1.0])
+        q_values = jnp.array([[1.0, 2.0], [0.5, 3.0]])  # min over critics: 0.5, 2.0
+        alpha = 0.2
+        # (0.2*0.5 - 0.5 + 0.2*(-1) - 2) / 2 = (-0.4 - 2.2) / 2 = -1.3
+        np.testing.assert_allclose(self.variant(sac_actor_loss)(log_probs, q_values, alpha), -1.3, rtol=1e-6)
+        g_alpha = self.variant(jax.grad(lambda a: sac_actor_loss(log_probs, q_values, a)))(jnp.float32(alpha))
+        assert g_alpha == 0.0  # the temperature is a constant for the actor
+        g_logp = self.variant(jax.grad(lambda lp: sac_actor_loss(lp, q_values, alpha)))(log_probs)
+        np.testing.assert_allclose(g_logp, [0.1, 0.1], rtol=1e-6)
 
-def test_actor_loss_by_hand():
-    log_probs = jnp.array([0.5, -1.0])
-    q_values = jnp.array([[1.0, 2.0], [0.5, 3.0]])  # min over critics: 0.5, 2.0
-    alpha = 0.2
-    # (0.2*0.5 - 0.5 + 0.2*(-1) - 2) / 2 = (-0.4 - 2.2) / 2 = -1.3
-    np.testing.assert_allclose(sac_actor_loss(log_probs, q_values, alpha), -1.3, rtol=1e-6)
-    g_alpha = jax.grad(lambda a: sac_actor_loss(log_probs, q_values, a))(jnp.float32(alpha))
-    assert g_alpha == 0.0  # the temperature is a constant for the actor
-    g_logp = jax.grad(lambda lp: sac_actor_loss(lp, q_values, alpha))(log_probs)
-    np.testing.assert_allclose(g_logp, [0.1, 0.1], rtol=1e-6)
-
-
-def test_temperature_loss_by_hand():
-    log_alpha = jnp.float32(math.log(0.5))
-    log_probs = jnp.array([0.5, -1.0, 2.0])
-    target_entropy = -1.0
-    # mean(log_probs + target) = (-0.5 - 2.0 + 1.0) / 3 = -0.5; loss = -log(0.5) * -0.5
-    np.testing.assert_allclose(
-        sac_temperature_loss(log_alpha, log_probs, target_entropy), -(math.log(0.5) * -0.5), rtol=1e-6
-    )
-    np.testing.assert_allclose(sac_temperature_loss(log_alpha, log_probs, target_entropy), -0.34657359, rtol=1e-6)
-    # entropy 0.5 > target -1: the gradient is +0.5, so gradient descent lowers alpha
-    grad = jax.grad(sac_temperature_loss)(log_alpha, log_probs, target_entropy)
-    np.testing.assert_allclose(grad, 0.5, rtol=1e-6)
-    assert not np.any(jax.grad(lambda lp: sac_temperature_loss(log_alpha, lp, target_entropy))(log_probs))
+    @chex.variants(**VARIANTS)
+    def test_temperature_loss_by_hand(self):
+        temperature_loss = self.variant(sac_temperature_loss)
+        log_alpha = jnp.float32(math.log(0.5))
+        log_probs = jnp.array([0.5, -1.0, 2.0])
+        target_entropy = -1.0
+        # mean(log_probs + target) = (-0.5 - 2.0 + 1.0) / 3 = -0.5; loss = -log(0.5) * -0.5
+        np.testing.assert_allclose(
+            temperature_loss(log_alpha, log_probs, target_entropy), -(math.log(0.5) * -0.5), rtol=1e-6
+        )
+        np.testing.assert_allclose(temperature_loss(log_alpha, log_probs, target_entropy), -0.34657359, rtol=1e-6)
+        # entropy 0.5 > target -1: the gradient is +0.5, so gradient descent lowers alpha
+        grad = self.variant(jax.grad(sac_temperature_loss))(log_alpha, log_probs, target_entropy)
+        np.testing.assert_allclose(grad, 0.5, rtol=1e-6)
+        assert not np.any(
+            self.variant(jax.grad(lambda lp: sac_temperature_loss(log_alpha, lp, target_entropy)))(log_probs)
+        )
 
 
 # ---------------------------------------------------------------------------------------------

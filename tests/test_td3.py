@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import chex
 import gymnasium as gym
 import jax
 import jax.numpy as jnp
@@ -20,6 +21,8 @@ from kitae.envs.make import make_vec_env
 
 OBS_SPACE = gym.spaces.Box(-8.0, 8.0, (3,), np.float32)
 ACT_SPACE = gym.spaces.Box(-2.0, 2.0, (1,), np.float32)  # Pendulum's
+# The tests of the pure maths are chex variants: each runs once under jax.jit and once eagerly.
+VARIANTS = dict(with_jit=True, without_jit=True)
 
 
 def _config(
@@ -75,75 +78,93 @@ def linear_twin_critic(params, obs, actions):  # (2, 3) @ (3, B) -> (2, B): one 
     return params @ jnp.concatenate([obs, actions], axis=-1).T
 
 
-def test_target_actions_no_noise_only_clips():
-    next_actions = jnp.array([[0.5], [2.0], [-3.0]])
-    out = td3.td3_target_actions(jax.random.PRNGKey(0), next_actions, policy_noise=0.0, noise_clip=0.5)
-    np.testing.assert_allclose(out, [[0.5], [1.0], [-1.0]])
+class TestTargetsAndLosses(chex.TestCase):
+    """The apply functions are static arguments under jit (``static_argnums``)."""
 
+    @chex.variants(**VARIANTS)
+    def test_target_actions_no_noise_only_clips(self):
+        next_actions = jnp.array([[0.5], [2.0], [-3.0]])
+        out = self.variant(td3.td3_target_actions)(
+            jax.random.PRNGKey(0), next_actions, policy_noise=0.0, noise_clip=0.5
+        )
+        np.testing.assert_allclose(out, [[0.5], [1.0], [-1.0]])
 
-def test_target_actions_noise_is_clipped():
-    key = jax.random.PRNGKey(3)
-    next_actions = jnp.zeros((1000, 1))
-    # a huge policy_noise: almost every noise value is clipped to +-noise_clip
-    out = np.asarray(td3.td3_target_actions(key, next_actions, policy_noise=100.0, noise_clip=0.3))
-    assert np.all(np.abs(out) <= 0.3 + 1e-7)
-    assert np.mean(np.isclose(np.abs(out), 0.3)) > 0.95
-    # the same key gives the same noise: policy_noise * N(0, 1) clipped, then the sum clipped to [-1, 1]
-    normal = np.asarray(jax.random.normal(key, (1000, 1)))
-    out = td3.td3_target_actions(key, jnp.full((1000, 1), 0.9), policy_noise=0.2, noise_clip=0.5)
-    np.testing.assert_allclose(out, np.clip(0.9 + np.clip(0.2 * normal, -0.5, 0.5), -1.0, 1.0), rtol=1e-6)
+    @chex.variants(**VARIANTS)
+    def test_target_actions_noise_is_clipped(self):
+        target_actions = self.variant(td3.td3_target_actions)
+        key = jax.random.PRNGKey(3)
+        next_actions = jnp.zeros((1000, 1))
+        # a huge policy_noise: almost every noise value is clipped to +-noise_clip
+        out = np.asarray(target_actions(key, next_actions, policy_noise=100.0, noise_clip=0.3))
+        assert np.all(np.abs(out) <= 0.3 + 1e-7)
+        assert np.mean(np.isclose(np.abs(out), 0.3)) > 0.95
+        # the same key gives the same noise: policy_noise * N(0, 1) clipped, then the sum clipped to [-1, 1]
+        normal = np.asarray(jax.random.normal(key, (1000, 1)))
+        out = target_actions(key, jnp.full((1000, 1), 0.9), policy_noise=0.2, noise_clip=0.5)
+        np.testing.assert_allclose(out, np.clip(0.9 + np.clip(0.2 * normal, -0.5, 0.5), -1.0, 1.0), rtol=1e-6)
 
+    @chex.variants(**VARIANTS)
+    def test_targets_by_hand(self):
+        actor_target = jnp.array([[0.5], [0.25]])
+        critic_target = jnp.array([[1.0, 0.0, 2.0], [0.0, 1.0, -1.0]])
+        next_obs = jnp.array([[1.0, 0.0], [0.0, 8.0]])
+        # a' = [0.5, 8 * 0.25 = 2 -> clipped to 1]
+        # sample 1: x = [1, 0, 0.5]: Q1 = 1 + 0 + 1 = 2, Q2 = 0 + 0 - 0.5 = -0.5 -> min -0.5
+        # sample 2: x = [0, 8, 1]:   Q1 = 0 + 0 + 2 = 2, Q2 = 0 + 8 - 1 = 7    -> min 2
+        # y = [1 + 0.9 * -0.5, -1 + 0 * 2] = [0.55, -1]
+        y = self.variant(td3.td3_targets, static_argnums=(1, 3))(
+            jax.random.PRNGKey(0),
+            linear_actor,
+            actor_target,
+            linear_twin_critic,
+            critic_target,
+            next_obs,
+            jnp.array([1.0, -1.0]),
+            jnp.array([0.9, 0.0]),
+            policy_noise=0.0,
+            noise_clip=0.5,
+        )
+        np.testing.assert_allclose(y, [0.55, -1.0], rtol=1e-6)
 
-def test_targets_by_hand():
-    actor_target = jnp.array([[0.5], [0.25]])
-    critic_target = jnp.array([[1.0, 0.0, 2.0], [0.0, 1.0, -1.0]])
-    next_obs = jnp.array([[1.0, 0.0], [0.0, 8.0]])
-    # a' = [0.5, 8 * 0.25 = 2 -> clipped to 1]
-    # sample 1: x = [1, 0, 0.5]: Q1 = 1 + 0 + 1 = 2, Q2 = 0 + 0 - 0.5 = -0.5 -> min -0.5
-    # sample 2: x = [0, 8, 1]:   Q1 = 0 + 0 + 2 = 2, Q2 = 0 + 8 - 1 = 7    -> min 2
-    # y = [1 + 0.9 * -0.5, -1 + 0 * 2] = [0.55, -1]
-    y = td3.td3_targets(
-        jax.random.PRNGKey(0),
-        linear_actor,
-        actor_target,
-        linear_twin_critic,
-        critic_target,
-        next_obs,
-        jnp.array([1.0, -1.0]),
-        jnp.array([0.9, 0.0]),
-        policy_noise=0.0,
-        noise_clip=0.5,
-    )
-    np.testing.assert_allclose(y, [0.55, -1.0], rtol=1e-6)
+    @chex.variants(**VARIANTS)
+    def test_critic_loss_by_hand(self):
+        critic = jnp.array([[1.0, 0.0, 2.0], [0.0, 1.0, -1.0]])
+        obs = jnp.array([[1.0, 2.0], [0.0, 1.0]])
+        actions = jnp.array([[0.5], [-1.0]])
+        targets = jnp.array([0.55, -1.0])
+        # s1: x = [1, 2, 0.5]: Q1 = 1 + 0 + 1 = 2,  Q2 = 0 + 2 - 0.5 = 1.5
+        # s2: x = [0, 1, -1]:  Q1 = 0 + 0 - 2 = -2, Q2 = 0 + 1 + 1 = 2
+        # critic 1: ((2 - 0.55)^2 + (-2 + 1)^2) / 2 = (2.1025 + 1) / 2 = 1.55125
+        # critic 2: ((1.5 - 0.55)^2 + (2 + 1)^2) / 2 = (0.9025 + 9) / 2 = 4.95125
+        critic_loss = self.variant(td3.td3_critic_loss, static_argnums=(1,))
+        loss, info = critic_loss(critic, linear_twin_critic, obs, actions, targets)
+        np.testing.assert_allclose(loss, 1.55125 + 4.95125, rtol=1e-6)
+        np.testing.assert_allclose(info["loss_critic"], 6.5025, rtol=1e-6)
+        np.testing.assert_allclose(info["qvalue"], (2 + 1.5 - 2 + 2) / 4, rtol=1e-6)
 
+    @chex.variants(**VARIANTS)
+    def test_actor_loss_by_hand(self):
+        actor = jnp.array([[0.5], [0.25]])
+        critic = jnp.array([[1.0, 0.0, 2.0], [0.0, 1.0, -1.0]])
+        obs = jnp.array([[1.0, 2.0], [0.0, 1.0]])
+        # pi(s) = [1 * 0.5 + 2 * 0.25, 1 * 0.25] = [1.0, 0.25]
+        # Q1 = [1 + 0 + 2 * 1.0, 0 + 0 + 2 * 0.25] = [3, 0.5]; loss = -(3 + 0.5) / 2 = -1.75 (Q2 unused)
+        actor_loss = self.variant(td3.td3_actor_loss, static_argnums=(1, 3))
+        loss, info = actor_loss(actor, linear_actor, critic, linear_twin_critic, obs)
+        np.testing.assert_allclose(loss, -1.75, rtol=1e-6)
+        np.testing.assert_allclose(info["loss_actor"], -1.75, rtol=1e-6)
+        # d loss / d W = -(1/2) * sum_b dQ1/da * s_b = -(1/2) * 2 * ([1, 2] + [0, 1]) = [-1, -3]
+        grads = self.variant(
+            jax.grad(lambda w: td3.td3_actor_loss(w, linear_actor, critic, linear_twin_critic, obs)[0])
+        )(actor)
+        np.testing.assert_allclose(grads, [[-1.0], [-3.0]], rtol=1e-6)
 
-def test_critic_loss_by_hand():
-    critic = jnp.array([[1.0, 0.0, 2.0], [0.0, 1.0, -1.0]])
-    obs = jnp.array([[1.0, 2.0], [0.0, 1.0]])
-    actions = jnp.array([[0.5], [-1.0]])
-    targets = jnp.array([0.55, -1.0])
-    # s1: x = [1, 2, 0.5]: Q1 = 1 + 0 + 1 = 2,  Q2 = 0 + 2 - 0.5 = 1.5
-    # s2: x = [0, 1, -1]:  Q1 = 0 + 0 - 2 = -2, Q2 = 0 + 1 + 1 = 2
-    # critic 1: ((2 - 0.55)^2 + (-2 + 1)^2) / 2 = (2.1025 + 1) / 2 = 1.55125
-    # critic 2: ((1.5 - 0.55)^2 + (2 + 1)^2) / 2 = (0.9025 + 9) / 2 = 4.95125
-    loss, info = td3.td3_critic_loss(critic, linear_twin_critic, obs, actions, targets)
-    np.testing.assert_allclose(loss, 1.55125 + 4.95125, rtol=1e-6)
-    np.testing.assert_allclose(info["loss_critic"], 6.5025, rtol=1e-6)
-    np.testing.assert_allclose(info["qvalue"], (2 + 1.5 - 2 + 2) / 4, rtol=1e-6)
-
-
-def test_actor_loss_by_hand():
-    actor = jnp.array([[0.5], [0.25]])
-    critic = jnp.array([[1.0, 0.0, 2.0], [0.0, 1.0, -1.0]])
-    obs = jnp.array([[1.0, 2.0], [0.0, 1.0]])
-    # pi(s) = [1 * 0.5 + 2 * 0.25, 1 * 0.25] = [1.0, 0.25]
-    # Q1 = [1 + 0 + 2 * 1.0, 0 + 0 + 2 * 0.25] = [3, 0.5]; loss = -(3 + 0.5) / 2 = -1.75 (Q2 unused)
-    loss, info = td3.td3_actor_loss(actor, linear_actor, critic, linear_twin_critic, obs)
-    np.testing.assert_allclose(loss, -1.75, rtol=1e-6)
-    np.testing.assert_allclose(info["loss_actor"], -1.75, rtol=1e-6)
-    # d loss / d W = -(1/2) * sum_b dQ1/da * s_b = -(1/2) * 2 * ([1, 2] + [0, 1]) = [-1, -3]
-    grads = jax.grad(lambda w: td3.td3_actor_loss(w, linear_actor, critic, linear_twin_critic, obs)[0])(actor)
-    np.testing.assert_allclose(grads, [[-1.0], [-3.0]], rtol=1e-6)
+    @chex.variants(**VARIANTS)
+    def test_is_policy_update_step(self):
+        is_policy_step = self.variant(td3.is_policy_update_step, static_argnums=(1,))  # policy_delay: static
+        assert [bool(is_policy_step(s, 2)) for s in range(6)] == [False, True] * 3
+        assert [bool(is_policy_step(s, 3)) for s in range(6)] == [False, False, True] * 2
+        assert all(bool(is_policy_step(s, 1)) for s in range(4))
 
 
 def test_process_unscales_actions_and_discounts_at_termination():
@@ -167,12 +188,6 @@ def test_process_unscales_actions_and_discounts_at_termination():
 # ---------------------------------------------------------------------------------------------
 # Delayed policy updates and Polyak targets
 # ---------------------------------------------------------------------------------------------
-
-
-def test_is_policy_update_step():
-    assert [bool(td3.is_policy_update_step(s, 2)) for s in range(6)] == [False, True] * 3
-    assert [bool(td3.is_policy_update_step(s, 3)) for s in range(6)] == [False, False, True] * 2
-    assert all(bool(td3.is_policy_update_step(s, 1)) for s in range(4))
 
 
 def test_delayed_policy_update_and_polyak_targets():

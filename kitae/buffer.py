@@ -303,4 +303,6 @@ class RolloutBuffer(_HostBuffer):
         """The collected rollout in time order, leaves ``(T, E, ...)``."""
         if self.size == 0:  # never filled, or emptied by reset()
             raise RuntimeError("the RolloutBuffer is empty")
-        return buffer_rollout(self.state)
+        state = self.state
+        assert state is not None  # size > 0: the rows were allocated by add() or the state setter
+        return buffer_rollout(state)

@@ -18,6 +18,7 @@ import argparse
 import json
 import sys
 import warnings
+from typing import NoReturn
 
 EXAMPLES_TRAIN = """examples:
   kitae train                                   # PPO on gymnax:CartPole-v1, compiled, well under a minute
@@ -62,7 +63,7 @@ lowest to the highest seed.
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, status 2
+    def error(self, message: str) -> NoReturn:  # one line, status 2
         self.exit(2, f"kitae: error: {message}\n")
 
 

@@ -20,14 +20,18 @@ import types
 import typing
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar, Union
+from typing import TYPE_CHECKING, Any, TypeVar, Union
 
 import gymnasium as gym
 import yaml
 
 from kitae.envs.spaces import space_from_dict, space_to_dict
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 T = TypeVar("T")
+D = TypeVar("D", bound="DataclassInstance")
 
 # ---------------------------------------------------------------------------------------------
 # Validation helpers
@@ -102,7 +106,7 @@ def check_algo_param(condition: bool, field: str, value: Any, allowed: str) -> N
     _require(condition, f"algo_params.{field}", value, allowed)
 
 
-def _from_mapping(cls: type[T], data: Any, prefix: str) -> T:
+def _from_mapping(cls: type[D], data: Any, prefix: str) -> D:
     """Builds a dataclass from a mapping, rejecting unknown keys by name."""
     if not isinstance(data, dict):
         raise TypeError(f"{prefix.rstrip('.') or cls.__name__} must be a mapping of fields, got {data!r}")

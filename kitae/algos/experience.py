@@ -114,7 +114,7 @@ def _rebuild_tuple(template: tuple, values: Sequence[Any]) -> tuple:
     return cls(values)
 
 
-def dict_to_tuple(experience: dict[str, NamedTuple]) -> NamedTuple:
+def dict_to_tuple(experience: dict[str, tuple]) -> tuple:
     """Turns a dict of tuples keyed by agent into a tuple of dicts keyed by agent.
 
     ``{"a": Foo(x=xa, y=ya), "b": Foo(x=xb, y=yb)}`` becomes
@@ -152,7 +152,7 @@ def dict_to_tuple(experience: dict[str, NamedTuple]) -> NamedTuple:
     return _rebuild_tuple(first, fields)
 
 
-def tuple_to_dict(experience: NamedTuple) -> dict[str, NamedTuple]:
+def tuple_to_dict(experience: tuple) -> dict[str, tuple]:
     """Turns a tuple of dicts keyed by agent into a dict of tuples keyed by agent.
 
     ``Foo(x={"a": xa, "b": xb}, y={"a": ya, "b": yb})`` becomes
@@ -227,7 +227,7 @@ def _stack_agents(experience: tuple) -> tuple[list, Any]:
     ref_leaves, ref_def = jax.tree.flatten(per_agent[ref_agent])
     for agent in agents[1:]:
         leaves, treedef = jax.tree.flatten(per_agent[agent])
-        if treedef != ref_def:
+        if treedef != ref_def:  # type: ignore[operator]  # jaxlib has no stub for PyTreeDef (it has __eq__)
             raise ValueError(
                 f"ExperiencePipeline: agents {ref_agent!r} and {agent!r} have experiences of different "
                 f"structures: {ref_def} vs {treedef}"

@@ -30,7 +30,8 @@ class JaxTimeStep(NamedTuple):
     Attributes:
         observation: the observation to act on next: the first of a new episode where one ended.
         state: the environment state after the step (after the reset where an episode ended).
-        reward: float32 scalar.
+        reward: float32 scalar (``{agent: scalar}`` in a multi-agent environment, as are
+            ``terminated`` and ``truncated``).
         terminated: bool: the episode reached a terminal state (do not bootstrap).
         truncated: bool: the episode was cut by a time limit (bootstrap from next_observation).
         next_observation: the real next observation of this transition (the final observation
@@ -39,17 +40,22 @@ class JaxTimeStep(NamedTuple):
 
     observation: Any
     state: Any
-    reward: jax.Array
-    terminated: jax.Array
-    truncated: jax.Array
+    reward: jax.Array | dict[str, jax.Array]
+    terminated: jax.Array | dict[str, jax.Array]
+    truncated: jax.Array | dict[str, jax.Array]
     next_observation: Any
 
 
 class JaxEnv(Protocol):
     """The interface of a single environment written in JAX."""
 
-    observation_space: gym.Space
-    action_space: gym.Space
+    # read-only properties: an environment may declare narrower spaces (BraxEnv's are Boxes)
+    @property
+    def observation_space(self) -> gym.Space: ...
+
+    @property
+    def action_space(self) -> gym.Space: ...
+
     default_params: Any
 
     def reset(self, key: jax.Array, params: Any) -> tuple[Any, Any]: ...

@@ -64,11 +64,12 @@ def _quiet_jaxmarl_import() -> Any:
     """
     saved = sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__
     sink = io.StringIO()
-    sys.stdout = sys.__stdout__ = sink
+    # typeshed marks sys.__stdout__ / __stderr__ Final; jaxmarl writes them, so they are saved and restored here
+    sys.stdout = sys.__stdout__ = sink  # type: ignore[misc, assignment]
     try:
         yield
     finally:
-        sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__ = saved
+        sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__ = saved  # type: ignore[misc]
 
 
 def registered_envs() -> list[str]:
@@ -94,7 +95,8 @@ def jaxmarl_space_to_gym(space: Any, what: str) -> gym.Space:
             dtype = np.dtype(np.float32)
         low = np.broadcast_to(np.asarray(space.low, dtype=dtype), shape)
         high = np.broadcast_to(np.asarray(space.high, dtype=dtype), shape)
-        return gym.spaces.Box(low, high, shape, dtype)
+        # Gymnasium types Box's dtype as a scalar type; it takes any np.dtype (it calls np.dtype(dtype))
+        return gym.spaces.Box(low, high, shape, dtype)  # type: ignore[arg-type]
     raise ValueError(f"{what} is a JaxMARL {kind} space; allowed: Discrete or Box")
 
 

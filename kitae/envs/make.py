@@ -241,10 +241,13 @@ def make_vec_env(
         if not callable(wrapper):
             raise ValueError(f"wrappers contains {wrapper!r}; allowed: callables env -> env")
     wrap = _wrap_fn(wrappers, frame_stack) if wrappers or frame_stack > 1 else None
-    video_dir = Path("runs") / run_name / "videos" if capture_video else None
+    video_dir = None
+    if capture_video:
+        assert run_name  # checked above
+        video_dir = Path("runs") / run_name / "videos"
     thunks = [_gymnasium_thunk(name, i, capture_video, video_dir, dict(env_kwargs or {}), wrap) for i in range(n_envs)]
     vector_cls = gym.vector.SyncVectorEnv if vectorization_mode == "sync" else gym.vector.AsyncVectorEnv
-    env = vector_cls(thunks, autoreset_mode=AutoresetMode.SAME_STEP)
+    env: gym.vector.VectorEnv = vector_cls(thunks, autoreset_mode=AutoresetMode.SAME_STEP)
     if isinstance(env.single_action_space, gym.spaces.Box):
         single_space, batched_space = env.single_action_space, env.action_space
         env = gym.wrappers.vector.ClipAction(env)

@@ -30,7 +30,7 @@ This module imports neither JAX nor PettingZoo: worker processes of ``SubProcVec
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -132,9 +132,12 @@ class ParallelEnvCopy:
         self.env = env
         self.index = index
         space = self.action_space
-        self._clip = clip_actions and isinstance(space, gym.spaces.Box)
-        self._low = np.asarray(space.low) if self._clip else None
-        self._high = np.asarray(space.high) if self._clip else None
+        self._clip = False
+        self._low: np.ndarray | None = None
+        self._high: np.ndarray | None = None
+        if clip_actions and isinstance(space, gym.spaces.Box):
+            self._clip = True
+            self._low, self._high = np.asarray(space.low), np.asarray(space.high)
         dtype = getattr(self.observation_space, "dtype", None)
         self._obs_dtype = np.dtype(dtype) if dtype is not None else None
 
@@ -281,7 +284,8 @@ class VecParallelEnv:
         elif isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
             seeds = [int(seed) + i for i in range(self.num_envs)]
         else:
-            seeds = list(seed)
+            # a bool lands here too (it is an int): list() refuses it with a TypeError
+            seeds = list(cast("Sequence[int]", seed))
             if len(seeds) != self.num_envs:
                 raise ValueError(f"seed={seed!r} is not allowed; allowed: an int, None or {self.num_envs} seeds")
         observations = self._reset_copies(seeds, options)
@@ -312,16 +316,16 @@ class VecParallelEnv:
                 )
         results = self._step_copies([[batch[i] for batch in batched] for i in range(self.num_envs)])
         observations, rewards, terminations, truncations, finals = zip(*results)
-        observations = np.stack(observations)
+        stacked = np.stack(observations)
         infos: dict[str, Any] = {}
         ended = np.array([final is not None for final in finals])
         if ended.any():
-            final = observations.copy()
+            final = stacked.copy()
             for i in np.flatnonzero(ended):
                 final[i] = finals[i]
             infos = {"final_obs": _split_agents(final, self._agent_tuple), "_final_obs": ended}
         return (
-            _split_agents(observations, self._agent_tuple),
+            _split_agents(stacked, self._agent_tuple),
             _split_agents(np.stack(rewards), self._agent_tuple),
             _split_agents(np.stack(terminations), self._agent_tuple),
             _split_agents(np.stack(truncations), self._agent_tuple),

@@ -168,7 +168,8 @@ class SubProcVecParallelEnv(VecParallelEnv):
         try:
             for index, fn in enumerate(env_fns):
                 parent_end, child_end = context.Pipe()
-                process = context.Process(
+                # typeshed types get_context(str) as BaseContext, which lacks the Process every context has
+                process = context.Process(  # type: ignore[attr-defined]
                     target=_worker,
                     args=(index, child_end, cloudpickle.dumps(fn), clip_actions),
                     name=f"kitae-parallel-env-{index}",

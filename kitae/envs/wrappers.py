@@ -128,8 +128,11 @@ def frame_stack(env: gym.Env, n_frames: int) -> gym.Env:
         raise ValueError(
             f"frame_stack={n_frames} needs a Box observation space of shape (D,), (H, W) or (H, W, C); got {space}"
         )
-    stacked = gym.wrappers.FrameStackObservation(env, n_frames)
+    stacked: gym.Wrapper[Any, Any, Any, Any] = gym.wrappers.FrameStackObservation(env, n_frames)
+    stacked_space = stacked.observation_space
+    assert isinstance(stacked_space, gym.spaces.Box)  # Gymnasium stacks a Box into a Box
     to_layout = _channels_last(n_frames, tuple(space.shape))
-    low, high = to_layout(stacked.observation_space.low), to_layout(stacked.observation_space.high)
-    new_space = gym.spaces.Box(low, high, low.shape, space.dtype)
+    low, high = to_layout(stacked_space.low), to_layout(stacked_space.high)
+    # Gymnasium types Box's dtype as a scalar type; it takes any np.dtype (it calls np.dtype(dtype))
+    new_space = gym.spaces.Box(low, high, low.shape, space.dtype)  # type: ignore[arg-type]
     return gym.wrappers.TransformObservation(stacked, to_layout, new_space)

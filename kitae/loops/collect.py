@@ -53,7 +53,7 @@ def update_step(agent: Any, agent_state: Any, key: jax.Array, buffer_state: Any)
 
 
 def make_experience(
-    experience_type: type,
+    experience_type: type[Any],
     *,
     observation: Any,
     action: Any,

@@ -69,7 +69,8 @@ __all__ = [
 
 
 class IterationMetrics(NamedTuple):
-    """Metrics of one iteration (stacked over iterations by the scan).
+    """Metrics of one iteration (stacked over iterations by the scan): JAX arrays in the loop, NumPy
+    arrays once fetched to the host.
 
     Attributes:
         env_step: transitions done at the end of the iteration.
@@ -83,13 +84,13 @@ class IterationMetrics(NamedTuple):
             episodes}``; ``None`` for a single agent.
     """
 
-    env_step: jax.Array
-    return_sum: jax.Array
-    length_sum: jax.Array
-    episodes: jax.Array
-    updated: jax.Array
-    info: dict[str, jax.Array]
-    agent_return_sum: dict[str, jax.Array] | None = None
+    env_step: jax.Array | np.ndarray
+    return_sum: jax.Array | np.ndarray
+    length_sum: jax.Array | np.ndarray
+    episodes: jax.Array | np.ndarray
+    updated: jax.Array | np.ndarray
+    info: dict[str, jax.Array | np.ndarray]
+    agent_return_sum: dict[str, jax.Array | np.ndarray] | None = None
 
 
 def _check_env(agent: Any, env: Any) -> tuple[str, ...] | None:
@@ -216,6 +217,7 @@ def make_loop_functions(agent: Any, env: VecJaxEnv) -> tuple[Callable, Callable,
             ),
         )
         if agents is None:
+            assert not isinstance(ts.terminated, dict) and not isinstance(ts.truncated, dict)  # one agent: arrays
             ended = jnp.logical_or(ts.terminated, ts.truncated)
             running_return, running_length, episode_return, episode_length = track_episodes(
                 jnp, env_carry.episode_return, env_carry.episode_length, ts.reward, ended
@@ -249,6 +251,7 @@ def make_loop_functions(agent: Any, env: VecJaxEnv) -> tuple[Callable, Callable,
         (state, return_sum, length_sum, episodes, agent_return_sum), _ = jax.lax.scan(
             vector_step, (state, *zero), None, length=steps_per_iteration
         )
+        assert state.buffer is not None  # attach() gives every compiled state a buffer
         if schedule.on_policy:  # an iteration is one rollout: it always ends with an update
             agent_state, agent_key, info = update_step(agent, state.agent_state, state.agent_key, state.buffer)
             buffer, updated = buffer_reset(state.buffer), jnp.ones((), bool)
@@ -335,14 +338,17 @@ def segment_plan(first: int, total: int, schedule: Any, max_length: int) -> list
 
 
 def _episodes_of(metrics: IterationMetrics, seed_index: int, batched: bool) -> Episodes:
-    m = pick_seed(metrics, seed_index) if batched else metrics
-    rows = np.flatnonzero(m.episodes > 0)
-    count = m.episodes[rows].astype(np.int64)
-    agents = None if m.agent_return_sum is None else {a: v[rows] / count for a, v in m.agent_return_sum.items()}
+    m = pick_seed(metrics, seed_index) if batched else metrics  # host metrics: numpy leaves
+    episodes = np.asarray(m.episodes)
+    rows = np.flatnonzero(episodes > 0)
+    count = episodes[rows].astype(np.int64)
+    agents = (
+        None if m.agent_return_sum is None else {a: np.asarray(v)[rows] / count for a, v in m.agent_return_sum.items()}
+    )
     return Episodes(
-        m.env_step[rows].astype(np.int64),
-        m.return_sum[rows] / count,
-        m.length_sum[rows] / count,
+        np.asarray(m.env_step)[rows].astype(np.int64),
+        np.asarray(m.return_sum)[rows] / count,
+        np.asarray(m.length_sum)[rows] / count,
         count,
         agents,
         seed_index,
@@ -350,8 +356,8 @@ def _episodes_of(metrics: IterationMetrics, seed_index: int, batched: bool) -> E
 
 
 def _update_steps(metrics: IterationMetrics, seed_index: int, batched: bool) -> np.ndarray:
-    m = pick_seed(metrics, seed_index) if batched else metrics
-    return m.env_step[m.updated].astype(np.int64)
+    m = pick_seed(metrics, seed_index) if batched else metrics  # host metrics: numpy leaves
+    return np.asarray(m.env_step)[np.asarray(m.updated)].astype(np.int64)
 
 
 def _concat_metrics(chunks: list[IterationMetrics], batched: bool) -> IterationMetrics:
@@ -417,7 +423,7 @@ class CompiledExecutor:
         per_iteration = schedule.steps_per_iteration
         n_iterations = schedule.n_iterations(n_env_steps)
         batched = seeds is not None
-        seed_list = list(seeds) if batched else [agent.config.seed]
+        seed_list = list(seeds) if seeds is not None else [agent.config.seed]
         for seed in seed_list:
             if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**32:
                 raise ValueError(f"seed={seed!r} is not allowed; allowed: an int in [0, 2**32)")

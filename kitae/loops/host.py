@@ -100,12 +100,12 @@ def episode_statistics(infos: dict) -> list[tuple[int, float, int]]:
 
 def process_termination(
     global_step: int,
-    next_observations: np.ndarray,
+    next_observations: np.ndarray | dict[str, Any],
     infos: dict,
     writer: Any,
     *,
     episodes: list[tuple[int, float, int]] | None = None,
-) -> np.ndarray:
+) -> np.ndarray | dict[str, Any]:
     """Processes the termination part of the loop.
 
     Where an episode ended in this step, the vector environment has already reset that
@@ -197,6 +197,7 @@ class _Episodes:
     def step(self, rewards: Any, terminations: Any, truncations: Any, step: int) -> Episodes | None:
         """Adds one vector step; returns the episodes that ended in it (``None`` if none)."""
         if self.parallel:
+            assert self.team is not None and self.agents is not None  # both made when parallel
             ended, team, per_agent = self.team.step(rewards, terminations, truncations)
             if not team:
                 return None

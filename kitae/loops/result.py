@@ -29,7 +29,7 @@ class Episodes(NamedTuple):
     step: np.ndarray
     return_: np.ndarray
     length: np.ndarray
-    count: np.ndarray
+    count: np.ndarray  # type: ignore[assignment]  # a field named like tuple.count: shadows the method on purpose
     agent_returns: dict[str, np.ndarray] | None = None
     seed_index: int = 0
 
@@ -55,12 +55,19 @@ def concat_episodes(parts: list[Episodes], seed_index: int = 0) -> Episodes:
     if not parts:
         return Episodes.empty(seed_index)
     agents = parts[0].agent_returns
+    agent_returns: dict[str, np.ndarray] | None = None
+    if agents is not None:
+        by_part = []
+        for p in parts:
+            assert p.agent_returns is not None, "single-agent and multi-agent episodes in one concat_episodes"
+            by_part.append(p.agent_returns)
+        agent_returns = {a: np.concatenate([returns[a] for returns in by_part]) for a in agents}
     return Episodes(
         np.concatenate([p.step for p in parts]),
         np.concatenate([p.return_ for p in parts]),
         np.concatenate([p.length for p in parts]),
         np.concatenate([p.count for p in parts]),
-        None if agents is None else {a: np.concatenate([p.agent_returns[a] for p in parts]) for a in agents},
+        agent_returns,
         seed_index,
     )
 

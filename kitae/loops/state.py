@@ -72,8 +72,8 @@ class LoopState(NamedTuple):
     agent_state: Any
     agent_key: jax.Array
     buffer: BufferState | None
-    env_step: jax.Array
-    n_updates: jax.Array
+    env_step: jax.Array | np.ndarray
+    n_updates: jax.Array | np.ndarray
     env: EnvCarry | None = None
 
 

@@ -91,7 +91,7 @@ def vectorized_train(
         raise ValueError(f"algo_type={algo_type} does not match the agent's {agent.algo_type}")
     check_positive_int("n_env_steps", n_env_steps)
     check_positive_int("start_step", start_step)
-    extra = [WriterLogger(writer)] if writer is not None else []
+    extra: list[Callback] = [WriterLogger(writer)] if writer is not None else []
     if checkpointer is not None:
         extra.append(CheckpointerCallback(checkpointer))
     start = payload_from_agent(agent).state

@@ -193,14 +193,15 @@ def policy_factory(
     raise ValueError(f"Unsupported action space {action_space}; {_accepted()}.")
 
 
-def scale_action(action: jax.Array, low: jax.Array, high: jax.Array) -> jax.Array:
+def scale_action(action: jax.Array, low: jax.Array | np.ndarray, high: jax.Array | np.ndarray) -> jax.Array:
     """Maps ``action`` in ``[-1, 1]`` to ``[low, high]``: ``low + (action + 1) * (high - low) / 2``.
 
-    Shapes: ``action (..., D)``, ``low`` and ``high`` broadcastable (typically ``(D,)``)."""
-    return low + (action + 1.0) * 0.5 * (high - low)
+    Shapes: ``action (..., D)``, ``low`` and ``high`` broadcastable (typically ``(D,)``; NumPy bounds
+    are fine)."""
+    return (action + 1.0) * 0.5 * (high - low) + low  # the action first: its type is the result's
 
 
-def unscale_action(action: jax.Array, low: jax.Array, high: jax.Array) -> jax.Array:
+def unscale_action(action: jax.Array, low: jax.Array | np.ndarray, high: jax.Array | np.ndarray) -> jax.Array:
     """Inverse of ``scale_action``: maps ``action`` in ``[low, high]`` to ``[-1, 1]``,
     ``2 * (action - low) / (high - low) - 1``. Shapes as in ``scale_action``."""
     return 2.0 * (action - low) / (high - low) - 1.0

@@ -10,7 +10,7 @@ fields can be reassigned inside a jitted function (``state.qvalue = state.qvalue
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Self, dataclass_transform
+from typing import TYPE_CHECKING, Any, ClassVar, Self, dataclass_transform
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +34,9 @@ class AgentPyTree:
     Reassigning a field (``state.qvalue = ...``) inside a jitted function changes only the traced
     copy that the function received; return the state to keep the change.
     """
+
+    if TYPE_CHECKING:  # every subclass is made a dataclass (below): what dataclasses.replace needs
+        __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -112,6 +112,8 @@ def qvalue_factory(
     """
     if n_critics < 1:
         raise ValueError(f"n_critics must be >= 1, got {n_critics}.")
+    cls: type[nn.Module]
+    kwargs: dict[str, Any]
     if isinstance(action_space, gym.spaces.Discrete):
         encoder = encoder_factory(observation_space, hidden=hidden, activation=activation)
         cls, kwargs = DiscreteQValue, dict(encoder=encoder, n_actions=int(action_space.n))

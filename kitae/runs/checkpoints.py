@@ -104,7 +104,8 @@ def _to_numpy(leaf: Any) -> np.ndarray:
 
 
 def _sha256(array: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(array).reshape(-1).view(np.uint8)).hexdigest()
+    data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+    return hashlib.sha256(data).hexdigest()  # type: ignore[arg-type]  # numpy stubs: __buffer__ on Python >= 3.12 only
 
 
 def _describe(paths: list[str], arrays: list[np.ndarray], *, checksums: bool = True) -> list[dict]:
@@ -468,7 +469,7 @@ def payload_items(payload: Payload) -> tuple[dict[str, tuple[list[str], list[Any
     return {"loop_state": _flatten(state)}, meta
 
 
-def buffer_target(experience_type: type, entries: list[dict], prefix: str = ".buffer") -> BufferState | None:
+def buffer_target(experience_type: type[Any], entries: list[dict], prefix: str = ".buffer") -> BufferState | None:
     """The ``BufferState`` structure a saved buffer is poured into, rebuilt from the saved paths
     (``<prefix>.data.<field>``, ``<prefix>.position``, ``<prefix>.size``) and the agent's
     experience type; ``None`` when no buffer was saved (a run stopped before its first step)."""
@@ -491,7 +492,8 @@ def buffer_target(experience_type: type, entries: list[dict], prefix: str = ".bu
 
     try:
         data = experience_type(**{f: field(f) for f in experience_type._fields})
-        return BufferState(data=data, position=by_path[".position"], size=by_path[".size"])
+        # an abstract target: ShapeDtypeStruct leaves stand for the arrays the fields are typed as
+        return BufferState(data=data, position=by_path[".position"], size=by_path[".size"])  # type: ignore[arg-type]
     except KeyError as error:
         raise CheckpointMismatch(
             f"the saved buffer does not hold the agent's experience fields {experience_type._fields} (missing {error})"
@@ -531,11 +533,11 @@ def restore_target(agent: Any, meta: dict, env_target: LoopState | None = None) 
             lambda x: jax.ShapeDtypeStruct((len(seeds), *np.shape(x)), jnp.asarray(x).dtype), agent.state
         )
     scalar = jax.ShapeDtypeStruct((), np.int32)
-    target = LoopState(
+    target = LoopState(  # an abstract target: ShapeDtypeStruct leaves stand for the arrays (the ignores)
         agent_state=agent_state,
-        agent_key=saved.get(".agent_key", jax.ShapeDtypeStruct((2,), np.uint32)),
+        agent_key=saved.get(".agent_key", jax.ShapeDtypeStruct((2,), np.uint32)),  # type: ignore[arg-type]
         buffer=buffer_target(agent.experience_type, entries),
-        env_step=saved.get(".env_step", scalar),
-        n_updates=saved.get(".n_updates", scalar),
+        env_step=saved.get(".env_step", scalar),  # type: ignore[arg-type]
+        n_updates=saved.get(".n_updates", scalar),  # type: ignore[arg-type]
     )
     return {"loop_state": target}

@@ -116,7 +116,7 @@ def load_agent(run_dir: str | Path, seed_index: int = 0, agent_cls: type | None 
     if seeds and not 0 <= seed_index < len(seeds):
         raise RunError(f"seed_index={seed_index} is not allowed; the run has {len(seeds)} seeds: {seeds}")
     agent = run.make_agent(seeds[seed_index] if seeds else None)
-    directory = dirs[seeds[seed_index]] if per_seed else dirs[None]
+    directory = dirs[per_seed[seed_index]] if per_seed else dirs[None]
     try:
         payload, restored = restore_payload(agent, None, run.executor, directory)
     except CheckpointError as error:

@@ -73,6 +73,7 @@ def plot_curves(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.font_manager import FontProperties
     from matplotlib.ticker import FuncFormatter
 
     fig, ax = plt.subplots(figsize=(8, 4.6), dpi=130)
@@ -103,7 +104,7 @@ def plot_curves(
     if any(len(c) for c in runs.values()):
         legend = ax.legend(loc="best", fontsize=8, frameon=True, framealpha=0.85)
         if any(len(c) > 1 for c in runs.values()):
-            legend.set_title("line: mean over seeds, band: min-max", prop={"size": 7})
+            legend.set_title("line: mean over seeds, band: min-max", prop=FontProperties(size=7))
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path)

@@ -136,7 +136,7 @@ def _learning_rate(value: Any) -> tuple[Any, bool | None]:
 
 def build_config(params_cls: type, env_spec: EnvSpec, env: Any, resolved: dict) -> cfg.AlgoConfig:
     """Builds the ``AlgoConfig`` from a resolved section and the environment's spaces."""
-    algo_params = cfg._from_mapping(params_cls, resolved.get("algo_params") or {}, "algo_params.")
+    algo_params: Any = cfg._from_mapping(params_cls, resolved.get("algo_params") or {}, "algo_params.")
     update = dict(resolved.get("update_cfg") or {})
     if "learning_rate" in update:
         update["learning_rate"], annealing = _learning_rate(update["learning_rate"])
@@ -180,7 +180,14 @@ def resolve(
         A mapping with ``seed``, ``n_envs``, ``n_env_steps``, ``algo_params``, ``update_cfg``,
         ``train_cfg``.
     """
-    resolved = {"seed": 0, "n_envs": 1, "n_env_steps": 100_000, "algo_params": {}, "update_cfg": {}, "train_cfg": {}}
+    resolved: dict[str, Any] = {
+        "seed": 0,
+        "n_envs": 1,
+        "n_env_steps": 100_000,
+        "algo_params": {},
+        "update_cfg": {},
+        "train_cfg": {},
+    }
     resolved = merge(resolved, load_preset(algo, env))
     if config_file is not None:
         resolved = merge(resolved, load_config_file(config_file))

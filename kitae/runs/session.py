@@ -146,7 +146,7 @@ def execute(
                 bar = ProgressBar(f"{type(agent).__name__} {run.env.id}", quiet)
                 if run.executor.starting and index == 0:
                     bar.message(run.executor.starting)
-                seeds = plan.seeds or [plan.seed]
+                plan_seeds = plan.seeds or [plan.seed]
                 extra = [WriterLogger(writer)] if index == 0 else []
                 try:
                     result = run.executor.run(
@@ -155,7 +155,7 @@ def execute(
                         total,
                         start=plan.start,
                         seeds=plan.seeds,
-                        callbacks=[MetricsLogger(metrics, seeds), saver, bar, stop, *extra, *callbacks],
+                        callbacks=[MetricsLogger(metrics, plan_seeds), saver, bar, stop, *extra, *callbacks],
                     )
                 finally:
                     bar.close()

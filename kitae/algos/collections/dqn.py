@@ -248,12 +248,13 @@ class DQNBatch(NamedTuple):
     target: jax.Array
 
 
-def _check_action_space(action_space: gym.Space) -> None:
+def _check_action_space(action_space: gym.Space) -> gym.spaces.Discrete:
     if not isinstance(action_space, gym.spaces.Discrete):
         raise ValueError(
             f"DQN does not support the action space {action_space}; DQN accepts "
             "gymnasium.spaces.Discrete action spaces only (use SAC or TD3 for Box actions)"
         )
+    return action_space
 
 
 def train_state_dqn_factory(
@@ -296,13 +297,15 @@ def train_state_dqn_factory(
         space_input_shape(config.env_cfg.observation_space),
         is_leaf=lambda x: isinstance(x, tuple),
     )
+    apply_fn: Callable[..., Any]
     if preprocess_fn is None:
         apply_fn = module.apply
     else:
         dummy = preprocess_fn(dummy)
 
         def apply_fn(params: Params, observations: Any) -> jax.Array:
-            return module.apply(params, preprocess_fn(observations))
+            # flax types apply's result as Any | (Any, variables); the pair only comes with mutable=...
+            return module.apply(params, preprocess_fn(observations))  # type: ignore[return-value]
 
     if tabulate:
         print(module.tabulate(key, dummy))
@@ -322,7 +325,7 @@ def train_state_dqn_factory(
 # ---------------------------------------------------------------------------------------------
 
 
-def epsilon_schedule(algo_params: DQNParams, n_env_steps: int) -> Callable[[jax.Array], jax.Array]:
+def epsilon_schedule(algo_params: DQNParams, n_env_steps: int) -> Callable[[jax.Array | int], jax.Array]:
     """The exploration rate as a pure function of the environment step.
 
     * ``algo_params.exploration`` a float: ``optax.linear_schedule(exploration, exploration_final,
@@ -355,7 +358,7 @@ def epsilon_schedule(algo_params: DQNParams, n_env_steps: int) -> Callable[[jax.
 
     start_step = p.start_step
 
-    def schedule(step: jax.Array) -> jax.Array:
+    def schedule(step: jax.Array | int) -> jax.Array:
         step = jnp.asarray(step)
         epsilon = jnp.asarray(base(step), jnp.float32)
         if start_step > 0:
@@ -380,9 +383,9 @@ def explore_factory(config: cfg.AlgoConfig) -> Callable:
     * observations with an ``"action_mask"`` (``(B, n)``): greedy and random actions are both
       drawn among the allowed actions (``EpsilonGreedy`` with ``mask``).
     """
-    _check_action_space(config.env_cfg.action_space)
+    action_space = _check_action_space(config.env_cfg.action_space)
     schedule = epsilon_schedule(config.algo_params, config.train_cfg.n_env_steps)
-    action_start = int(config.env_cfg.action_space.start)
+    action_start = int(action_space.start)
 
     @jax.jit
     def explore_fn(
@@ -510,7 +513,9 @@ def process_experience_factory(config: cfg.AlgoConfig) -> Callable:
     count. Actions are shifted to ``[0, n_actions)``.
     """
     p = config.algo_params
-    action_start = int(config.env_cfg.action_space.start)
+    action_space = config.env_cfg.action_space
+    assert isinstance(action_space, gym.spaces.Discrete)  # DQN checks its action space when made
+    action_start = int(action_space.start)
 
     def process_fn(state: DQNState, key: jax.Array, experience: Experience) -> DQNBatch:
         del key

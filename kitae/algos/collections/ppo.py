@@ -299,6 +299,7 @@ def _action_map(action_space: gym.Space) -> _ActionMap:
             lambda a: a.astype(jnp.int32) + start,
             lambda a: jnp.asarray(a).astype(jnp.int32) - start,
         )
+    assert isinstance(action_space, gym.spaces.Box)  # check_spaces: Discrete or Box
     low = np.asarray(action_space.low, np.float64)
     high = np.asarray(action_space.high, np.float64)
     finite = np.isfinite(low) & np.isfinite(high)
@@ -327,7 +328,7 @@ class RunningStatistics(NamedTuple):
 
     mean: jax.Array
     var: jax.Array
-    count: jax.Array
+    count: jax.Array  # type: ignore[assignment]  # a field named like tuple.count: shadows the method on purpose
 
 
 def init_running_statistics(shape: tuple[int, ...] = ()) -> RunningStatistics:
@@ -463,9 +464,11 @@ class SeparateActorCritic(nn.Module):
 def _actor_critic_module(config: cfg.AlgoConfig, preprocess_fn: Callable | None) -> nn.Module:
     p: PPOParams = config.algo_params
     action_space = config.env_cfg.action_space
+    policy_head: nn.Module
     if isinstance(action_space, gym.spaces.Discrete):
         policy_head = CategoricalHead(int(action_space.n))
     else:
+        assert isinstance(action_space, gym.spaces.Box)  # check_spaces: Discrete or Box
         policy_head = NormalHead(int(action_space.shape[0]), state_dependent_std=False, log_std_init=p.log_std_init)
 
     def encoder() -> nn.Module:

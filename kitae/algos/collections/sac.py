@@ -194,11 +194,14 @@ class SACState(AgentPyTree):
             in ``[-1, 1]``.
         alpha: the temperature, ``params = {"log_alpha": ()}``; ``apply_fn(params) -> alpha ()``.
             Not updated when ``autotune=False``.
+
+    ``qvalue`` and ``alpha`` are ``None`` in the acting params (``SAC.acting_params``: acting reads
+    the policy only).
     """
 
     policy: TrainState
-    qvalue: TrainState
-    alpha: TrainState
+    qvalue: TrainState | None
+    alpha: TrainState | None
 
 
 class SACExperience(NamedTuple):
@@ -361,7 +364,9 @@ def _target_entropy(config: cfg.AlgoConfig) -> float:
     params = config.algo_params
     if params.target_entropy is not None:
         return float(params.target_entropy)
-    return -float(np.prod(config.env_cfg.action_space.shape))
+    shape = config.env_cfg.action_space.shape
+    assert shape is not None  # a Box: SAC checks its action space (check_action_space) when made
+    return -float(np.prod(shape))
 
 
 def _alpha_apply(params: Params) -> jax.Array:
@@ -426,7 +431,8 @@ def train_state_sac_factory(
     def q_apply(q_params: Params, observations: Any, actions: jax.Array) -> jax.Array:
         if preprocess_fn is not None:
             observations = preprocess_fn(observations)
-        q = q_module.apply(q_params, observations, actions)
+        # flax types apply's result as Any | (Any, variables); the pair only comes with mutable=...
+        q: jax.Array = q_module.apply(q_params, observations, actions)  # type: ignore[assignment]
         return q[None] if single_critic else q
 
     observation = _dummy_observation(observation_space, preprocess_fn)
@@ -535,6 +541,7 @@ def compute_gradients_factory(config: cfg.AlgoConfig) -> Callable:
         batch = SACBatch(*batch)
         next_key, actor_key = jax.random.split(key)
         policy, qvalue = state.policy, state.qvalue
+        assert qvalue is not None and state.alpha is not None  # a full state (acting params have the policy only)
         log_alpha = state.alpha.params["log_alpha"]
         alpha = jnp.exp(log_alpha)
 
@@ -578,11 +585,13 @@ def apply_gradients_factory(config: cfg.AlgoConfig) -> Callable:
     tau, autotune, policy_frequency = params.tau, params.autotune, params.policy_frequency
 
     def apply_gradients_fn(state: SACState, grads: dict) -> SACState:
+        current_alpha = state.alpha
+        assert state.qvalue is not None and current_alpha is not None  # a full state (acting params: the policy only)
         qvalue = state.qvalue.apply_gradients(grads=grads["qvalue"]).soft_update_target(tau)
 
         def update_actor(_: Any) -> tuple[TrainState, TrainState]:
             policy = state.policy.apply_gradients(grads=grads["policy"])
-            alpha = state.alpha.apply_gradients(grads=grads["alpha"]) if autotune else state.alpha
+            alpha = current_alpha.apply_gradients(grads=grads["alpha"]) if autotune else current_alpha
             return policy, alpha
 
         if policy_frequency == 1:

@@ -191,10 +191,11 @@ class TD3State(AgentPyTree):
             in ``[-1, 1]``, with ``target_params``; its ``step`` counts actor updates.
         critic: the twin critics, ``apply_fn(params, observations (B, *obs_shape), actions (B, D))
             -> (2, B)``, with ``target_params``; its ``step`` counts critic updates (gradient steps).
+            ``None`` in the acting params (``TD3.acting_params``: acting reads the actor only).
     """
 
     actor: TrainState
-    critic: TrainState
+    critic: TrainState | None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -225,6 +226,7 @@ def check_action_space(action_space: gym.Space) -> None:
 
 def _bounds(config: cfg.AlgoConfig) -> tuple[np.ndarray, np.ndarray]:
     space = config.env_cfg.action_space
+    assert isinstance(space, gym.spaces.Box)  # TD3 checks its action space (check_action_space) when made
     return np.asarray(space.low, np.float32), np.asarray(space.high, np.float32)
 
 
@@ -267,10 +269,11 @@ def train_state_td3_factory(
     p = config.algo_params
     observation_space, action_space = config.env_cfg.observation_space, config.env_cfg.action_space
     check_action_space(action_space)
+    assert isinstance(action_space, gym.spaces.Box)  # what check_action_space allows
     refuse_action_mask(observation_space, "TD3")
     action_dim = int(action_space.shape[0])
 
-    actor = policy_factory(
+    actor: nn.Module = policy_factory(
         observation_space, action_space, hidden=p.actor_hidden, kind="deterministic", activation="relu"
     )
     critic = qvalue_factory(observation_space, action_space, hidden=p.critic_hidden, n_critics=N_CRITICS)
@@ -283,7 +286,7 @@ def train_state_td3_factory(
     critic_params = init_params(critic_key, critic, [obs_shape, (action_dim,)], tabulate)
 
     u = config.update_cfg
-    actor_annealing = None
+    actor_annealing: int | None = None
     if u.learning_rate_annealing:
         actor_annealing = max(1, n_gradient_steps(config, AlgoType.OFF_POLICY) // p.policy_delay)
     actor_tx = optimizer_factory(u.learning_rate, max_grad_norm=u.max_grad_norm, annealing_steps=actor_annealing)
@@ -457,6 +460,7 @@ def compute_gradients_factory(config: cfg.AlgoConfig) -> Callable:
     def compute_gradients_fn(state: TD3State, key: jax.Array, batch: tuple) -> tuple[dict, dict]:
         batch = TD3Batch(*batch)
         actor, critic = state.actor, state.critic
+        assert critic is not None  # a full state (acting params have no critic)
         targets = td3_targets(
             key,
             actor.apply_fn,
@@ -480,7 +484,9 @@ def compute_gradients_factory(config: cfg.AlgoConfig) -> Callable:
             return info, grads
 
         def actor_loss_only(_: None) -> tuple[dict, Params]:
-            _, info = td3_actor_loss(actor.params, actor.apply_fn, critic.params, critic.apply_fn, batch.observation)
+            _loss, info = td3_actor_loss(
+                actor.params, actor.apply_fn, critic.params, critic.apply_fn, batch.observation
+            )
             return info, jax.tree_util.tree_map(jnp.zeros_like, actor.params)
 
         actor_info, actor_grads = jax.lax.cond(
@@ -502,6 +508,7 @@ def apply_gradients_factory(config: cfg.AlgoConfig) -> Callable:
     p = config.algo_params
 
     def apply_gradients_fn(state: TD3State, grads: dict) -> TD3State:
+        assert state.critic is not None  # a full state (acting params have no critic)
         policy_step = is_policy_update_step(state.critic.step, p.policy_delay)
         critic = state.critic.apply_gradients(grads=grads["critic"])
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from _agents import TinyA2C, TinyA2CParams, TinyDQN, TinyDQNParams, make_config
+
 from kitae.envs.make import EnvSpec, make_jax_env, make_vec_env
 from kitae.loops.callbacks import Callback
 from kitae.loops.compiled import CompiledExecutor
@@ -76,8 +76,14 @@ def test_both_executors_report_through_the_same_callbacks(loop):
 @pytest.mark.parametrize("loop", ["host", "compiled"])
 def test_a_second_train_call_goes_on_from_the_agents_state(loop, tmp_path):
     env = make_jax_env("gymnax:CartPole-v1", 2) if loop == "compiled" else make_vec_env("CartPole-v1", 2)
-    config = make_config(env, TinyDQNParams(start_step=16, skip_steps=4), max_buffer_size=64, batch_size=8,
-                         n_env_steps=96, task_name="gymnax:CartPole-v1" if loop == "compiled" else "CartPole-v1")
+    config = make_config(
+        env,
+        TinyDQNParams(start_step=16, skip_steps=4),
+        max_buffer_size=64,
+        batch_size=8,
+        n_env_steps=96,
+        task_name="gymnax:CartPole-v1" if loop == "compiled" else "CartPole-v1",
+    )
     agent = TinyDQN("x", config, run_dir=tmp_path / "run")
     first = agent.train(env, 48)
     if loop == "host":

@@ -23,9 +23,9 @@ Built-in algorithms define ``act``; an agent written as in the custom-agent guid
 values while the function is traced, so it compiles to a pure program).
 
 ``train``, ``resume``, ``save`` and ``unserialize`` are the Python road to what ``kitae train``
-does: they hand the agent to the run service of ``kitae.runs`` (a layer above this one, which
-installs itself when ``kitae`` is imported: ``install_run_service``), so a run started here writes
-the same run directory as one started from the command line.
+does: they hand the agent to the run service (``kitae.run_service``) that ``kitae.runs``, a layer
+above this one, installs when ``kitae`` is imported, so a run started here writes the same run
+directory as one started from the command line.
 
 Step units: every step count here (``n_env_steps``, ``start_step``, ``skip_steps``) counts
 environment transitions summed over all environments.
@@ -37,7 +37,7 @@ import abc
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -48,6 +48,7 @@ from kitae.algos.factory import explore_general_factory
 from kitae.algos.update import batchify, update_epoch
 from kitae.buffer import BufferState, Experience, ReplayBuffer, RolloutBuffer, buffer_rollout, buffer_sample
 from kitae.config import AlgoConfig
+from kitae.run_service import RunService, install_run_service, run_service
 from kitae.schedule import Schedule
 from kitae.types import AlgoType
 
@@ -88,42 +89,6 @@ def agent_keys(key: jax.Array, observation: Any, parallel: bool) -> Any:
 def _split_block(key: jax.Array) -> jax.Array:
     """``KEY_BLOCK + 1`` keys: the next agent key first, then ``KEY_BLOCK`` keys to hand out."""
     return jax.random.split(key, KEY_BLOCK + 1)
-
-
-# ---------------------------------------------------------------------------------------------
-# The run service: how train / resume / save / unserialize reach kitae.runs
-# ---------------------------------------------------------------------------------------------
-
-
-class RunService(Protocol):
-    """What the agent facade's ``train``, ``resume``, ``save`` and ``unserialize`` delegate to.
-
-    ``kitae.runs`` implements it (the same code the command line runs) and installs it when it is
-    imported, which importing ``kitae`` does. This module depends on this interface only, so the
-    layers import one way (``docs/architecture.md``).
-    """
-
-    def train(self, agent: BaseAgent, env: Any, n_env_steps: int | None, **options: Any) -> Any: ...
-
-    def resume(self, agent: BaseAgent, env: Any, n_env_steps: int | None, **options: Any) -> Any: ...
-
-    def save(self, agent: BaseAgent, step: int | None, directory: str | Path | None) -> Path: ...
-
-    def load(self, agent_cls: type | None, run_dir: str | Path, seed_index: int) -> BaseAgent: ...
-
-
-_RUN_SERVICE: list[RunService] = []
-
-
-def install_run_service(service: RunService) -> None:
-    """Installs the service ``train``/``resume``/``save``/``unserialize`` use (``kitae.runs`` does)."""
-    _RUN_SERVICE[:] = [service]
-
-
-def _run_service() -> RunService:
-    if not _RUN_SERVICE:  # only when kitae.base was loaded without the kitae package (not possible by import)
-        raise RuntimeError("no run service is installed: import kitae (kitae.runs installs it)")
-    return _RUN_SERVICE[0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -409,25 +374,25 @@ class BaseAgent(IAgent):
         Returns:
             A ``kitae.loops.result.RunResult``.
         """
-        return _run_service().train(self, env, n_env_steps, callbacks=callbacks, quiet=quiet)
+        return run_service().train(self, env, n_env_steps, callbacks=callbacks, quiet=quiet)
 
     def save(self, step: int | None = None, directory: str | Path | None = None) -> Path:
         """Saves the agent's whole state (``kitae.runs.checkpoints``) to ``<directory>/<step>/``
         (default ``<run_dir>/checkpoints/<env_step>/``); returns the checkpoint folder."""
-        return _run_service().save(self, step, directory)
+        return run_service().save(self, step, directory)
 
     def resume(self, env: Any, n_env_steps: int | None = None, *, callbacks: Any = (), quiet: bool = True) -> Any:
         """Restores the newest readable checkpoint of ``<run_dir>/checkpoints`` and trains on until
         ``n_env_steps`` transitions IN ALL (default ``config.train_cfg.n_env_steps``), as
         ``kitae resume`` does."""
-        return _run_service().resume(self, env, n_env_steps, callbacks=callbacks, quiet=quiet)
+        return run_service().resume(self, env, n_env_steps, callbacks=callbacks, quiet=quiet)
 
     @classmethod
     def unserialize(cls, run_dir: str | Path, seed_index: int = 0) -> BaseAgent:
         """Rebuilds an agent of this class from a run directory: ``config.yaml`` and the newest
         readable checkpoint (as ``kitae eval`` does)."""
         agent_cls = None if cls in (BaseAgent, OffPolicyAgent, OnPolicyAgent) else cls
-        return _run_service().load(agent_cls, run_dir, seed_index)
+        return run_service().load(agent_cls, run_dir, seed_index)
 
 
 def _mean_over_steps(infos: dict[str, jax.Array]) -> dict[str, jax.Array]:

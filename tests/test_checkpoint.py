@@ -24,8 +24,8 @@ from kitae.runs.checkpoints import (
     CheckpointError,
     CheckpointMismatch,
     CheckpointWarning,
-    restore_target,
 )
+from kitae.runs.load import restore_target
 from kitae.runs.rundir import state_fingerprint
 
 

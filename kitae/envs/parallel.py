@@ -30,7 +30,7 @@ This module imports neither JAX nor PettingZoo: worker processes of ``SubProcVec
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -283,11 +283,12 @@ class VecParallelEnv:
             seeds: list[int | None] = [None] * self.num_envs
         elif isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
             seeds = [int(seed) + i for i in range(self.num_envs)]
-        else:
-            # a bool lands here too (it is an int): list() refuses it with a TypeError
-            seeds = list(cast("Sequence[int]", seed))
+        elif isinstance(seed, Sequence) and not isinstance(seed, str):
+            seeds = list(seed)
             if len(seeds) != self.num_envs:
                 raise ValueError(f"seed={seed!r} is not allowed; allowed: an int, None or {self.num_envs} seeds")
+        else:
+            raise ValueError(f"seed={seed!r} is not allowed; allowed: an int, None or {self.num_envs} seeds")
         observations = self._reset_copies(seeds, options)
         return _split_agents(np.stack(observations), self._agent_tuple), {}
 

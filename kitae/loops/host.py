@@ -403,7 +403,7 @@ class HostExecutor:
             executor=self.name,
             seeds=[seed],
             state=final.state,
-            episodes=[concat_episodes(found)],
+            episodes=[concat_episodes(found, agents=tracker.agents)],
             update_steps=[np.asarray(update_steps, np.int64)],
             start_step=first,
             env_steps=env_step,

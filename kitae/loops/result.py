@@ -49,19 +49,20 @@ class Episodes(NamedTuple):
         return len(self.step)
 
 
-def concat_episodes(parts: list[Episodes], seed_index: int = 0) -> Episodes:
-    """One ``Episodes`` from several, in order."""
+def concat_episodes(parts: list[Episodes], seed_index: int = 0, agents: tuple[str, ...] | None = None) -> Episodes:
+    """One ``Episodes`` from several, in order (``agents``: the agents of a multi-agent run, so that
+    a run in which no episode ended still says whose returns it would hold)."""
     parts = [p for p in parts if len(p)]
     if not parts:
-        return Episodes.empty(seed_index)
-    agents = parts[0].agent_returns
+        return Episodes.empty(seed_index, agents)
+    first_agents = parts[0].agent_returns
     agent_returns: dict[str, np.ndarray] | None = None
-    if agents is not None:
+    if first_agents is not None:
         by_part = []
         for p in parts:
             assert p.agent_returns is not None, "single-agent and multi-agent episodes in one concat_episodes"
             by_part.append(p.agent_returns)
-        agent_returns = {a: np.concatenate([returns[a] for returns in by_part]) for a in agents}
+        agent_returns = {a: np.concatenate([returns[a] for returns in by_part]) for a in first_agents}
     return Episodes(
         np.concatenate([p.step for p in parts]),
         np.concatenate([p.return_ for p in parts]),

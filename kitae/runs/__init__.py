@@ -14,12 +14,13 @@ The modules: ``resolve`` (a run resolved once), ``presets`` (presets and overrid
 ``checkpoints`` (orbax checkpoints), ``load`` (reading them back), ``rundir`` (the directory's
 files), ``plotting``, ``evaluation``, ``progress``, ``signals``, ``errors``, ``python_api``.
 
-Importing this package installs the run service of ``kitae.base`` (``python_api.PythonRuns``).
+Importing this package installs the run service of the agent facade (``kitae.run_service``,
+implemented by ``python_api.PythonRuns``).
 """
 
 from __future__ import annotations
 
-from kitae.base import install_run_service
+from kitae.run_service import install_run_service
 from kitae.runs.errors import RunError
 from kitae.runs.evaluation import eval_run
 from kitae.runs.load import load_agent

@@ -24,7 +24,6 @@ or damaged on disk is detected (``CheckpointCorrupt``); ``restore_latest`` then 
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import dataclasses
 import hashlib
@@ -37,10 +36,8 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from kitae.buffer import BufferState
 from kitae.loops.state import LoopState, Payload, payload_from_agent
 
 FORMAT = "kitae-checkpoint/2"
@@ -53,8 +50,6 @@ __all__ = [
     "CheckpointWarning",
     "Restored",
     "payload_items",
-    "restore_target",
-    "buffer_target",
 ]
 
 
@@ -467,77 +462,3 @@ def payload_items(payload: Payload) -> tuple[dict[str, tuple[list[str], list[Any
         "n_updates": int(n_updates.max()) if n_updates.size else 0,
     }
     return {"loop_state": _flatten(state)}, meta
-
-
-def buffer_target(experience_type: type[Any], entries: list[dict], prefix: str = ".buffer") -> BufferState | None:
-    """The ``BufferState`` structure a saved buffer is poured into, rebuilt from the saved paths
-    (``<prefix>.data.<field>``, ``<prefix>.position``, ``<prefix>.size``) and the agent's
-    experience type; ``None`` when no buffer was saved (a run stopped before its first step)."""
-    by_path = {
-        entry["path"][len(prefix) :]: jax.ShapeDtypeStruct(tuple(entry["shape"]), np.dtype(entry["dtype"]))
-        for entry in entries
-        if entry["path"].startswith(prefix + ".")
-    }
-    if not by_path:
-        return None
-
-    def field(name: str) -> Any:
-        """The field's array, or its dicts for dict leaves (keyed by agent, by ``Dict``
-        observation key; paths ``.data.<name>['<key>']...``, the keys read back with
-        ``ast.literal_eval``: no code runs); ``None`` for a field that holds no array
-        (``Experience.truncated`` left out)."""
-        if any(path == f".data.{name}" or path.startswith(f".data.{name}[") for path in by_path):
-            return _nested(by_path, f".data.{name}")
-        return None
-
-    try:
-        data = experience_type(**{f: field(f) for f in experience_type._fields})
-        # an abstract target: ShapeDtypeStruct leaves stand for the arrays the fields are typed as
-        return BufferState(data=data, position=by_path[".position"], size=by_path[".size"])  # type: ignore[arg-type]
-    except KeyError as error:
-        raise CheckpointMismatch(
-            f"the saved buffer does not hold the agent's experience fields {experience_type._fields} (missing {error})"
-        ) from None
-
-
-def _nested(by_path: dict[str, Any], prefix: str) -> Any:
-    """Dicts nested under ``prefix`` (paths ``prefix['a']['b']``), keys read with ``ast.literal_eval``."""
-    if prefix in by_path:
-        return by_path[prefix]
-    out: dict[Any, Any] = {}
-    for path in by_path:
-        if path.startswith(prefix + "["):
-            key_text = path[len(prefix) + 1 : path.index("]", len(prefix))]
-            key = ast.literal_eval(key_text)
-            if key not in out:
-                out[key] = _nested(by_path, f"{prefix}[{key_text}]")
-    return out
-
-
-def restore_target(agent: Any, meta: dict, env_target: LoopState | None = None) -> dict[str, Any]:
-    """The ``restore`` target of a checkpoint of ``agent``.
-
-    With ``env_target`` (the executor's abstract ``LoopState``, for a payload with an environment
-    part that a run goes on from), that. Otherwise a ``LoopState`` without environments: the
-    agent's state structure (with a leading seed axis for a checkpoint of several seeds trained
-    together), and the key, buffer and counters as the checkpoint describes them.
-    """
-    if env_target is not None:
-        return {"loop_state": env_target}
-    entries = meta.get("items", {}).get("loop_state", [])
-    saved = {e["path"]: jax.ShapeDtypeStruct(tuple(e["shape"]), np.dtype(e["dtype"])) for e in entries}
-    seeds = meta.get("seeds")
-    agent_state = agent.state
-    if seeds:
-        agent_state = jax.tree_util.tree_map(
-            lambda x: jax.ShapeDtypeStruct((len(seeds), *np.shape(x)), jnp.asarray(x).dtype), agent.state
-        )
-    scalar = jax.ShapeDtypeStruct((), np.int32)
-    target = LoopState(  # an abstract target: ShapeDtypeStruct leaves stand for the arrays (the ignores)
-        agent_state=agent_state,
-        agent_key=saved.get(".agent_key", jax.ShapeDtypeStruct((2,), np.uint32)),  # type: ignore[arg-type]
-        buffer=buffer_target(agent.experience_type, entries),
-        env_step=saved.get(".env_step", scalar),  # type: ignore[arg-type]
-        n_updates=saved.get(".n_updates", scalar),  # type: ignore[arg-type]
-    )
-    return {"loop_state": target}

@@ -513,8 +513,7 @@ def process_experience_factory(config: cfg.AlgoConfig) -> Callable:
     count. Actions are shifted to ``[0, n_actions)``.
     """
     p = config.algo_params
-    action_space = config.env_cfg.action_space
-    assert isinstance(action_space, gym.spaces.Discrete)  # DQN checks its action space when made
+    action_space = _check_action_space(config.env_cfg.action_space)
     action_start = int(action_space.start)
 
     def process_fn(state: DQNState, key: jax.Array, experience: Experience) -> DQNBatch:

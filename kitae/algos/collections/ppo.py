@@ -299,7 +299,8 @@ def _action_map(action_space: gym.Space) -> _ActionMap:
             lambda a: a.astype(jnp.int32) + start,
             lambda a: jnp.asarray(a).astype(jnp.int32) - start,
         )
-    assert isinstance(action_space, gym.spaces.Box)  # check_spaces: Discrete or Box
+    if not isinstance(action_space, gym.spaces.Box):
+        raise ValueError(f"PPO cannot act in the action space {action_space}; allowed: Discrete or a 1-D Box")
     low = np.asarray(action_space.low, np.float64)
     high = np.asarray(action_space.high, np.float64)
     finite = np.isfinite(low) & np.isfinite(high)
@@ -467,9 +468,10 @@ def _actor_critic_module(config: cfg.AlgoConfig, preprocess_fn: Callable | None)
     policy_head: nn.Module
     if isinstance(action_space, gym.spaces.Discrete):
         policy_head = CategoricalHead(int(action_space.n))
-    else:
-        assert isinstance(action_space, gym.spaces.Box)  # check_spaces: Discrete or Box
+    elif isinstance(action_space, gym.spaces.Box):
         policy_head = NormalHead(int(action_space.shape[0]), state_dependent_std=False, log_std_init=p.log_std_init)
+    else:
+        raise ValueError(f"PPO cannot act in the action space {action_space}; allowed: Discrete or a 1-D Box")
 
     def encoder() -> nn.Module:
         return encoder_factory(config.env_cfg.observation_space, hidden=p.hidden_sizes, activation=p.activation)

@@ -364,8 +364,7 @@ def _target_entropy(config: cfg.AlgoConfig) -> float:
     params = config.algo_params
     if params.target_entropy is not None:
         return float(params.target_entropy)
-    shape = config.env_cfg.action_space.shape
-    assert shape is not None  # a Box: SAC checks its action space (check_action_space) when made
+    shape = check_action_space(config.env_cfg.action_space).shape
     return -float(np.prod(shape))
 
 

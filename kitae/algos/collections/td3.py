@@ -203,7 +203,7 @@ class TD3State(AgentPyTree):
 # ---------------------------------------------------------------------------------------------
 
 
-def check_action_space(action_space: gym.Space) -> None:
+def check_action_space(action_space: gym.Space) -> gym.spaces.Box:
     """Raises ``ValueError`` unless ``action_space`` is a ``Box`` of shape ``(D,)`` with finite bounds."""
     ok = (
         isinstance(action_space, gym.spaces.Box)
@@ -222,11 +222,12 @@ def check_action_space(action_space: gym.Space) -> None:
             f"TD3 cannot act in action space {action_space}: TD3 accepts only continuous actions, "
             f"a gymnasium.spaces.Box of shape (D,) with finite low and high bounds{hint}"
         )
+    assert isinstance(action_space, gym.spaces.Box)  # ok above
+    return action_space
 
 
 def _bounds(config: cfg.AlgoConfig) -> tuple[np.ndarray, np.ndarray]:
-    space = config.env_cfg.action_space
-    assert isinstance(space, gym.spaces.Box)  # TD3 checks its action space (check_action_space) when made
+    space = check_action_space(config.env_cfg.action_space)
     return np.asarray(space.low, np.float32), np.asarray(space.high, np.float32)
 
 

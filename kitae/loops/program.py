@@ -1,0 +1,282 @@
+"""The compiled loop's program: a whole training run as pure functions of a ``LoopState``.
+
+``make_loop_functions(agent, env)`` gives ``fresh`` (a new run's state from its seed), ``attach``
+(a state without environments completed with them) and ``run`` (iterations as a
+``jax.lax.scan``): pure functions of arrays, ready for ``jax.jit``, ``jax.vmap`` over seeds and
+sharding. ``kitae.loops.compiled.CompiledExecutor`` compiles and drives them::
+
+    for each iteration:                          # jax.lax.scan
+        for each vector step of the iteration:       # jax.lax.scan
+            act, env.step (vmapped), buffer_add, episode statistics
+        update when the schedule says so (on-policy: every iteration)
+
+Multi-agent environments (``kitae.envs.jaxmarl_env.VecJaxMARLEnv``, an ``agents`` attribute)
+train a parameter-shared agent: observations, actions, rewards and flags are dicts keyed by agent
+all the way into the buffer; an episode ends for the team when it ends for every agent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kitae.buffer import buffer_add, buffer_init, buffer_reset
+from kitae.envs.jax_env import VecJaxEnv
+from kitae.loops.collect import act_step, make_experience, update_step
+from kitae.loops.episodes import track_episodes
+from kitae.loops.multi_agent import env_agents, track_team_episodes
+from kitae.loops.state import EnvCarry, LoopState, mark_episodes_cut, strongly_typed
+
+__all__ = ["IterationMetrics", "make_loop_functions", "loop_state_shape"]
+
+
+class IterationMetrics(NamedTuple):
+    """Metrics of one iteration (stacked over iterations by the scan): JAX arrays in the loop, NumPy
+    arrays once fetched to the host.
+
+    Attributes:
+        env_step: transitions done at the end of the iteration.
+        return_sum: sum of the returns of the episodes that ended in the iteration (multi-agent:
+            team returns, each the sum of the agents' returns).
+        length_sum: sum of their lengths.
+        episodes: how many ended.
+        updated: whether the iteration updated the agent.
+        info: the update's info (zeros where it did not update).
+        agent_return_sum: multi-agent only: ``{agent: sum of that agent's returns over the same
+            episodes}``; ``None`` for a single agent.
+    """
+
+    env_step: jax.Array | np.ndarray
+    return_sum: jax.Array | np.ndarray
+    length_sum: jax.Array | np.ndarray
+    episodes: jax.Array | np.ndarray
+    updated: jax.Array | np.ndarray
+    info: dict[str, jax.Array | np.ndarray]
+    agent_return_sum: dict[str, jax.Array | np.ndarray] | None = None
+
+
+def _check_env(agent: Any, env: Any) -> tuple[str, ...] | None:
+    if not isinstance(env, VecJaxEnv):
+        raise TypeError(
+            f"env={env!r} is not allowed in the compiled loop; allowed: a kitae.envs.jax_env.VecJaxEnv "
+            "(kitae.envs.make.make_jax_env)"
+        )
+    if agent.config.env_cfg.n_envs != env.num_envs:
+        raise ValueError(
+            f"the environment has {env.num_envs} copies but env_cfg.n_envs={agent.config.env_cfg.n_envs}; "
+            "they must match"
+        )
+    agents = env_agents(env)
+    n_agents = 1 if agents is None else len(agents)
+    if agent.config.env_cfg.n_agents != n_agents:
+        raise ValueError(
+            f"the environment has {n_agents} agent(s) but env_cfg.n_agents={agent.config.env_cfg.n_agents}; "
+            "they must match"
+        )
+    return agents
+
+
+def make_loop_functions(agent: Any, env: VecJaxEnv) -> tuple[Callable, Callable, Callable]:
+    """Builds the pure functions of a compiled run.
+
+    Returns:
+        ``(fresh, attach, run)``:
+
+        - ``fresh(seed) -> LoopState``: a new run's state from its seed alone (vmappable);
+        - ``attach(state, seed) -> LoopState``: completes a state without an environment part
+          (the agent facade's, a host checkpoint's): resets the environments (seeded from the seed
+          and the step), allocates the buffer if it has none, and marks the buffer's newest row
+          truncated if the run is past step 0;
+        - ``run(state, n_iterations, first_index=0, *, length=None) -> (state, metrics)``: a
+          ``jax.lax.scan`` of iterations (with ``length``, a loop over a traced number of
+          iterations up to ``length``, so one program runs segments of any length).
+
+        All are pure functions of arrays, ready for ``jax.jit``, ``jax.vmap`` (over seeds) and
+        sharding.
+    """
+    agents = _check_env(agent, env)
+    schedule = agent.schedule
+    n_envs = env.num_envs
+    steps_per_iteration = schedule.vector_steps_per_iteration
+    capacity = agent.config.update_cfg.max_buffer_size
+    experience_type = agent.experience_type
+
+    def per_agent(make: Callable[[], Any]) -> Any:
+        """``make()``, or ``{agent: make()}`` in a multi-agent environment."""
+        return make() if agents is None else {a: make() for a in agents}
+
+    def empty_buffer(agent_state: Any, agent_key: jax.Array, observation: Any) -> Any:
+        actions, log_probs, _ = jax.eval_shape(
+            lambda s, k, o: act_step(agent, agent.acting_params(s), k, o, jnp.zeros((), jnp.int32)),
+            agent_state,
+            agent_key,
+            observation,
+        )
+        example = make_experience(
+            experience_type,
+            observation=observation,
+            action=jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype), actions),
+            reward=per_agent(lambda: jnp.zeros((n_envs,), jnp.float32)),
+            done=per_agent(lambda: jnp.zeros((n_envs,), bool)),
+            next_observation=observation,
+            log_prob=jax.tree_util.tree_map(lambda x: jnp.zeros(x.shape, jnp.float32), log_probs),
+            truncated=per_agent(lambda: jnp.zeros((n_envs,), bool)),
+        )
+        return buffer_init(example, capacity)
+
+    def attach(state: LoopState, seed: jax.Array) -> LoopState:
+        base = jax.random.fold_in(jax.random.PRNGKey(seed), 1)
+        step = jnp.asarray(state.env_step, jnp.int32)
+        base = jnp.where(step == 0, base, jax.random.fold_in(base, step))
+        env_key, reset_key = jax.random.split(base)
+        observation, env_state = env.reset(reset_key)
+        if state.buffer is None:
+            buffer = empty_buffer(state.agent_state, state.agent_key, observation)
+        else:
+            buffer = mark_episodes_cut(state.buffer, step > 0)
+        carry = EnvCarry(
+            key=env_key,
+            state=env_state,
+            observation=observation,
+            episode_return=per_agent(lambda: jnp.zeros((n_envs,), jnp.float32)),
+            episode_length=jnp.zeros((n_envs,), jnp.int32),
+        )
+        out = LoopState(
+            state.agent_state,
+            jnp.asarray(state.agent_key),
+            buffer,
+            step,
+            jnp.asarray(state.n_updates, jnp.int32),
+            carry,
+        )
+        # strongly typed leaves: a fresh and a restored state trace, compile and compute the same program
+        return strongly_typed(out)
+
+    def fresh(seed: jax.Array) -> LoopState:
+        agent_key, agent_state = agent.initial_state(seed)
+        zero = jnp.zeros((), jnp.int32)
+        return attach(LoopState(agent_state, agent_key, None, zero, zero), seed)
+
+    def vector_step(carry: tuple, _: Any) -> tuple[tuple, None]:
+        state, return_sum, length_sum, episodes, agent_return_sum = carry
+        env_carry = state.env
+        actions, log_probs, agent_key = act_step(
+            agent, agent.acting_params(state.agent_state), state.agent_key, env_carry.observation, state.env_step
+        )
+        env_key, step_key = jax.random.split(env_carry.key)
+        ts = env.step(step_key, env_carry.state, actions)
+        buffer = buffer_add(
+            state.buffer,
+            make_experience(
+                experience_type,
+                observation=env_carry.observation,
+                action=actions,
+                reward=ts.reward,
+                done=ts.terminated,
+                next_observation=ts.next_observation,
+                log_prob=log_probs,
+                truncated=ts.truncated,
+            ),
+        )
+        if agents is None:
+            assert not isinstance(ts.terminated, dict) and not isinstance(ts.truncated, dict)  # one agent: arrays
+            ended = jnp.logical_or(ts.terminated, ts.truncated)
+            running_return, running_length, episode_return, episode_length = track_episodes(
+                jnp, env_carry.episode_return, env_carry.episode_length, ts.reward, ended
+            )
+        else:
+            running_return, running_length, episode_return, episode_length, ended, per_agent_return = (
+                track_team_episodes(env_carry.episode_return, env_carry.episode_length, ts)
+            )
+            agent_return_sum = {
+                a: agent_return_sum[a] + jnp.sum(jnp.where(ended, per_agent_return[a], 0.0)) for a in agents
+            }
+        return_sum = return_sum + jnp.sum(jnp.where(ended, episode_return, 0.0))
+        length_sum = length_sum + jnp.sum(jnp.where(ended, episode_length, 0))
+        episodes = episodes + jnp.sum(ended)
+        state = state._replace(
+            agent_key=agent_key,
+            buffer=buffer,
+            env_step=state.env_step + n_envs,
+            env=EnvCarry(env_key, ts.state, ts.observation, running_return, running_length),
+        )
+        return (state, return_sum, length_sum, episodes, agent_return_sum), None
+
+    def iteration(state: LoopState, index: jax.Array) -> tuple[LoopState, IterationMetrics]:
+        del index
+        zero = (
+            jnp.zeros((), jnp.float32),
+            jnp.zeros((), jnp.int32),
+            jnp.zeros((), jnp.int32),
+            None if agents is None else per_agent(lambda: jnp.zeros((), jnp.float32)),
+        )
+        (state, return_sum, length_sum, episodes, agent_return_sum), _ = jax.lax.scan(
+            vector_step, (state, *zero), None, length=steps_per_iteration
+        )
+        assert state.buffer is not None  # attach() gives every compiled state a buffer
+        if schedule.on_policy:  # an iteration is one rollout: it always ends with an update
+            agent_state, agent_key, info = update_step(agent, state.agent_state, state.agent_key, state.buffer)
+            buffer, updated = buffer_reset(state.buffer), jnp.ones((), bool)
+        else:
+            updated = jnp.asarray(schedule.update_due(state.env_step, state.buffer.size))
+            info_shape = jax.eval_shape(
+                lambda s, k: update_step(agent, s, k, state.buffer), state.agent_state, state.agent_key
+            )[2]
+            agent_state, agent_key, info = jax.lax.cond(
+                updated,
+                lambda s, k: update_step(agent, s, k, state.buffer),
+                lambda s, k: (s, k, jax.tree_util.tree_map(lambda x: jnp.zeros(x.shape, x.dtype), info_shape)),
+                state.agent_state,
+                state.agent_key,
+            )
+            buffer = state.buffer
+        state = state._replace(
+            agent_state=agent_state,
+            agent_key=agent_key,
+            buffer=buffer,
+            n_updates=state.n_updates + updated.astype(jnp.int32),
+        )
+        return state, IterationMetrics(
+            state.env_step, return_sum, length_sum, episodes, updated, info, agent_return_sum
+        )
+
+    def run(
+        state: LoopState, n_iterations: int | jax.Array, first_index: int | jax.Array = 0, *, length: int | None = None
+    ) -> tuple[LoopState, IterationMetrics]:
+        """Runs ``n_iterations`` iterations, numbered from ``first_index``.
+
+        With ``length=None``, ``n_iterations`` is static (a Python int) and the metrics have a
+        leading axis of ``n_iterations``. With a static ``length``, ``n_iterations`` may be traced
+        (``<= length``): one compiled program then runs segments of any length up to ``length``,
+        and the metrics have a leading axis of ``length`` (rows past ``n_iterations`` are zeros).
+        Each iteration runs the same computation either way, so cutting a run into segments
+        gives the same bits as one program.
+        """
+        if length is None:
+            return jax.lax.scan(iteration, state, first_index + jnp.arange(n_iterations))
+        index = jnp.asarray(first_index, jnp.int32)
+        metrics_shape = jax.eval_shape(iteration, state, index)[1]
+        rows = jax.tree_util.tree_map(lambda x: jnp.zeros((length, *x.shape), x.dtype), metrics_shape)
+
+        def body(i: jax.Array, carry: tuple[LoopState, IterationMetrics]) -> tuple[LoopState, IterationMetrics]:
+            state, rows = carry
+            state, metrics = iteration(state, index + i)
+            rows = jax.tree_util.tree_map(lambda r, x: r.at[i].set(x), rows, metrics)
+            return state, rows
+
+        return jax.lax.fori_loop(0, jnp.minimum(n_iterations, length), body, (state, rows))
+
+    return fresh, attach, run
+
+
+def loop_state_shape(agent: Any, env: VecJaxEnv, seeds: list[int] | None = None) -> LoopState:
+    """The abstract ``LoopState`` (``jax.ShapeDtypeStruct`` leaves) of a compiled run of ``agent`` in
+    ``env``, with a leading seed axis when ``seeds`` are given: what a checkpoint is restored into."""
+    fresh, _, _ = make_loop_functions(agent, env)
+    if seeds is None:
+        return jax.eval_shape(fresh, jnp.asarray(agent.config.seed, jnp.uint32))
+    return jax.eval_shape(jax.vmap(fresh), jnp.asarray(seeds, jnp.uint32))

@@ -97,7 +97,11 @@ def _split_block(key: jax.Array) -> jax.Array:
 
 
 class IAgent(abc.ABC):
-    """The interface every agent follows; the executors rely on nothing else.
+    """The facade every agent offers a user: acting, updating and training from its attributes.
+
+    The executors (``kitae.loops``) run ``BaseAgent``'s pure functions instead: ``initial_state``,
+    ``acting_params`` and ``act``, ``update_fn`` and ``update_data``, with its ``schedule``,
+    ``experience_type`` and ``make_buffer``.
 
     Observations passed to ``explore`` and ``select_action`` have a leading environment axis
     ``(E, *obs_shape)`` (dicts of those keyed by agent in multi-agent environments).

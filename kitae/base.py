@@ -168,6 +168,9 @@ class BaseAgent(IAgent):
     """
 
     algo_type: AlgoType
+    learning_params: tuple[str, ...] = ()
+    """``algo_params`` fields read only by learning (processing and the update step), which
+    ``kitae.distributed.Algorithm.update_algorithm_parameter`` may change during training."""
 
     def __init__(
         self,
@@ -225,6 +228,8 @@ class BaseAgent(IAgent):
         self._pure_keys = False  # True while act() runs a guide-style explore as a pure function
 
         self.explore_fn = explore_general_factory(explore_factory(config), self.vectorized, self.parallel)
+        self.process_experience_factory = process_experience_factory
+        self.update_step_factory = update_step_factory
         self.process_experience_fn = process_experience_factory(config)
         self.update_step_fn = update_step_factory(config)
         self.process_experience_pipeline = ExperiencePipeline(
@@ -423,22 +428,38 @@ class OffPolicyAgent(BaseAgent):
         return ReplayBuffer(self.config.update_cfg.max_buffer_size)
 
     def _make_update_fn(self) -> Callable:
-        pipeline = self.process_experience_pipeline
         update_step_fn = self.update_step_fn
-        batch_size = self.config.update_cfg.batch_size
-        n_steps = self.config.update_cfg.n_epochs
+        gradient_batch = self.gradient_batch
 
         def update_fn(state: Any, key: jax.Array, buffer_state: Any) -> tuple[Any, dict]:
             def gradient_step(state: Any, key: jax.Array) -> tuple[Any, dict]:
-                sample_key, process_key, update_key = jax.random.split(key, 3)
-                sample = buffer_sample(buffer_state, sample_key, batch_size)
-                batch = pipeline.run(state, process_key, sample)
+                batch, update_key = gradient_batch(state, key, buffer_state)
                 return update_step_fn(state, update_key, batch)
 
-            state, infos = jax.lax.scan(gradient_step, state, jax.random.split(key, n_steps))
+            state, infos = jax.lax.scan(gradient_step, state, self.gradient_step_keys(key))
             return state, _mean_over_steps(infos)
 
         return update_fn
+
+    def gradient_step_keys(self, key: jax.Array) -> jax.Array:
+        """The keys of an update's ``n_epochs`` gradient steps, ``(n_epochs, 2)``."""
+        return jax.random.split(key, self.config.update_cfg.n_epochs)
+
+    def gradient_batch(
+        self, state: Any, step_key: jax.Array, buffer_state: BufferState, pipeline: ExperiencePipeline | None = None
+    ) -> tuple[Any, jax.Array]:
+        """The minibatch of one gradient step and the key of its update step (pure): ``(sample_key,
+        process_key, update_key) = split(step_key, 3)``, ``batch_size`` transitions sampled
+        uniformly and processed with ``state`` (so targets use the latest parameters) by
+        ``pipeline`` (default the agent's ``process_experience_pipeline``).
+
+        Returns:
+            ``(batch, update_key)``: the processed minibatch (leaves ``(batch_size, ...)``).
+        """
+        sample_key, process_key, update_key = jax.random.split(step_key, 3)
+        sample = buffer_sample(buffer_state, sample_key, self.config.update_cfg.batch_size)
+        pipeline = self.process_experience_pipeline if pipeline is None else pipeline
+        return pipeline.run(state, process_key, sample), update_key
 
     def update_data(self, buffer_state: BufferState) -> BufferState:
         """The whole buffer (the update samples its minibatches from it)."""
@@ -460,14 +481,11 @@ class OnPolicyAgent(BaseAgent):
         return RolloutBuffer(self.config.update_cfg.max_buffer_size)
 
     def _make_update_fn(self) -> Callable:
-        pipeline = self.process_experience_pipeline
         update_step_fn = self.update_step_fn
         batch_size = self.config.update_cfg.batch_size
-        n_epochs = self.config.update_cfg.n_epochs
 
         def update_fn(state: Any, key: jax.Array, rollout: Any) -> tuple[Any, dict]:
-            process_key, epochs_key = jax.random.split(key)
-            processed = pipeline.run(state, process_key, rollout)
+            processed, epoch_keys = self.process_rollout(state, key, rollout)
             epoch = partial(
                 update_epoch,
                 experience=processed,
@@ -480,10 +498,27 @@ class OnPolicyAgent(BaseAgent):
             def one_epoch(state: Any, key: jax.Array) -> tuple[Any, dict]:
                 return epoch(key, state)
 
-            state, infos = jax.lax.scan(one_epoch, state, jax.random.split(epochs_key, n_epochs))
+            state, infos = jax.lax.scan(one_epoch, state, epoch_keys)
             return state, _mean_over_steps(infos)
 
         return update_fn
+
+    def process_rollout(
+        self, state: Any, key: jax.Array, rollout: Any, pipeline: ExperiencePipeline | None = None
+    ) -> tuple[Any, jax.Array]:
+        """The first part of an update (pure): ``(process_key, epochs_key) = split(key)``; the
+        rollout (leaves ``(T, E, ...)``) goes through ``pipeline`` (default the agent's
+        ``process_experience_pipeline``) with ``state``.
+
+        Returns:
+            ``(processed, epoch_keys)``: the processed experience (leaves ``(N, ...)``) and one key
+            per epoch, ``(n_epochs, 2)`` (each epoch's minibatches:
+            ``kitae.algos.update.epoch_minibatches``).
+        """
+        process_key, epochs_key = jax.random.split(key)
+        pipeline = self.process_experience_pipeline if pipeline is None else pipeline
+        processed = pipeline.run(state, process_key, rollout)
+        return processed, jax.random.split(epochs_key, self.config.update_cfg.n_epochs)
 
     def update_data(self, buffer_state: BufferState) -> Any:
         """The rollout in time order, leaves ``(T, E, ...)``."""

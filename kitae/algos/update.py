@@ -74,17 +74,35 @@ def update_epoch(
     Returns:
         The updated state and the mean over minibatches of each entry of ``info``.
     """
-    shuffle_key, steps_key = jax.random.split(key)
-    n = jax.tree_util.tree_leaves(experience)[0].shape[0]
-    permutation = jax.random.permutation(shuffle_key, n)
-    shuffled = jax.tree_util.tree_map(lambda x: jnp.take(x, permutation, axis=0), experience)
-    batches = batchify_fn(shuffled, batch_size)
-    n_batches = jax.tree_util.tree_leaves(batches)[0].shape[0]
+    step_keys, batches = epoch_minibatches(key, experience, batch_size, batchify_fn)
 
     def step(carry: AgentPyTree, inputs: tuple[jax.Array, Any]) -> tuple[AgentPyTree, dict]:
         step_key, batch = inputs
         batch = rebuild_experience(experience_type, list(batch))
         return update_batch_fn(carry, step_key, batch)
 
-    state, infos = jax.lax.scan(step, state, (jax.random.split(steps_key, n_batches), tuple(batches)))
+    state, infos = jax.lax.scan(step, state, (step_keys, tuple(batches)))
     return state, jax.tree_util.tree_map(lambda x: jnp.mean(x, axis=0), infos)
+
+
+def epoch_minibatches(
+    key: jax.Array, experience: Any, batch_size: int, batchify_fn: Callable = batchify
+) -> tuple[jax.Array, Any]:
+    """The minibatches of one epoch and the key of each gradient step on them: the epoch's rule,
+    written once (``update_epoch`` scans over it; the distributed executor deals its minibatches
+    to gradient workers one by one).
+
+    ``(shuffle_key, steps_key) = split(key)``; the experience (leaves ``(N, ...)``) is permuted
+    with ``shuffle_key`` and cut by ``batchify_fn``.
+
+    Returns:
+        ``(step_keys (n_batches, 2), batches)``: ``batches`` has leaves
+        ``(n_batches, batch_size, ...)`` in the experience's structure.
+    """
+    shuffle_key, steps_key = jax.random.split(key)
+    n = jax.tree_util.tree_leaves(experience)[0].shape[0]
+    permutation = jax.random.permutation(shuffle_key, n)
+    shuffled = jax.tree_util.tree_map(lambda x: jnp.take(x, permutation, axis=0), experience)
+    batches = batchify_fn(shuffled, batch_size)
+    n_batches = jax.tree_util.tree_leaves(batches)[0].shape[0]
+    return jax.random.split(steps_key, n_batches), batches

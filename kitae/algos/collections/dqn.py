@@ -599,6 +599,10 @@ class DQN(OffPolicyAgent):
         epsilon_fn: ``step -> epsilon``, the exploration schedule.
     """
 
+    learning_params = ("gamma", "tau")
+    """``algo_params`` fields that only learning reads (``kitae.distributed.Algorithm``'s
+    ``update_algorithm_parameter`` changes them during training)."""
+
     def __init__(
         self,
         run_name: str,
@@ -626,6 +630,7 @@ class DQN(OffPolicyAgent):
         )
         self.algo_params = self.config.algo_params
         self.compute_gradients_fn = compute_gradients_factory(self.config)
+        self.gradient_factories = (compute_gradients_factory, apply_gradients_factory)
         self.apply_gradients_fn = apply_gradients_factory(self.config)
         self.epsilon_fn = epsilon_schedule(self.algo_params, self.config.train_cfg.n_env_steps)
         self._greedy = np.float32(0.0)  # epsilon of select_action (an array: no new static value)

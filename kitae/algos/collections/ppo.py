@@ -865,6 +865,10 @@ class PPO(OnPolicyAgent):
             observation space.
     """
 
+    learning_params = ("gamma", "gae_lambda", "clip_coef", "value_clip_coef", "entropy_coef", "value_coef")
+    """``algo_params`` fields that only learning reads (``kitae.distributed.Algorithm``'s
+    ``update_algorithm_parameter`` changes them during training)."""
+
     def __init__(
         self,
         run_name: str,
@@ -895,6 +899,7 @@ class PPO(OnPolicyAgent):
         )
         self.algo_params = config.algo_params
         self.compute_gradients_fn = compute_gradients_factory(config)
+        self.gradient_factories = (compute_gradients_factory, apply_gradients_factory)
         self.apply_gradients_fn = apply_gradients_factory(config)
 
     def _make_update_fn(self) -> Callable:

@@ -637,6 +637,10 @@ class SAC(OffPolicyAgent):
         apply_gradients_fn: ``(state, grads) -> state`` (pure).
     """
 
+    learning_params = ("gamma", "tau")
+    """``algo_params`` fields that only learning reads (``kitae.distributed.Algorithm``'s
+    ``update_algorithm_parameter`` changes them during training)."""
+
     def __init__(
         self,
         run_name: str,
@@ -667,6 +671,7 @@ class SAC(OffPolicyAgent):
         )
         self.algo_params: SACParams = self.config.algo_params
         self.compute_gradients_fn = compute_gradients_factory(self.config)
+        self.gradient_factories = (compute_gradients_factory, apply_gradients_factory)
         self.apply_gradients_fn = apply_gradients_factory(self.config)
 
     def acting_params(self, state: SACState) -> SACState:

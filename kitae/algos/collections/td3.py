@@ -557,6 +557,10 @@ class TD3(OffPolicyAgent):
         TypeError: when ``config.algo_params`` is not a ``TD3Params``.
     """
 
+    learning_params = ("gamma", "tau", "policy_noise", "noise_clip")
+    """``algo_params`` fields that only learning reads (``kitae.distributed.Algorithm``'s
+    ``update_algorithm_parameter`` changes them during training)."""
+
     def __init__(
         self,
         run_name: str,
@@ -586,6 +590,7 @@ class TD3(OffPolicyAgent):
         )
         self.algo_params: TD3Params = config.algo_params
         self.compute_gradients_fn = compute_gradients_factory(config)
+        self.gradient_factories = (compute_gradients_factory, apply_gradients_factory)
         self.apply_gradients_fn = apply_gradients_factory(config)
         self._exploration_noise = np.asarray(self.algo_params.exploration_noise, np.float32)
         self._no_noise = np.asarray(0.0, np.float32)

@@ -1,0 +1,493 @@
+"""The ``Algorithm`` interface of distributed training (seed 003), and its one implementation.
+
+``Algorithm`` is what a distributed runtime asks of an algorithm: act on a batch of
+observations (``acting_step``), compute gradients on one place and apply them on another
+(``compute_gradients`` / ``apply_gradients``), move weights (``get_weights`` / ``set_weights``),
+change a hyperparameter during training (``update_algorithm_parameter``) and say its schedule
+(the properties). ``AgentAlgorithm`` implements it once, over any kitae agent: the built-in
+DQN, PPO, SAC and TD3 and any agent written to the four factories (the guide's DQN). It holds a
+copy of the agent's state and a PRNG key of its own; the agent's pure functions do the work.
+
+Gradients of built-in algorithms are their ``compute_gradients_fn``'s (``kitae.algos.gradients``).
+An agent that only has an ``update_step_fn`` has no separate gradients: its "gradients" are the
+change one update step makes to every leaf of the state (``new - old``), and applying them adds
+that change (averaging several is then averaging updates, as model averaging does).
+
+Layer: agents (it imports ``kitae.base`` and the core, never the loops).
+"""
+
+from __future__ import annotations
+
+import abc
+import copy
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kitae.algos.experience import ExperiencePipeline
+from kitae.base import BaseAgent
+from kitae.config import AlgoConfig
+from kitae.modules.optimizer import learning_rate as read_learning_rate
+from kitae.types import AlgoType
+from kitae.validation import check_positive_int
+
+__all__ = ["Algorithm", "AgentAlgorithm"]
+
+
+class Algorithm(abc.ABC):
+    """Base class for all algorithms (seed 003's interface)."""
+
+    @abc.abstractmethod
+    def acting_step(self, obs: Any, rhs: Any, done: Any, deterministic: bool = False, *args: Any) -> tuple:
+        """Acts on a batch of observations.
+
+        Args:
+            obs: current observations, ``(E, *obs_shape)``.
+            rhs: recurrent hidden state, ``(E, H)`` (zeros if the policy is not recurrent).
+            done: ``(E,)``, 1.0 where ``obs`` is the last observation of an episode, else 0.0.
+            deterministic: take the mode instead of sampling.
+
+        Returns:
+            ``(action, clipped_action, rhs, other)``: ``action`` ``(E, ...)``, ``clipped_action``
+            (within the action space), the next ``rhs`` and a dict of what the algorithm needs
+            later (e.g. the action's log-probability).
+        """
+
+    @abc.abstractmethod
+    def compute_gradients(self, batch: Any, grads_to_cpu: bool = True, *args: Any) -> tuple[Any, dict]:
+        """Computes the gradients of the loss on ``batch`` without applying them.
+
+        Returns:
+            ``(grads, info)``: with ``grads_to_cpu`` the gradients are host numpy arrays (ready to
+            send to another process); ``info`` holds the step's scalars as floats.
+        """
+
+    @abc.abstractmethod
+    def apply_gradients(self, gradients: Any = None, *args: Any) -> None:
+        """Takes one optimization step with ``gradients`` (default: the last ones computed)."""
+
+    @abc.abstractmethod
+    def set_weights(self, actor_weights: Any, *args: Any) -> None:
+        """Sets the acting weights (what ``get_weights`` returns)."""
+
+    @abc.abstractmethod
+    def get_weights(self) -> Any:
+        """The acting weights, as host numpy arrays."""
+
+    @abc.abstractmethod
+    def update_algorithm_parameter(self, parameter_name: str, new_parameter_value: float, *args: Any) -> None:
+        """Changes a hyperparameter during training (see the implementation for which)."""
+
+    @classmethod
+    @abc.abstractmethod
+    def create_factory(cls, *args: Any, **kwargs: Any) -> Callable[[], Algorithm]:
+        """A function that builds a fresh instance (what a remote worker calls)."""
+
+    @property
+    @abc.abstractmethod
+    def gamma(self) -> float:
+        """The discount factor."""
+
+    @property
+    @abc.abstractmethod
+    def start_steps(self) -> int:
+        """Transitions collected before the first update."""
+
+    @property
+    @abc.abstractmethod
+    def num_epochs(self) -> int:
+        """Times the data of an update is reused (on-policy), or gradient steps per update."""
+
+    @property
+    @abc.abstractmethod
+    def mini_batch_size(self) -> int:
+        """Transitions per minibatch."""
+
+    @property
+    @abc.abstractmethod
+    def num_mini_batch(self) -> int:
+        """Minibatches per epoch."""
+
+    @property
+    @abc.abstractmethod
+    def update_every(self) -> int:
+        """Transitions collected between two updates."""
+
+    @property
+    @abc.abstractmethod
+    def test_every(self) -> int:
+        """Updates between two test evaluations (0: never)."""
+
+    @property
+    @abc.abstractmethod
+    def num_test_episodes(self) -> int:
+        """Episodes of a test evaluation."""
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool)
+
+
+def _with_params(config: AlgoConfig, values: dict[str, Any]) -> AlgoConfig:
+    """``config`` with ``algo_params`` fields set to ``values`` (possibly traced), without the
+    params' validation (which needs concrete values; ``update_algorithm_parameter`` validated them)."""
+    params = copy.copy(config.algo_params)
+    for name, value in values.items():
+        object.__setattr__(params, name, value)
+    out = copy.copy(config)
+    object.__setattr__(out, "algo_params", params)
+    return out
+
+
+def _set_learning_rate(opt_state: Any, value: float) -> Any:
+    """``opt_state`` with every injected learning rate set to ``value`` (same dtype)."""
+
+    def injected(x: Any) -> bool:
+        return isinstance(x, tuple) and hasattr(x, "hyperparams") and "learning_rate" in x.hyperparams
+
+    def set_rate(x: Any) -> Any:
+        if not injected(x):
+            return x
+        rate = x.hyperparams["learning_rate"]
+        return x._replace(hyperparams={**x.hyperparams, "learning_rate": jnp.asarray(value, rate.dtype)})
+
+    return jax.tree_util.tree_map(set_rate, opt_state, is_leaf=injected)
+
+
+def _optimizer_states(state: Any) -> list[tuple[Any, str]]:
+    """The ``(holder, attribute)`` of each optimizer state in an agent's state (each network's
+    ``TrainState`` keeps one in ``opt_state``)."""
+    found = []
+    for name in getattr(state, "__dataclass_fields__", {}):
+        value = getattr(state, name)
+        if hasattr(value, "opt_state") and value.opt_state is not None:
+            found.append((value, name))
+    return found
+
+
+class AgentAlgorithm(Algorithm):
+    """``Algorithm`` over any kitae agent.
+
+    Args:
+        agent: a ``kitae.base.BaseAgent`` (built-in or made from the four factories). Its
+            ``state`` is copied in; the agent object itself is only used for its pure functions.
+        key: the PRNG key of acting and of gradient steps given no key (default: the agent's).
+        test_every: updates between two test evaluations, an int >= 0 (0: never).
+        num_test_episodes: episodes of a test evaluation, an int >= 1.
+
+    Attributes:
+        state: the authoritative copy of the agent's state on this instance.
+        env_step: transitions acted on so far (``acting_step`` adds the batch size).
+        n_gradient_steps: gradients applied so far.
+    """
+
+    def __init__(
+        self, agent: BaseAgent, *, key: jax.Array | None = None, test_every: int = 0, num_test_episodes: int = 10
+    ) -> None:
+        if not isinstance(agent, BaseAgent):
+            raise TypeError(f"agent={type(agent).__name__} is not allowed; allowed: a kitae.base.BaseAgent")
+        if not (isinstance(test_every, int) and not isinstance(test_every, bool) and test_every >= 0):
+            raise ValueError(f"test_every={test_every!r} is not allowed; allowed: an int >= 0 (0: never)")
+        check_positive_int("num_test_episodes", num_test_episodes)
+        self.agent = agent
+        self.state = agent.state
+        self.key = jnp.asarray(agent.key if key is None else key)
+        self.env_step = 0
+        self.n_gradient_steps = 0
+        self._test_every, self._num_test_episodes = test_every, num_test_episodes
+        self._acting = agent.acting_params(self.state)
+        self._grads: Any = None
+        self._params: dict[str, Any] = {}  # learning parameters changed during training
+        self._functions: dict[tuple[str, ...], Any] = {}  # compiled functions per changed-parameter set
+        self._act = jax.jit(agent.act, static_argnames=("deterministic",))
+
+    # -- building --------------------------------------------------------------------------------
+
+    @classmethod
+    def create_factory(cls, agent_factory: Callable[[], BaseAgent], **kwargs: Any) -> Callable[[], AgentAlgorithm]:
+        """A function that builds a fresh ``AgentAlgorithm`` (what a remote worker calls).
+
+        Args:
+            agent_factory: builds the agent, e.g. ``functools.partial(PPO, "run", config)``; it
+                must be picklable to reach a remote worker (a class and a config are).
+            kwargs: ``test_every``, ``num_test_episodes``.
+        """
+        if not callable(agent_factory):
+            raise TypeError(f"agent_factory={agent_factory!r} is not allowed; allowed: a callable returning an agent")
+
+        def factory() -> AgentAlgorithm:
+            return cls(agent_factory(), **kwargs)
+
+        return factory
+
+    # -- acting ----------------------------------------------------------------------------------
+
+    def acting_step(
+        self, obs: Any, rhs: Any, done: Any, deterministic: bool = False, *args: Any
+    ) -> tuple[Any, Any, Any, dict[str, Any]]:
+        """Acts with the acting weights: ``(key, act_key) = split(key)``, then the agent's pure ``act``.
+
+        ``rhs`` is returned as it came (zeros ``(E, 1)`` if ``None``): kitae's built-in policies
+        are feed-forward. ``done`` is accepted for the interface and not read by them.
+
+        Returns:
+            ``(action (E, ...), clipped_action (E, ...), rhs, {"log_prob": (E,)})``; actions are
+            numpy arrays; ``clipped_action`` is ``action`` clipped to a ``Box`` action space
+            (the same array for other spaces).
+        """
+        del args, done
+        n = _batch_size(obs)
+        self.key, act_key = jax.random.split(self.key)
+        action, log_prob = self._act(self._acting, act_key, obs, np.asarray(self.env_step, np.int32), deterministic)
+        self.env_step += n * (self.agent.config.env_cfg.n_agents if self.agent.parallel else 1)
+        action = jax.tree_util.tree_map(np.asarray, action)
+        space = self.agent.config.env_cfg.action_space
+        clipped = np.clip(action, space.low, space.high) if isinstance(space, gym.spaces.Box) else action
+        if rhs is None:
+            rhs = np.zeros((n, 1), np.float32)
+        return action, clipped, rhs, {"log_prob": jax.tree_util.tree_map(np.asarray, log_prob)}
+
+    def set_weights(self, actor_weights: Any, *args: Any) -> None:
+        """Sets the acting weights; they must have the structure, shapes and dtypes of
+        ``get_weights()``'s."""
+        del args
+        expected = jax.tree_util.tree_structure(self._acting)
+        got = jax.tree_util.tree_structure(actor_weights)
+        if got != expected:  # type: ignore[operator]
+            raise ValueError(f"actor_weights has the structure {got}; expected {expected} (get_weights()'s)")
+        for new, old in zip(jax.tree_util.tree_leaves(actor_weights), jax.tree_util.tree_leaves(self._acting)):
+            if np.shape(new) != np.shape(old):
+                raise ValueError(f"actor_weights has a leaf of shape {np.shape(new)} where {np.shape(old)} is expected")
+        self._acting = jax.tree_util.tree_map(lambda x, old: jnp.asarray(x, old.dtype), actor_weights, self._acting)
+
+    def get_weights(self) -> Any:
+        """The acting weights (``agent.acting_params(state)``) as host numpy arrays."""
+        return jax.device_get(self._acting)
+
+    def get_state(self) -> Any:
+        """The whole state (parameters, optimizer states, targets) as host numpy arrays."""
+        return jax.device_get(self.state)
+
+    def set_state(self, state: Any) -> None:
+        """Sets the whole state (what ``get_state`` returns); the acting weights follow."""
+        self.state = jax.tree_util.tree_map(jnp.asarray, state)
+        self._acting = self.agent.acting_params(self.state)
+
+    # -- learning --------------------------------------------------------------------------------
+
+    def _compiled(self) -> Any:
+        """The compiled learning functions for the set of changed parameters (one compile per set;
+        changing a value already in the set compiles nothing)."""
+        names = tuple(sorted(self._params))
+        fns = self._functions.get(names)
+        if fns is not None:
+            return fns
+        agent = self.agent
+
+        def learning(params: dict[str, Any]) -> tuple[ExperiencePipeline, Callable, Callable]:
+            config = _with_params(agent.config, params) if params else agent.config
+            pipeline = ExperiencePipeline(
+                [agent.process_experience_factory(config)],
+                vectorized=agent.algo_type is AlgoType.ON_POLICY,
+                parallel=agent.parallel,
+            )
+            factories = getattr(agent, "gradient_factories", None)
+            if factories is not None:
+                return pipeline, factories[0](config), factories[1](config)
+            update_step = agent.update_step_factory(config)
+
+            def delta(state: Any, key: jax.Array, batch: Any) -> tuple[Any, dict]:
+                old = jax.tree_util.tree_map(lambda x: x, state)  # guide-style steps reassign fields in place
+                new, info = update_step(state, key, batch)
+                return jax.tree_util.tree_map(lambda a, b: a - b, new, old), info
+
+            def add(state: Any, change: Any) -> Any:
+                return jax.tree_util.tree_map(lambda a, d: (a + d).astype(a.dtype), state, change)
+
+            return pipeline, delta, add
+
+        def compute(params: dict, state: Any, key: jax.Array, batch: Any) -> tuple[Any, dict]:
+            return learning(params)[1](state, key, batch)
+
+        def apply(params: dict, state: Any, grads: Any) -> Any:
+            return learning(params)[2](state, grads)
+
+        def process_rollout(params: dict, state: Any, key: jax.Array, rollout: Any) -> tuple[Any, jax.Array]:
+            return agent.process_rollout(state, key, rollout, pipeline=learning(params)[0])  # type: ignore[attr-defined]
+
+        def gradient_batch(params: dict, state: Any, key: jax.Array, buffer_state: Any) -> tuple[Any, jax.Array]:
+            return agent.gradient_batch(state, key, buffer_state, pipeline=learning(params)[0])  # type: ignore[attr-defined]
+
+        fns = {
+            "compute": jax.jit(compute),
+            "apply": jax.jit(apply),
+            "process_rollout": jax.jit(process_rollout),
+            "gradient_batch": jax.jit(gradient_batch),
+        }
+        self._functions[names] = fns
+        return fns
+
+    def _param_args(self) -> dict[str, Any]:
+        return {name: jnp.asarray(value, jnp.float32) for name, value in self._params.items()}
+
+    def compute_gradients(
+        self, batch: Any, grads_to_cpu: bool = True, *args: Any, key: jax.Array | None = None
+    ) -> tuple[Any, dict[str, float]]:
+        """The gradients of one update step on ``batch`` (a processed minibatch: see
+        ``process_rollout`` and ``gradient_batch``), with ``key`` (default: split from this
+        instance's key).
+
+        Returns:
+            ``(grads, info)``: ``grads`` has the structure the agent's ``apply_gradients_fn``
+            takes (host numpy arrays with ``grads_to_cpu``); ``info`` the step's scalars as floats.
+        """
+        del args
+        if key is None:
+            self.key, key = jax.random.split(self.key)
+        grads, info = self._compiled()["compute"](self._param_args(), self.state, key, batch)
+        if grads_to_cpu:
+            grads = jax.device_get(grads)
+        self._grads = grads
+        return grads, {name: float(value) for name, value in jax.device_get(info).items()}
+
+    def apply_gradients(self, gradients: Any = None, *args: Any) -> None:
+        """One optimization step with ``gradients`` (default: the last ``compute_gradients``'s).
+
+        Raises:
+            RuntimeError: with no gradients given and none computed yet.
+        """
+        del args
+        if gradients is None:
+            gradients = self._grads
+        if gradients is None:
+            raise RuntimeError("apply_gradients() has no gradients: pass some or call compute_gradients first")
+        self.state = self._compiled()["apply"](self._param_args(), self.state, gradients)
+        self._acting = self.agent.acting_params(self.state)
+        self.n_gradient_steps += 1
+
+    def process_rollout(self, rollout: Any, key: jax.Array) -> tuple[Any, jax.Array]:
+        """On-policy: the rollout (leaves ``(T, E, ...)``) processed with this state, and one key
+        per epoch (``kitae.base.OnPolicyAgent.process_rollout``)."""
+        if self.agent.algo_type is not AlgoType.ON_POLICY:
+            raise TypeError(f"{type(self.agent).__name__} is off-policy: its minibatches come from gradient_batch")
+        return self._compiled()["process_rollout"](self._param_args(), self.state, key, rollout)
+
+    def gradient_batch(self, step_key: jax.Array, buffer_state: Any) -> tuple[Any, jax.Array]:
+        """Off-policy: one gradient step's minibatch sampled from ``buffer_state`` and processed
+        with this state, and the key of its update step (``kitae.base.OffPolicyAgent.gradient_batch``)."""
+        if self.agent.algo_type is not AlgoType.OFF_POLICY:
+            raise TypeError(f"{type(self.agent).__name__} is on-policy: its minibatches come from process_rollout")
+        return self._compiled()["gradient_batch"](self._param_args(), self.state, step_key, buffer_state)
+
+    # -- hyperparameters -------------------------------------------------------------------------
+
+    def changeable_parameters(self) -> tuple[str, ...]:
+        """The names ``update_algorithm_parameter`` takes: ``learning_rate`` (when not annealed)
+        and the agent's ``learning_params``."""
+        lr = () if self.agent.config.update_cfg.learning_rate_annealing else ("learning_rate",)
+        return lr + tuple(self.agent.learning_params)
+
+    def update_algorithm_parameter(self, parameter_name: str, new_parameter_value: float, *args: Any) -> None:
+        """Changes a hyperparameter during training.
+
+        ``learning_rate`` sets every optimizer's rate in the state (nothing is compiled);
+        a learning parameter of ``algo_params`` (PPO's ``clip_coef``, ``gamma``, ...; see
+        ``changeable_parameters()``) becomes an input of the compiled learning functions: the first
+        change of a parameter compiles them once, later changes of it compile nothing.
+
+        Raises:
+            ValueError: for a name not in ``changeable_parameters()`` (an annealed learning rate
+                included) or a value the field does not allow (the params' own validation).
+        """
+        del args
+        allowed = self.changeable_parameters()
+        if parameter_name not in allowed:
+            why = ""
+            if parameter_name == "learning_rate":
+                why = " (the learning rate is annealed: update_cfg.learning_rate_annealing=True)"
+            raise ValueError(
+                f"parameter_name={parameter_name!r} cannot change during training{why}; allowed: {list(allowed)}"
+            )
+        if not _is_number(new_parameter_value) or not np.isfinite(new_parameter_value):
+            raise ValueError(
+                f"new_parameter_value={new_parameter_value!r} is not allowed for {parameter_name}; "
+                "allowed: a finite number"
+            )
+        value = float(new_parameter_value)
+        if parameter_name == "learning_rate":
+            if value <= 0:
+                raise ValueError(f"new_parameter_value={value} is not allowed for learning_rate; allowed: a float > 0")
+            holders = _optimizer_states(self.state)
+            for holder, name in holders:
+                holder_new = holder.replace(opt_state=_set_learning_rate(holder.opt_state, value))
+                self.state = self.state.replace(**{name: holder_new})
+            return
+        # the params' own validation, on a concrete copy (raises the field's clear error)
+        dataclasses.replace(self.agent.config.algo_params, **{parameter_name: value})
+        self._params[parameter_name] = value
+
+    def parameter(self, parameter_name: str) -> float:
+        """The current value of a changeable parameter (``learning_rate``: the rate the last
+        update used)."""
+        if parameter_name == "learning_rate":
+            holders = _optimizer_states(self.state)
+            if not holders:
+                raise ValueError("this agent's state holds no optimizer")
+            return float(read_learning_rate(holders[0][0].opt_state))
+        if parameter_name in self._params:
+            return self._params[parameter_name]
+        return float(getattr(self.agent.config.algo_params, parameter_name))
+
+    # -- schedule --------------------------------------------------------------------------------
+
+    @property
+    def gamma(self) -> float:
+        return self.parameter("gamma")
+
+    @property
+    def start_steps(self) -> int:
+        return self.agent.schedule.start_step
+
+    @property
+    def num_epochs(self) -> int:
+        return self.agent.config.update_cfg.n_epochs
+
+    @property
+    def mini_batch_size(self) -> int:
+        return self.agent.config.update_cfg.batch_size
+
+    @property
+    def num_mini_batch(self) -> int:
+        """On-policy: the rollout's transitions over ``batch_size``; off-policy: 1 (each gradient
+        step samples one minibatch)."""
+        if self.agent.algo_type is AlgoType.ON_POLICY:
+            u, e = self.agent.config.update_cfg, self.agent.config.env_cfg
+            return (u.max_buffer_size * e.n_envs * e.n_agents) // u.batch_size
+        return 1
+
+    @property
+    def update_every(self) -> int:
+        schedule = self.agent.schedule
+        if schedule.on_policy:
+            return schedule.vector_steps_per_iteration * schedule.n_envs
+        return schedule.skip_steps
+
+    @property
+    def test_every(self) -> int:
+        return self._test_every
+
+    @property
+    def num_test_episodes(self) -> int:
+        return self._num_test_episodes
+
+
+def _batch_size(obs: Any) -> int:
+    leaves = jax.tree_util.tree_leaves(obs)
+    if not leaves:
+        raise ValueError("obs holds no array")
+    return int(np.shape(leaves[0])[0])

@@ -1,0 +1,337 @@
+"""kitae.distributed.Algorithm: seed 003's interface, implemented once over any agent.
+
+Gradients computed one step at a time and applied one step at a time give the bits of the
+agent's fused update (the rule the distributed executor relies on to match the host loop);
+hyperparameters change without recompiling; each rejected input has its test.
+"""
+
+from __future__ import annotations
+
+import functools
+import pickle
+
+import jax
+import numpy as np
+import pytest
+
+import kitae.config as cfg
+from kitae.algos.collections.dqn import DQN, DQNParams
+from kitae.algos.collections.ppo import PPO, PPOParams
+from kitae.algos.collections.sac import SAC, SACParams
+from kitae.algos.update import epoch_minibatches
+from kitae.buffer import Experience, ReplayBuffer, RolloutBuffer
+from kitae.distributed import AgentAlgorithm, Algorithm
+from kitae.envs.make import make_vec_env
+from tests._agents import TinyDQN, TinyDQNParams, make_config
+
+
+def _config(env, params, *, n_envs, buffer, batch, epochs, lr=1e-3, annealing=False):
+    return cfg.AlgoConfig(
+        seed=0,
+        algo_params=params,
+        update_cfg=cfg.UpdateConfig(
+            learning_rate=lr,
+            learning_rate_annealing=annealing,
+            max_grad_norm=0.5,
+            max_buffer_size=buffer,
+            batch_size=batch,
+            n_epochs=epochs,
+        ),
+        train_cfg=cfg.TrainConfig(n_env_steps=4096),
+        env_cfg=cfg.EnvConfig("test", env.single_observation_space, env.single_action_space, n_envs=n_envs),
+    )
+
+
+def _collect(algorithm, env, buffer, steps):
+    """Acts with ``acting_step`` for ``steps`` vector steps, storing experience in ``buffer``."""
+    obs, _ = env.reset(seed=0)
+    for _ in range(steps):
+        action, clipped, _, other = algorithm.acting_step(obs, None, np.zeros(env.num_envs))
+        next_obs, reward, terminated, truncated, infos = env.step(clipped)
+        real_next = np.array(next_obs, copy=True)
+        for i in np.flatnonzero(infos.get("_final_obs", np.zeros(env.num_envs, bool))):
+            real_next[i] = infos["final_obs"][i]
+        buffer.add(
+            Experience(
+                observation=obs,
+                action=action,
+                reward=np.asarray(reward, np.float32),
+                done=np.asarray(terminated, bool),
+                next_observation=real_next,
+                log_prob=np.asarray(other["log_prob"], np.float32),
+                truncated=np.asarray(truncated, bool),
+            )
+        )
+        obs = next_obs
+    return buffer
+
+
+def _same_bits(a, b):
+    la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
+    return len(la) == len(lb) and all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(la, lb))
+
+
+@pytest.fixture(scope="module")
+def ppo_setup():
+    env = make_vec_env("CartPole-v1", 2)
+    config = _config(env, PPOParams(), n_envs=2, buffer=64, batch=32, epochs=2)
+    agent = PPO("ppo", config, run_dir="unused")
+    algorithm = AgentAlgorithm(agent)
+    rollout = _collect(algorithm, env, RolloutBuffer(64), 64)
+    env.close()
+    return agent, algorithm, agent.update_data(rollout.state)
+
+
+@pytest.fixture(scope="module")
+def dqn_setup():
+    env = make_vec_env("CartPole-v1", 2)
+    config = _config(env, DQNParams(start_step=0, skip_steps=1), n_envs=2, buffer=500, batch=32, epochs=4)
+    agent = DQN("dqn", config, run_dir="unused")
+    algorithm = AgentAlgorithm(agent)
+    buffer = _collect(algorithm, env, ReplayBuffer(500), 100)
+    env.close()
+    return agent, algorithm, buffer.state
+
+
+def _stepwise_on_policy(algorithm, rollout, key):
+    processed, epoch_keys = algorithm.process_rollout(rollout, key)
+    for epoch_key in epoch_keys:
+        step_keys, batches = epoch_minibatches(epoch_key, processed, algorithm.mini_batch_size)
+        for j, step_key in enumerate(step_keys):
+            batch = jax.tree_util.tree_map(lambda x, j=j: x[j], batches)
+            grads, _ = algorithm.compute_gradients(batch, key=step_key)
+            algorithm.apply_gradients(grads)
+
+
+def _stepwise_off_policy(algorithm, agent, buffer_state, key):
+    for step_key in agent.gradient_step_keys(key):
+        batch, update_key = algorithm.gradient_batch(step_key, buffer_state)
+        grads, _ = algorithm.compute_gradients(batch, key=update_key)
+        algorithm.apply_gradients(grads)
+
+
+def test_ppo_gradients_step_by_step_follow_the_fused_update(ppo_setup):
+    """The same minibatches, keys and steps as the fused update; equal to float rounding."""
+    agent, _, rollout = ppo_setup
+    key = jax.random.PRNGKey(7)
+    fused, _ = jax.jit(agent.update_fn)(agent.state, key, rollout)
+    algorithm = AgentAlgorithm(agent)
+    _stepwise_on_policy(algorithm, rollout, key)
+    assert algorithm.n_gradient_steps == 2 * (64 * 2 // 32)
+    for got, want in zip(jax.tree_util.tree_leaves(algorithm.state), jax.tree_util.tree_leaves(fused)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known: XLA sums PPO's value-head bias gradient in another order inside the update's scan than "
+    "in compute_gradients compiled alone (1 ulp apart); the distributed executor must not rely on it",
+)
+def test_ppo_gradients_step_by_step_give_the_bits_of_the_fused_update(ppo_setup):
+    agent, _, rollout = ppo_setup
+    key = jax.random.PRNGKey(7)
+    fused, _ = jax.jit(agent.update_fn)(agent.state, key, rollout)
+    algorithm = AgentAlgorithm(agent)
+    _stepwise_on_policy(algorithm, rollout, key)
+    assert _same_bits(fused, algorithm.state)
+
+
+def test_dqn_gradients_step_by_step_give_the_bits_of_the_fused_update(dqn_setup):
+    agent, _, buffer_state = dqn_setup
+    key = jax.random.PRNGKey(8)
+    fused, _ = jax.jit(agent.update_fn)(agent.state, key, buffer_state)
+    algorithm = AgentAlgorithm(agent)
+    _stepwise_off_policy(algorithm, agent, buffer_state, key)
+    assert algorithm.n_gradient_steps == 4
+    assert _same_bits(fused, algorithm.state)
+
+
+def test_gradients_come_back_as_host_arrays_and_apply_defaults_to_the_last_ones(dqn_setup):
+    agent, _, buffer_state = dqn_setup
+    algorithm = AgentAlgorithm(agent)
+    batch, update_key = algorithm.gradient_batch(jax.random.PRNGKey(0), buffer_state)
+    grads, info = algorithm.compute_gradients(batch, key=update_key)
+    assert all(isinstance(g, np.ndarray) for g in jax.tree_util.tree_leaves(grads))
+    assert info and all(isinstance(v, float) for v in info.values())
+    on_device, _ = algorithm.compute_gradients(batch, grads_to_cpu=False, key=update_key)
+    assert all(isinstance(g, jax.Array) for g in jax.tree_util.tree_leaves(on_device))
+    explicit = AgentAlgorithm(agent)
+    explicit.apply_gradients(grads)
+    algorithm.apply_gradients()  # the last computed (identical) gradients
+    assert _same_bits(explicit.state, algorithm.state)
+    with pytest.raises(RuntimeError, match="no gradients"):
+        AgentAlgorithm(agent).apply_gradients()
+
+
+def test_acting_step_returns_actions_clipped_actions_rhs_and_log_probs():
+    env = make_vec_env("Pendulum-v1", 3)
+    config = _config(env, SACParams(), n_envs=3, buffer=100, batch=8, epochs=1)
+    algorithm = AgentAlgorithm(SAC("sac", config, run_dir="unused"))
+    obs, _ = env.reset(seed=0)
+    rhs = np.full((3, 4), 7.0, np.float32)
+    action, clipped, rhs_out, other = algorithm.acting_step(obs, rhs, np.zeros(3))
+    assert action.shape == (3, 1) and clipped.shape == (3, 1)
+    assert np.all(clipped <= 2.0) and np.all(clipped >= -2.0)
+    np.testing.assert_array_equal(clipped, np.clip(action, -2.0, 2.0))
+    assert rhs_out is rhs and other["log_prob"].shape == (3,)
+    _, _, zeros, _ = algorithm.acting_step(obs, None, np.zeros(3))
+    np.testing.assert_array_equal(zeros, np.zeros((3, 1), np.float32))
+    assert algorithm.env_step == 6
+    d1 = algorithm.acting_step(obs, None, np.zeros(3), deterministic=True)[0]
+    d2 = algorithm.acting_step(obs, None, np.zeros(3), deterministic=True)[0]
+    np.testing.assert_array_equal(d1, d2)  # the mean action does not depend on the key
+    env.close()
+
+
+def test_weights_round_trip_and_are_checked(dqn_setup):
+    agent, _, _ = dqn_setup
+    algorithm = AgentAlgorithm(agent)
+    weights = algorithm.get_weights()
+    assert all(isinstance(w, np.ndarray) for w in jax.tree_util.tree_leaves(weights))
+    other = AgentAlgorithm(agent, key=jax.random.PRNGKey(5))
+    changed = jax.tree_util.tree_map(lambda w: w + 1.0, weights)
+    other.set_weights(changed)
+    assert _same_bits(other.get_weights(), changed)
+    obs = np.zeros((2, 4), np.float32)
+    greedy = other.acting_step(obs, None, np.zeros(2), deterministic=True)[0]
+    q = other.get_weights().qvalue
+    np.testing.assert_array_equal(greedy, np.argmax(q.apply_fn(q.params, obs), -1))
+    with pytest.raises(ValueError, match="structure"):
+        other.set_weights({"params": np.zeros(3)})
+    bad = jax.tree_util.tree_map(lambda w: np.zeros((1, *np.shape(w))), weights)
+    with pytest.raises(ValueError, match="shape"):
+        other.set_weights(bad)
+
+
+def test_state_round_trips(dqn_setup):
+    agent, _, _ = dqn_setup
+    a, b = AgentAlgorithm(agent), AgentAlgorithm(agent)
+    b.set_state(jax.tree_util.tree_map(lambda x: x * 0, a.get_state()))
+    a.set_state(b.get_state())
+    assert _same_bits(a.state, b.state) and _same_bits(a.get_weights(), b.get_weights())
+
+
+def test_a_learning_parameter_changes_without_recompiling(ppo_setup):
+    agent, _, rollout = ppo_setup
+    algorithm = AgentAlgorithm(agent)
+    processed, epoch_keys = algorithm.process_rollout(rollout, jax.random.PRNGKey(1))
+    step_keys, batches = epoch_minibatches(epoch_keys[0], processed, 32)
+    batch = jax.tree_util.tree_map(lambda x: x[0], batches)
+    before, _ = algorithm.compute_gradients(batch, key=step_keys[0])
+    assert algorithm.parameter("entropy_coef") == pytest.approx(0.01)
+    algorithm.update_algorithm_parameter("entropy_coef", 0.5)
+    changed, _ = algorithm.compute_gradients(batch, key=step_keys[0])
+    assert not _same_bits(before, changed)
+    compute = algorithm._compiled()["compute"]
+    compiled = compute._cache_size()
+    algorithm.update_algorithm_parameter("entropy_coef", 0.25)
+    again, _ = algorithm.compute_gradients(batch, key=step_keys[0])
+    assert compute._cache_size() == compiled  # a new value, no new program
+    assert not _same_bits(changed, again)
+    assert algorithm.parameter("entropy_coef") == 0.25
+    algorithm.update_algorithm_parameter("gamma", 0.9)
+    assert algorithm.gamma == pytest.approx(0.9)
+
+
+def test_the_learning_rate_changes_in_the_optimizer_state(dqn_setup):
+    agent, _, buffer_state = dqn_setup
+    algorithm = AgentAlgorithm(agent)
+    assert algorithm.parameter("learning_rate") == pytest.approx(1e-3)
+    batch, update_key = algorithm.gradient_batch(jax.random.PRNGKey(0), buffer_state)
+    grads, _ = algorithm.compute_gradients(batch, key=update_key)
+    slow = AgentAlgorithm(agent)
+    slow.update_algorithm_parameter("learning_rate", 1e-5)
+    assert slow.parameter("learning_rate") == pytest.approx(1e-5)
+    algorithm.apply_gradients(grads)
+    slow.apply_gradients(grads)
+    start = agent.state.qvalue.params
+    moved = [
+        np.max(np.abs(np.asarray(a) - np.asarray(b)))
+        for a, b in zip(jax.tree_util.tree_leaves(algorithm.state.qvalue.params), jax.tree_util.tree_leaves(start))
+    ]
+    moved_slow = [
+        np.max(np.abs(np.asarray(a) - np.asarray(b)))
+        for a, b in zip(jax.tree_util.tree_leaves(slow.state.qvalue.params), jax.tree_util.tree_leaves(start))
+    ]
+    assert max(moved_slow) < max(moved) / 10  # Adam's first step moves each weight by about the rate
+    assert slow.parameter("learning_rate") == pytest.approx(1e-5)  # it stays after an update
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "match"),
+    [
+        ("hidden", 3, "cannot change during training"),
+        ("nonexistent", 1.0, "cannot change during training"),
+        ("clip_coef", -1.0, "clip_coef"),
+        ("clip_coef", float("nan"), "a finite number"),
+        ("clip_coef", "0.1", "a finite number"),
+        ("learning_rate", -1e-3, "a float > 0"),
+    ],
+)
+def test_bad_hyperparameter_changes_are_rejected_clearly(ppo_setup, name, value, match):
+    agent, _, _ = ppo_setup
+    with pytest.raises(ValueError, match=match):
+        AgentAlgorithm(agent).update_algorithm_parameter(name, value)
+
+
+def test_an_annealed_learning_rate_cannot_change():
+    env = make_vec_env("CartPole-v1", 1)
+    config = _config(env, DQNParams(), n_envs=1, buffer=100, batch=8, epochs=1, annealing=True)
+    algorithm = AgentAlgorithm(DQN("dqn", config, run_dir="unused"))
+    with pytest.raises(ValueError, match="annealed"):
+        algorithm.update_algorithm_parameter("learning_rate", 1e-4)
+    assert "learning_rate" not in algorithm.changeable_parameters()
+    env.close()
+
+
+def test_properties_say_the_schedule(ppo_setup, dqn_setup):
+    ppo = AgentAlgorithm(ppo_setup[0], test_every=5, num_test_episodes=3)
+    assert isinstance(ppo, Algorithm)
+    assert (ppo.gamma, ppo.num_epochs, ppo.mini_batch_size) == (pytest.approx(0.99), 2, 32)
+    assert (ppo.num_mini_batch, ppo.update_every, ppo.start_steps) == (4, 128, 0)
+    assert (ppo.test_every, ppo.num_test_episodes) == (5, 3)
+    dqn = AgentAlgorithm(dqn_setup[0])
+    assert (dqn.num_epochs, dqn.mini_batch_size, dqn.num_mini_batch, dqn.update_every) == (4, 32, 1, 1)
+    assert (dqn.test_every, dqn.num_test_episodes) == (0, 10)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [({"test_every": -1}, "test_every"), ({"num_test_episodes": 0}, "num_test_episodes")],
+)
+def test_bad_adapter_arguments_are_rejected(dqn_setup, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        AgentAlgorithm(dqn_setup[0], **kwargs)
+    with pytest.raises(TypeError, match="BaseAgent"):
+        AgentAlgorithm(object())
+
+
+def test_create_factory_builds_fresh_instances_from_a_picklable_recipe():
+    env = make_vec_env("CartPole-v1", 1)
+    config = _config(env, DQNParams(), n_envs=1, buffer=100, batch=8, epochs=1)
+    env.close()
+    factory = AgentAlgorithm.create_factory(functools.partial(DQN, "dqn", config, run_dir="unused"), test_every=2)
+    a, b = factory(), factory()
+    assert a is not b and a.test_every == 2 and _same_bits(a.get_weights(), b.get_weights())
+    rebuilt = pickle.loads(pickle.dumps(functools.partial(DQN, "dqn", config, run_dir="unused")))
+    assert _same_bits(AgentAlgorithm(rebuilt()).get_weights(), a.get_weights())
+    with pytest.raises(TypeError, match="agent_factory"):
+        AgentAlgorithm.create_factory(3)
+
+
+def test_the_guides_agent_gets_the_interface_with_update_deltas():
+    """An agent with only an update_step_fn: its gradients are the change one update step makes;
+    applying them gives the update step's state (up to rounding of ``old + (new - old)``)."""
+    cartpole4 = make_vec_env("CartPole-v1", 4)
+    agent = TinyDQN("x", make_config(cartpole4, TinyDQNParams(exploration=0.5)), run_dir="unused")
+    algorithm = AgentAlgorithm(agent)
+    buffer = _collect(algorithm, cartpole4, ReplayBuffer(200), 20)
+    batch, update_key = algorithm.gradient_batch(jax.random.PRNGKey(2), buffer.state)
+    expected, _ = jax.jit(agent.update_step_fn)(algorithm.state, update_key, batch)
+    deltas, _ = algorithm.compute_gradients(batch, key=update_key)
+    algorithm.apply_gradients(deltas)
+    for got, want in zip(jax.tree_util.tree_leaves(algorithm.state), jax.tree_util.tree_leaves(expected)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-7)
+    with pytest.raises(ValueError, match="cannot change"):
+        algorithm.update_algorithm_parameter("gamma", 0.5)  # the guide's agent declares no learning_params
+    cartpole4.close()

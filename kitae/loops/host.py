@@ -36,7 +36,7 @@ from kitae.loops.result import Episodes, RunResult, concat_episodes
 from kitae.loops.state import LoopState, Payload, mark_episodes_cut, payload_from_agent, reset_seed, strongly_typed
 from kitae.validation import check_positive_int
 
-__all__ = ["HostExecutor", "check_env", "process_termination", "episode_statistics", "EnvLike"]
+__all__ = ["HostExecutor", "HostCollector", "check_env", "process_termination", "episode_statistics", "EnvLike"]
 
 EnvLike = Any
 """A Gymnasium ``Env`` or ``VectorEnv``, a PettingZoo ``ParallelEnv``, or a
@@ -236,6 +236,61 @@ def _fields(rewards: Any, terminations: Any, truncations: Any, parallel: bool) -
     }
 
 
+class HostCollector:
+    """One vector step of collection in a host environment, written once: act, step the
+    environments, put back the real final observations, track episodes, build the experience.
+    The host loop makes one step at a time; a distributed collection worker makes an iteration's.
+
+    Args:
+        agent: the agent (its ``experience_type``).
+        env: a checked vector environment (``check_env``); ``parallel``: it is a ``VecParallelEnv``.
+    """
+
+    def __init__(self, agent: Any, env: Any, parallel: bool) -> None:
+        self.env, self.parallel = env, parallel
+        self.experience_type = agent.experience_type
+        self.tracker = _Episodes(env, parallel)
+        self.observations: Any = None
+
+    def reset(self, seed: int) -> None:
+        """Resets the environments (sub-environment ``i`` seeded ``seed + i``)."""
+        self.observations, _ = self.env.reset(seed=seed)
+
+    def step(
+        self, act: Any, acting: Any, key: jax.Array, env_step: int, next_step: int
+    ) -> tuple[Any, Episodes | None, jax.Array]:
+        """One vector step: ``act(acting, key, observations, env_step) -> (actions, log_probs,
+        key)`` (``kitae.loops.collect.act_step``, compiled), then the environments' step.
+
+        Args:
+            env_step: transitions before this step (what acting reads); ``next_step``: after it
+                (the step the episodes that end here are recorded at).
+
+        Returns:
+            ``(experience, episodes that ended or None, next loop key)``; the experience's leaves
+            are ``(E, ...)`` numpy arrays (dicts keyed by agent in multi-agent mode).
+        """
+        observations = self.observations
+        actions, log_probs, key = act(acting, key, observations, np.asarray(env_step, np.int32))
+        if self.parallel:
+            actions = {name: np.asarray(value) for name, value in actions.items()}
+        else:
+            actions = np.asarray(actions)
+        next_observations, rewards, terminations, truncations, infos = self.env.step(actions)
+        real_next = process_termination(next_step, next_observations, infos, None)
+        ended = self.tracker.step(rewards, terminations, truncations, next_step)
+        experience = make_experience(
+            self.experience_type,
+            observation=observations,
+            action=actions,
+            next_observation=real_next,
+            log_prob=log_probs,
+            **_fields(rewards, terminations, truncations, self.parallel),
+        )
+        self.observations = next_observations
+        return experience, ended, key
+
+
 class HostExecutor:
     """Runs an agent in a Python loop over a vector environment (see the module docstring)."""
 
@@ -317,9 +372,8 @@ class HostExecutor:
         n_updates = int(np.asarray(state.n_updates))
         acting = agent.acting_params(agent_state)
         n_envs, per_iteration = env.num_envs, schedule.steps_per_iteration
-        experience_type = agent.experience_type
         losses = LossMeans(agent.config.train_cfg.log_frequency, first)
-        tracker = _Episodes(env, parallel)
+        collector = HostCollector(agent, env, parallel)
         found: list[Episodes] = []
         update_steps: list[int] = []
 
@@ -333,39 +387,21 @@ class HostExecutor:
             return Payload(loop_state, {"executor": self.name, "seeds": None, "env_saved": False})
 
         callbacks.on_start(RunInfo(self.name, [seed], first, end, agent))
-        observations, _ = env.reset(seed=reset_seed(seed, first))
+        collector.reset(reset_seed(seed, first))
         env_step, compile_seconds, stopped = first, 0.0, False
         begin = last_progress = time.perf_counter()
         latest_return = None
         while env_step < end:
-            timed = env_step == first
             t0 = time.perf_counter()
-            actions, log_probs, key = steps.act(acting, key, observations, np.asarray(env_step, np.int32))
-            if parallel:
-                actions = {name: np.asarray(value) for name, value in actions.items()}
-            else:
-                actions = np.asarray(actions)
-            if timed:
+            experience, ended, key = collector.step(steps.act, acting, key, env_step, env_step + n_envs)
+            if env_step == first:  # the first act compiles (the environment's step is counted too)
                 compile_seconds += time.perf_counter() - t0
-            next_observations, rewards, terminations, truncations, infos = env.step(actions)
             env_step += n_envs
-            real_next = process_termination(env_step, next_observations, infos, None)
-            ended = tracker.step(rewards, terminations, truncations, env_step)
             if ended is not None:
                 found.append(ended)
                 latest_return = float(np.mean(ended.return_))
                 callbacks.on_episodes(ended)
-            buffer.add(
-                make_experience(
-                    experience_type,
-                    observation=observations,
-                    action=actions,
-                    next_observation=real_next,
-                    log_prob=log_probs,
-                    **_fields(rewards, terminations, truncations, parallel),
-                )
-            )
-            observations = next_observations
+            buffer.add(experience)
 
             if schedule.update_due(env_step, buffer.size):
                 t0 = time.perf_counter()
@@ -403,7 +439,7 @@ class HostExecutor:
             executor=self.name,
             seeds=[seed],
             state=final.state,
-            episodes=[concat_episodes(found, agents=tracker.agents)],
+            episodes=[concat_episodes(found, agents=collector.tracker.agents)],
             update_steps=[np.asarray(update_steps, np.int64)],
             start_step=first,
             env_steps=env_step,

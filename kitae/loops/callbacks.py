@@ -81,6 +81,9 @@ class Callback:
     def on_progress(self, progress: Progress) -> None:
         """About twice a second, or after each segment."""
 
+    def on_scalars(self, step: int, scalars: dict[str, float]) -> None:
+        """Named scalars of the executor at ``step`` (the distributed executor's ``distributed/...``)."""
+
     def on_checkpoint(self, payload: Payload) -> None:
         """A checkpoint is due: ``payload`` is the whole training state at ``payload.state.env_step``."""
 
@@ -116,6 +119,10 @@ class CallbackList(Callback):
     def on_progress(self, progress: Progress) -> None:
         for cb in self.callbacks:
             cb.on_progress(progress)
+
+    def on_scalars(self, step: int, scalars: dict[str, float]) -> None:
+        for cb in self.callbacks:
+            cb.on_scalars(step, scalars)
 
     def on_checkpoint(self, payload: Payload) -> None:
         for cb in self.callbacks:
@@ -165,7 +172,8 @@ class WriterLogger(Callback):
     """Writes the run to a TensorBoard writer (anything with ``add_scalar(tag, value, step)``), x
     axis = environment steps: ``charts/episodic_return`` and ``charts/episodic_length`` (each row of
     ``on_episodes``; multi-agent: the team's, and each agent's as ``charts/<agent>/episodic_return``),
-    ``losses/<name>``, ``charts/SPS`` (every ``sps_every`` steps of progress and at the end) and
+    ``losses/<name>``, the executor's scalars under their own names (``distributed/...``),
+    ``charts/SPS`` (every ``sps_every`` steps of progress and at the end) and
     ``charts/compile_seconds``. Only the first seed of a run of several seeds is written.
     """
 
@@ -188,6 +196,10 @@ class WriterLogger(Callback):
         if seed_index in (None, 0):
             for name, value in losses.items():
                 self.writer.add_scalar(f"losses/{name}", value, step)
+
+    def on_scalars(self, step: int, scalars: dict[str, float]) -> None:
+        for name, value in scalars.items():
+            self.writer.add_scalar(name, value, step)
 
     def on_progress(self, progress: Progress) -> None:
         import time

@@ -1,0 +1,416 @@
+"""The distributed executor: collection workers, gradient workers and one updater on Ray.
+
+The updater (this process) owns the authoritative ``LoopState``: the agent's state and loop key,
+the buffer and the counters. Each iteration (``kitae.schedule``: the vector steps between two
+update checks) it gathers experience from the collection workers, adds it to its buffer and to
+the gradient workers' copies, and when the schedule says an update is due, has the gradient
+workers make it:
+
+- one synchronous gradient worker runs the whole update (the host loop's compiled call) on its
+  copy of the state and buffer, which are the updater's; the updater takes the result;
+- otherwise the update runs gradient step by gradient step (the steps of the fused update, in the
+  same order with the same keys: ``AgentAlgorithm``): synchronous gradients split each step's
+  minibatch between the workers and apply their mean; asynchronous gradients deal the steps to
+  workers as they come free and apply each result when it arrives.
+
+With one collection worker and one gradient worker in synchronous mode every key, minibatch and
+update is the host loop's: the run ends with the host loop's state, bit for bit.
+
+What the schedule, the experience, the update and the checkpoint are is not written here:
+``kitae.schedule``, ``kitae.loops.host.HostCollector``, ``kitae.base`` and ``kitae.loops.state``.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kitae.distributed.algorithm import AgentAlgorithm
+from kitae.distributed.config import DistributedConfig
+from kitae.distributed.runtime import ray_runtime
+from kitae.distributed.workers import CollectionWorker, GradientWorker
+from kitae.envs.make import EnvSpec
+from kitae.loops.callbacks import Callback, CallbackList, LossMeans, Progress, RunInfo
+from kitae.loops.result import Episodes, RunResult, concat_episodes
+from kitae.loops.state import LoopState, Payload, mark_episodes_cut, payload_from_agent, reset_seed, strongly_typed
+from kitae.validation import check_positive_int
+
+__all__ = ["DistributedExecutor", "default_agent_factory"]
+
+
+def default_agent_factory(agent: Any) -> Callable[[], Any]:
+    """A picklable recipe of ``agent``: ``type(agent)(agent.run_name, agent.config)`` (the
+    built-in algorithms' and the guide's constructor). Agents built otherwise pass their own."""
+    cls: Any = type(agent)
+    return functools.partial(cls, agent.run_name, agent.config)
+
+
+class DistributedExecutor:
+    """Runs an agent on Ray (see the module docstring).
+
+    Args:
+        config: the layout (``DistributedConfig``).
+        agent_factory: ``agent -> () -> agent``, a picklable recipe the workers build their copy
+            from (default ``default_agent_factory``).
+    """
+
+    name = "distributed"
+    batches_seeds = False
+    starting: str | None = "starting the Ray runtime and its workers"
+
+    def __init__(self, config: DistributedConfig, agent_factory: Callable[[Any], Callable[[], Any]] | None = None):
+        if not isinstance(config, DistributedConfig):
+            raise TypeError(f"config={config!r} is not allowed; allowed: a kitae.distributed.DistributedConfig")
+        self.config = config
+        self.agent_factory = agent_factory or default_agent_factory
+
+    # -- the run ---------------------------------------------------------------------------------
+
+    def run(
+        self,
+        agent: Any,
+        env: Any,
+        n_env_steps: int,
+        *,
+        start: LoopState | None = None,
+        seeds: list[int] | None = None,
+        callbacks: Any = (),
+    ) -> RunResult:
+        """Trains ``agent`` until ``n_env_steps`` transitions in all (whole iterations).
+
+        Args:
+            agent: a ``kitae.base.BaseAgent``; ``config.env_cfg.n_envs`` environments in all,
+                split evenly between the collection workers.
+            env: the environment id (``"CartPole-v1"``, ``"envpool:Pong-v5"``, an ``EnvSpec``):
+                each worker makes its own copies.
+            start: the ``LoopState`` to go on from (default: the agent's).
+            seeds: ``[seed]`` of the environments' reset (default ``config.seed``).
+            callbacks: ``kitae.loops.callbacks.Callback`` objects.
+
+        Returns:
+            A ``RunResult`` (the agent itself is not changed).
+        """
+        check_positive_int("n_env_steps", n_env_steps)
+        spec = EnvSpec.parse(env) if isinstance(env, (str, EnvSpec)) else None
+        if spec is None:
+            raise TypeError(
+                f"env={env!r} is not allowed here; allowed: an environment id or EnvSpec (each distributed "
+                "worker makes its own environments)"
+            )
+        if spec.is_jax:
+            raise ValueError(f"{spec.id}: JAX environments do not collect in distributed workers yet")
+        seeds = [agent.config.seed] if seeds is None else list(seeds)
+        if len(seeds) != 1:
+            raise ValueError(f"seeds={seeds} is not allowed here; allowed: one seed per distributed run")
+        n_envs, workers = agent.config.env_cfg.n_envs, self.config.workers
+        if n_envs % workers:
+            raise ValueError(
+                f"env_cfg.n_envs={n_envs} does not split over distributed.workers={workers}; allowed: a multiple "
+                f"of {workers}"
+            )
+        callbacks = callbacks if isinstance(callbacks, Callback) else CallbackList(callbacks)
+        with ray_runtime(self.config.address) as ray:
+            return _Run(self, ray, agent, spec, n_env_steps, start, seeds[0], callbacks).run()
+
+
+class _Run:
+    """One distributed run's driver state (the updater)."""
+
+    def __init__(
+        self,
+        executor: DistributedExecutor,
+        ray: Any,
+        agent: Any,
+        spec: EnvSpec,
+        n_env_steps: int,
+        start: LoopState | None,
+        seed: int,
+        callbacks: Callback,
+    ) -> None:
+        self.ray, self.agent, self.cfg, self.callbacks, self.seed = ray, agent, executor.config, callbacks, seed
+        self.begin = time.perf_counter()
+        self.schedule = agent.schedule
+        state = payload_from_agent(agent).state if start is None else start
+        if state.env is not None:
+            raise ValueError("the distributed executor goes on from a state without an environment part")
+        self.first = int(np.asarray(state.env_step))
+        self.end = self.schedule.run_steps(n_env_steps)
+        if self.first >= self.end:
+            raise ValueError(f"the run is already at step {self.first:,}; n_env_steps={n_env_steps:,} asks for no more")
+        self.buffer = agent.make_buffer()
+        self.buffer.state = mark_episodes_cut(state.buffer) if self.first > 0 else state.buffer
+        self.algorithm = AgentAlgorithm(agent)
+        self.algorithm.set_state(strongly_typed(state.agent_state))
+        self.key = jnp.asarray(state.agent_key)
+        self.n_updates = int(np.asarray(state.n_updates))
+        self.env_step = self.first
+        factory = executor.agent_factory(agent)
+        n_envs, workers = agent.config.env_cfg.n_envs, self.cfg.workers
+        remote_collector = ray.remote(num_cpus=0)(CollectionWorker)
+        remote_gradients = ray.remote(num_cpus=0)(GradientWorker)
+        self.collectors = [
+            remote_collector.remote(factory, spec.id, n_envs // workers, w, workers) for w in range(workers)
+        ]
+        self.gradient_workers = [remote_gradients.remote(factory) for _ in range(self.cfg.gradient_workers)]
+        ray.get([c.reset.remote(reset_seed(seed, self.first)) for c in self.collectors])
+        state_ref = ray.put(self.algorithm.get_state())
+        ray.get([g.set_state.remote(state_ref, 0) for g in self.gradient_workers])
+        if self.buffer.state is not None:
+            buffer_ref = ray.put(jax.device_get(self.buffer.state))
+            ray.get([g.set_buffer.remote(buffer_ref) for g in self.gradient_workers])
+        self.startup_seconds = time.perf_counter() - self.begin
+        self.losses = LossMeans(agent.config.train_cfg.log_frequency, self.first)
+        self.found: list[Episodes] = []
+        self.update_steps: list[int] = []
+        self.latest_return: float | None = None
+        self.timings = {"collect": 0.0, "update": 0.0, "broadcast": 0.0}
+        self.policy_lags: list[float] = []
+        self.gradient_lags: list[float] = []
+        # asynchronous collection: each worker's own key chain and its batch in flight
+        self.worker_keys = [jax.random.fold_in(self.key, 1_000_003 + w) for w in range(workers)]
+        self.in_flight: dict[Any, int] = {}
+
+    # -- collection --------------------------------------------------------------------------------
+
+    def _acting_ref(self) -> Any:
+        return self.ray.put(self.algorithm.get_weights())
+
+    def _collect_sync(self, per_worker_steps: int) -> list[dict]:
+        acting = self._acting_ref()
+        n_envs = self.agent.config.env_cfg.n_envs
+        batches = self.ray.get(
+            [
+                c.collect.remote(acting, self.key, self.env_step, per_worker_steps, n_envs, self.n_updates)
+                for c in self.collectors
+            ]
+        )
+        self.key = jnp.asarray(batches[0]["key"])  # every worker advanced the same loop key
+        return batches
+
+    def _issue(self, w: int, per_worker_steps: int, acting: Any) -> None:
+        n_envs = self.agent.config.env_cfg.n_envs
+        ref = self.collectors[w].collect.remote(
+            acting, self.worker_keys[w], self.env_step, per_worker_steps, n_envs, self.n_updates
+        )
+        self.in_flight[ref] = w
+
+    def _collect_async(self, per_worker_steps: int) -> list[dict]:
+        if not self.in_flight:
+            acting = self._acting_ref()
+            for w in range(len(self.collectors)):
+                self._issue(w, per_worker_steps, acting)
+        batches: list[dict] = []
+        acting = None
+        while len(batches) < len(self.collectors):
+            ready, _ = self.ray.wait(list(self.in_flight), num_returns=1)
+            w = self.in_flight.pop(ready[0])
+            batch = self.ray.get(ready[0])
+            self.worker_keys[w] = jnp.asarray(batch["key"])
+            batches.append(batch)
+            if acting is None:
+                acting = self._acting_ref()
+            self._issue(w, per_worker_steps, acting)  # the worker goes on with the newest weights
+        return batches
+
+    def _add(self, batches: list[dict]) -> dict[str, float]:
+        """Adds an iteration (the batches side by side, in the order given) to the buffers."""
+        rows = jax.tree_util.tree_map(lambda *xs: np.concatenate(xs, axis=1), *[b["rows"] for b in batches])
+        steps = jax.tree_util.tree_leaves(rows)[0].shape[0]
+        for t in range(steps):
+            self.buffer.add(jax.tree_util.tree_map(lambda x, t=t: x[t], rows))
+        rows_ref = self.ray.put(rows)
+        self.ray.get([g.add_rows.remote(rows_ref) for g in self.gradient_workers])
+        n_envs = self.agent.config.env_cfg.n_envs
+        base = self.env_step
+        for batch in batches:
+            for t, ended in batch["episodes"]:
+                # the step an episode ended at, counted in the updater's order of the iteration
+                step = np.full(len(ended.step), base + (t + 1) * n_envs)
+                ended = Episodes(step, ended.return_, ended.length, ended.count, ended.agent_returns, ended.seed_index)
+                self.found.append(ended)
+                self.latest_return = float(np.mean(ended.return_))
+                self.callbacks.on_episodes(ended)
+            self.policy_lags.append(float(self.n_updates - batch["version"]))
+        self.env_step += steps * n_envs
+        return {}
+
+    # -- updates ---------------------------------------------------------------------------------
+
+    def _plan(self) -> list[tuple[int, int]]:
+        u = self.agent.config.update_cfg
+        if self.schedule.on_policy:
+            e = self.agent.config.env_cfg
+            n_batches = (u.max_buffer_size * e.n_envs * e.n_agents) // u.batch_size
+            return [(epoch, j) for epoch in range(u.n_epochs) for j in range(n_batches)]
+        return [(i, 0) for i in range(u.n_epochs)]
+
+    def _update(self) -> dict[str, float]:
+        ray, workers = self.ray, self.gradient_workers
+        if len(workers) == 1 and not self.cfg.async_gradients:
+            state, key, info = ray.get(workers[0].update.remote(self.key))
+            self.algorithm.set_state(state)
+            self.key = jnp.asarray(key)
+            return info
+        self.key, update_key = jax.random.split(self.key)
+        version = self.algorithm.n_gradient_steps
+        t0 = time.perf_counter()
+        state_ref = ray.put(self.algorithm.get_state())
+        ray.get([g.set_state.remote(state_ref, version) for g in workers])
+        ray.get([g.begin_update.remote(update_key) for g in workers])
+        self.timings["broadcast"] += time.perf_counter() - t0
+        infos: list[dict[str, float]] = []
+        plan = self._plan()
+        if not self.cfg.async_gradients:
+            grads_ref = None
+            for step in plan:
+                outs = ray.get([g.gradients.remote(step, i, len(workers), grads_ref) for i, g in enumerate(workers)])
+                grads = _average([o[0] for o in outs], [1.0] * len(outs))  # equal parts of one minibatch
+                self.algorithm.apply_gradients(grads)
+                infos.append({k: float(np.mean([o[1][k] for o in outs])) for k in outs[0][1]})
+                grads_ref = ray.put(grads)  # the workers apply it first thing in the next step
+            if grads_ref is not None:  # the last step's, so the workers end where the updater does
+                ray.get([g.apply.remote(grads_ref) for g in workers])
+        else:
+            pending = list(plan)
+            running: dict[Any, int] = {}
+            for i, g in enumerate(workers):
+                if pending:
+                    running[g.gradients.remote(pending.pop(0), 0, 1)] = i
+            while running:
+                ready, _ = ray.wait(list(running), num_returns=1)
+                i = running.pop(ready[0])
+                grads, info, computed_with = ray.get(ready[0])
+                self.gradient_lags.append(float(self.algorithm.n_gradient_steps - computed_with))
+                self.algorithm.apply_gradients(grads)
+                infos.append(info)
+                if pending:
+                    state_ref = ray.put(self.algorithm.get_state())
+                    workers[i].set_state.remote(state_ref, self.algorithm.n_gradient_steps)
+                    running[workers[i].gradients.remote(pending.pop(0), 0, 1)] = i
+        return {k: float(np.mean([info[k] for info in infos])) for k in infos[0]} if infos else {}
+
+    # -- the loop --------------------------------------------------------------------------------
+
+    def _payload(self) -> Payload:
+        logged = self.losses.flush(self.env_step)
+        if logged is not None:
+            self.callbacks.on_losses(*logged, None)
+        state = LoopState(
+            self.algorithm.state,
+            self.key,
+            self.buffer.state,
+            np.asarray(self.env_step, np.int32),
+            np.asarray(self.n_updates, np.int32),
+        )
+        return Payload(state, {"executor": "distributed", "seeds": None, "env_saved": False})
+
+    def run(self) -> RunResult:
+        callbacks, schedule = self.callbacks, self.schedule
+        callbacks.on_start(RunInfo("distributed", [self.seed], self.first, self.end, self.agent))
+        per_iteration = schedule.steps_per_iteration
+        steps_per_worker = schedule.vector_steps_per_iteration
+        compile_seconds, stopped, last_progress = self.startup_seconds, False, time.perf_counter()
+        first_iteration = True
+        try:
+            while self.env_step < self.end:
+                t0 = time.perf_counter()
+                collect = self._collect_async if self.cfg.async_collection else self._collect_sync
+                batches = collect(steps_per_worker)
+                self._add(batches)
+                collect_seconds = time.perf_counter() - t0
+                self.timings["collect"] += collect_seconds
+                if schedule.update_due(self.env_step, self.buffer.size):
+                    t0 = time.perf_counter()
+                    info = self._update()
+                    self.timings["update"] += time.perf_counter() - t0
+                    if schedule.on_policy:
+                        self.buffer.reset()
+                        self.ray.get([g.reset_buffer.remote() for g in self.gradient_workers])
+                    self.n_updates += 1
+                    self.update_steps.append(self.env_step)
+                    logged = self.losses.add(self.env_step, info)
+                    if logged is not None:
+                        callbacks.on_losses(*logged, None)
+                    callbacks.on_scalars(self.env_step, self._scalars(collect_seconds, per_iteration))
+                if first_iteration:  # start-up and the first compiles (collection and update)
+                    compile_seconds = time.perf_counter() - self.begin
+                    first_iteration = False
+                stopping = self.env_step < self.end and callbacks.should_stop()
+                if (
+                    self.env_step < self.end
+                    and not stopping
+                    and schedule.save_due(self.env_step - per_iteration, self.env_step)
+                ):
+                    callbacks.on_checkpoint(self._payload())
+                now = time.perf_counter()
+                if stopping or now - last_progress >= 0.5:
+                    elapsed = max(now - self.begin - compile_seconds, 1e-9)
+                    callbacks.on_progress(
+                        Progress(self.env_step, (self.env_step - self.first) / elapsed, self.latest_return)
+                    )
+                    last_progress = now
+                if stopping:
+                    stopped = True
+                    break
+        finally:
+            for actor in self.collectors + self.gradient_workers:
+                self.ray.kill(actor)
+        train_seconds = max(time.perf_counter() - self.begin - compile_seconds, 0.0)
+        callbacks.on_progress(
+            Progress(self.env_step, (self.env_step - self.first) / max(train_seconds, 1e-9), self.latest_return)
+        )
+        final = self._payload()
+        callbacks.on_checkpoint(final)
+        result = RunResult(
+            executor="distributed",
+            seeds=[self.seed],
+            state=final.state,
+            episodes=[concat_episodes(self.found)],
+            update_steps=[np.asarray(self.update_steps, np.int64)],
+            start_step=self.first,
+            env_steps=self.env_step,
+            compile_seconds=compile_seconds,
+            train_seconds=train_seconds,
+            stopped=stopped,
+            metrics={"startup_seconds": self.startup_seconds, **{f"{k}_seconds": v for k, v in self.timings.items()}},
+        )
+        callbacks.on_end(result)
+        return result
+
+    def _scalars(self, collect_seconds: float, per_iteration: int) -> dict[str, float]:
+        scalars = {
+            "distributed/collect_sps": per_iteration / max(collect_seconds, 1e-9),
+            "distributed/time/collect": self.timings["collect"],
+            "distributed/time/update": self.timings["update"],
+            "distributed/time/broadcast": self.timings["broadcast"],
+            "distributed/updates_per_second": self.n_updates / max(self.timings["update"], 1e-9),
+        }
+        if self.policy_lags:
+            scalars["distributed/policy_lag"] = float(np.mean(self.policy_lags))
+            scalars["distributed/policy_lag_max"] = float(np.max(self.policy_lags))
+            self.policy_lags.clear()
+        if self.gradient_lags:
+            scalars["distributed/gradient_lag"] = float(np.mean(self.gradient_lags))
+            self.gradient_lags.clear()
+        return scalars
+
+
+def _average(trees: list[Any], weights: list[float]) -> Any:
+    """The weighted mean of gradient trees (float leaves; integer leaves of update deltas are
+    rounded back to their dtype)."""
+    total = float(sum(weights))
+
+    def mean(*xs: Any) -> Any:
+        dtype = np.asarray(xs[0]).dtype
+        value = sum(np.asarray(x, np.float64) * (w / total) for x, w in zip(xs, weights))
+        return np.rint(value).astype(dtype) if dtype.kind in "iub" else np.asarray(value, dtype)
+
+    if len(trees) == 1:
+        return trees[0]
+    return jax.tree_util.tree_map(mean, *trees)

@@ -1,0 +1,215 @@
+"""The two kinds of Ray actor of a distributed run (plain classes here; the executor wraps them
+with ``ray.remote``).
+
+- ``CollectionWorker``: its own copies of the environments (its shard of the run's ``n_envs``)
+  and of the agent; collects an iteration's vector steps with the acting weights it is sent, with
+  ``kitae.loops.host.HostCollector`` (the host loop's own step).
+- ``GradientWorker``: a copy of the agent's state and of the buffer (the updater sends each
+  iteration's new rows); either runs a whole update (one synchronous gradient worker: nothing to
+  average) or computes the gradients of one gradient step (``kitae.distributed.AgentAlgorithm``).
+
+Both rebuild the agent from a picklable factory (a class and a config), so nothing but arrays
+crosses process boundaries during training.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kitae.algos.update import epoch_minibatches
+from kitae.compilation_cache import use_compilation_cache
+from kitae.distributed.algorithm import AgentAlgorithm
+from kitae.envs.make import EnvSpec, make_env
+from kitae.envs.parallel import VecParallelEnv
+from kitae.loops.collect import compiled_steps
+from kitae.loops.host import HostCollector, check_env
+from kitae.types import AlgoType
+
+__all__ = ["CollectionWorker", "GradientWorker", "stack_rows", "shard"]
+
+
+def stack_rows(rows: list[Any]) -> Any:
+    """Vector steps ``[(E, ...)] * T`` -> leaves ``(T, E, ...)``."""
+    return jax.tree_util.tree_map(lambda *xs: np.stack(xs), *rows)
+
+
+def shard(batch: Any, index: int, count: int) -> Any:
+    """Rows ``[index * n // count, (index + 1) * n // count)`` of every leaf ``(n, ...)``."""
+    n = jax.tree_util.tree_leaves(batch)[0].shape[0]
+    lo, hi = index * n // count, (index + 1) * n // count
+    return jax.tree_util.tree_map(lambda x: x[lo:hi], batch)
+
+
+class CollectionWorker:
+    """Collects experience in its own environments (see the module docstring).
+
+    Args:
+        agent_factory: builds the agent (picklable).
+        env_id: the environment id (``EnvSpec``'s text).
+        n_envs: this worker's environments (its shard of the run's ``n_envs``).
+        index: the worker's index in ``[0, n_workers)``; ``n_workers``: how many collect.
+    """
+
+    def __init__(self, agent_factory: Callable[[], Any], env_id: str, n_envs: int, index: int, n_workers: int) -> None:
+        use_compilation_cache()  # a worker started again finds its programs compiled
+        self.agent = agent_factory()
+        env = check_env(make_env(EnvSpec.parse(env_id), n_envs))
+        self.collector = HostCollector(self.agent, env, isinstance(env, VecParallelEnv))
+        self.index, self.n_envs = index, n_envs
+        if n_workers == 1:
+            self.act = compiled_steps(self.agent).act  # the host loop's own compiled act
+        else:
+            agent = self.agent
+
+            def act(params: Any, key: jax.Array, obs: Any, step: Any) -> tuple[Any, Any, jax.Array]:
+                # the loop key advances as in act_step; each worker acts with its own fold of the act key
+                key, act_key = jax.random.split(key)
+                actions, log_probs = agent.act(params, jax.random.fold_in(act_key, index), obs, step)
+                return actions, jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), log_probs), key
+
+            self.act = jax.jit(act)
+
+    def pid(self) -> int:
+        """The worker's process id (the fault tests kill it)."""
+        return os.getpid()
+
+    def reset(self, seed: int) -> None:
+        """Resets the environments: sub-environment ``i`` of worker ``w`` is seeded
+        ``seed + w * n_envs + i`` (the seeds of one vector environment of all workers' copies)."""
+        self.collector.reset(seed + self.index * self.n_envs)
+
+    def collect(
+        self, acting: Any, key: jax.Array, env_step: int, n_steps: int, total_envs: int, version: int
+    ) -> dict[str, Any]:
+        """Collects ``n_steps`` vector steps with the acting weights ``acting``.
+
+        Args:
+            key: the loop key at the first step; ``env_step``: the run's transitions before it;
+            total_envs: the run's environments over all workers (the steps a vector step counts);
+            version: the number of updates behind ``acting`` (returned, for the policy lag).
+
+        Returns:
+            ``{"rows": leaves (n_steps, E_w, ...), "episodes": [(t, Episodes)], "key": next loop
+            key, "version": version, "index": worker index, "steps": n_steps}``.
+        """
+        rows, episodes = [], []
+        for t in range(n_steps):
+            experience, ended, key = self.collector.step(
+                self.act, acting, key, env_step + t * total_envs, env_step + (t + 1) * total_envs
+            )
+            rows.append(experience)
+            if ended is not None:
+                episodes.append((t, ended))
+        return {
+            "rows": stack_rows(rows),
+            "episodes": episodes,
+            "key": np.asarray(key),
+            "version": version,
+            "index": self.index,
+            "steps": n_steps,
+        }
+
+    def close(self) -> None:
+        self.collector.env.close()
+
+
+class GradientWorker:
+    """Computes updates or gradients on its copy of the state and of the buffer.
+
+    Args:
+        agent_factory: builds the agent (picklable).
+    """
+
+    def __init__(self, agent_factory: Callable[[], Any]) -> None:
+        use_compilation_cache()
+        self.agent = agent_factory()
+        self.algorithm = AgentAlgorithm(self.agent)
+        self.buffer = self.agent.make_buffer()
+        self.steps = compiled_steps(self.agent)
+        self.on_policy = self.agent.algo_type is AlgoType.ON_POLICY
+        self.version = 0
+        self._processed: Any = None
+        self._epoch_keys: Any = None
+        self._minibatches: dict[int, Any] = {}
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def set_state(self, state: Any, version: int) -> None:
+        """Takes the updater's state (``version``: its number of applied gradient steps)."""
+        self.algorithm.set_state(state)
+        self.version = version
+
+    def apply(self, grads: Any) -> None:
+        """Applies gradients to this worker's state (synchronous mode: the updater's mean)."""
+        self.algorithm.apply_gradients(grads)
+        self.version += 1
+
+    def add_rows(self, rows: Any) -> None:
+        """Adds an iteration's rows (leaves ``(T, E, ...)``) to the buffer, one vector step at a time."""
+        for t in range(jax.tree_util.tree_leaves(rows)[0].shape[0]):
+            self.buffer.add(jax.tree_util.tree_map(lambda x, t=t: x[t], rows))
+
+    def set_buffer(self, buffer_state: Any) -> None:
+        """Replaces the buffer (a run that goes on from a checkpoint)."""
+        self.buffer.state = buffer_state
+
+    def reset_buffer(self) -> None:
+        self.buffer.reset()
+
+    def update(self, key: jax.Array) -> tuple[Any, np.ndarray, dict[str, float]]:
+        """One whole update with the loop key (``kitae.loops.collect.update_step``, the host
+        loop's compiled call): returns ``(state, next loop key, info)`` as host arrays."""
+        state, key, info = self.steps.update(self.algorithm.state, key, self.buffer.state)
+        self.algorithm.set_state(state)
+        return jax.device_get(state), np.asarray(key), {k: float(v) for k, v in jax.device_get(info).items()}
+
+    def begin_update(self, update_key: jax.Array) -> None:
+        """The first part of an update made gradient step by gradient step (on-policy: process the
+        rollout with the state at the update's start)."""
+        self._minibatches = {}
+        if self.on_policy:
+            rollout = self.agent.update_data(self.buffer.state)
+            self._processed, self._epoch_keys = self.algorithm.process_rollout(rollout, update_key)
+        else:
+            self._epoch_keys = self.agent.gradient_step_keys(update_key)
+
+    def gradients(
+        self, step: tuple[int, int], part: int, parts: int, apply_first: Any = None
+    ) -> tuple[Any, dict[str, float], int]:
+        """The gradients of gradient step ``step`` (on-policy ``(epoch, minibatch)``, off-policy
+        ``(step, 0)``) on part ``part`` of ``parts`` of its minibatch, with this worker's state.
+
+        Args:
+            apply_first: synchronous mode: the previous step's mean gradients, applied to this
+                worker's state first (every worker and the updater apply the same gradients to the
+                same state, so all hold the same bits without sending the state).
+
+        Returns:
+            ``(grads as host arrays, info, version of the state they were computed with)``.
+        """
+        if apply_first is not None:
+            self.algorithm.apply_gradients(apply_first)
+            self.version += 1
+        epoch, j = step
+        if self.on_policy:
+            if epoch not in self._minibatches:
+                self._minibatches = {
+                    epoch: epoch_minibatches(
+                        self._epoch_keys[epoch], self._processed, self.agent.config.update_cfg.batch_size
+                    )
+                }
+            step_keys, batches = self._minibatches[epoch]
+            batch, key = jax.tree_util.tree_map(lambda x: x[j], batches), step_keys[j]
+        else:
+            batch, key = self.algorithm.gradient_batch(self._epoch_keys[epoch], self.buffer.state)
+        if parts > 1:
+            batch = shard(batch, part, parts)
+        grads, info = self.algorithm.compute_gradients(batch, key=key)
+        return grads, info, self.version

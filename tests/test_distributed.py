@@ -1,0 +1,145 @@
+"""The distributed executor on a real Ray runtime (one local runtime shared by the tests here;
+the process test starts and stops its own in a child process).
+
+Same agent, same result: synchronous mode with one collection worker and one gradient worker
+ends with the host loop's state, bit for bit.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from kitae.distributed.config import DistributedConfig
+from kitae.distributed.executor import DistributedExecutor
+from kitae.distributed.runtime import ray_runtime
+from kitae.loops.callbacks import Callback
+from kitae.loops.executor import EXECUTORS
+from kitae.runs import preset_agent
+from kitae.runs.rundir import state_fingerprint
+
+
+@pytest.fixture(scope="module")
+def ray_shared():
+    with ray_runtime(num_cpus=2) as ray:
+        yield ray
+
+
+def _agents(algo, steps, tmp_path, sets=()):
+    agent, env = preset_agent(algo, "CartPole-v1", steps=steps, run_dir=tmp_path / "a", sets=list(sets))
+    twin, twin_env = preset_agent(algo, "CartPole-v1", steps=steps, run_dir=tmp_path / "b", sets=list(sets))
+    twin_env.close()
+    return agent, env, twin
+
+
+def _fingerprint(result):
+    return state_fingerprint(result.state.agent_state)
+
+
+class Scalars(Callback):
+    def __init__(self):
+        self.rows = []
+
+    def on_scalars(self, step, scalars):
+        self.rows.append((step, scalars))
+
+
+@pytest.mark.parametrize(("algo", "steps"), [("ppo", 2048), ("dqn", 1536)])
+def test_one_worker_each_gives_the_host_loops_bits(ray_shared, tmp_path, algo, steps):
+    agent, env, twin = _agents(algo, steps, tmp_path)
+    host = EXECUTORS["host"].run(agent, env, steps)
+    distributed = DistributedExecutor(DistributedConfig(workers=1, gradient_workers=1)).run(twin, "CartPole-v1", steps)
+    assert len(host.update_steps[0]) > 1
+    np.testing.assert_array_equal(host.update_steps[0], distributed.update_steps[0])
+    assert _fingerprint(host) == _fingerprint(distributed)
+    assert distributed.env_steps == host.env_steps == steps
+    np.testing.assert_array_equal(host.episodes[0].return_, distributed.episodes[0].return_)
+
+
+def test_two_collection_workers_give_the_same_bits_twice(ray_shared, tmp_path):
+    config = DistributedConfig(workers=2, gradient_workers=2)
+    agent, env, twin = _agents("ppo", 1024, tmp_path)
+    env.close()
+    first = DistributedExecutor(config).run(agent, "CartPole-v1", 1024)
+    second = DistributedExecutor(config).run(twin, "CartPole-v1", 1024)
+    assert _fingerprint(first) == _fingerprint(second)
+    assert len(first.update_steps[0]) == 1024 // agent.schedule.steps_per_iteration
+
+
+def test_asynchronous_modes_train_and_report_their_lags(ray_shared, tmp_path):
+    agent, env, _ = _agents("ppo", 2048, tmp_path)
+    env.close()
+    scalars = Scalars()
+    config = DistributedConfig(workers=2, gradient_workers=2, async_collection=True, async_gradients=True)
+    result = DistributedExecutor(config).run(agent, "CartPole-v1", 2048, callbacks=[scalars])
+    assert result.env_steps == 2048 and len(result.update_steps[0]) == 2048 // agent.schedule.steps_per_iteration
+    names = set().union(*(row for _, row in scalars.rows))
+    assert {"distributed/policy_lag", "distributed/gradient_lag", "distributed/collect_sps"} <= names
+    lags = [row["distributed/policy_lag"] for _, row in scalars.rows]
+    assert min(lags) >= 0 and max(lags) > 0  # asynchronous workers collect with older weights
+    assert all(np.isfinite(r["distributed/gradient_lag"]) for _, r in scalars.rows)
+
+
+@pytest.mark.parametrize(
+    ("fields", "match"),
+    [
+        ({"workers": 0}, "distributed.workers"),
+        ({"gradient_workers": True}, "distributed.gradient_workers"),
+        ({"max_restarts": -1}, "distributed.max_restarts"),
+        ({"async_collection": 1}, "distributed.async_collection"),
+        ({"address": "nowhere"}, "distributed.address"),
+    ],
+)
+def test_bad_layouts_are_rejected_clearly(fields, match):
+    with pytest.raises(ValueError, match=match):
+        DistributedConfig(**fields)
+
+
+def test_config_round_trips_and_rejects_unknown_fields():
+    config = DistributedConfig(workers=4, gradient_workers=2, async_collection=True, address="127.0.0.1:6379")
+    assert DistributedConfig.from_dict(config.to_dict()) == config
+    with pytest.raises(ValueError, match="unknown fields"):
+        DistributedConfig.from_dict({"workers": 2, "threads": 3})
+
+
+def test_bad_runs_are_rejected_before_anything_starts(tmp_path):
+    agent, env = preset_agent("ppo", "CartPole-v1", steps=1024, run_dir=tmp_path / "a")
+    executor = DistributedExecutor(DistributedConfig(workers=3))
+    with pytest.raises(ValueError, match="does not split over distributed.workers=3"):
+        executor.run(agent, "CartPole-v1", 1024)
+    with pytest.raises(TypeError, match="environment id"):
+        DistributedExecutor(DistributedConfig()).run(agent, env, 1024)
+    with pytest.raises(TypeError, match="DistributedConfig"):
+        DistributedExecutor({"workers": 2})
+    env.close()
+
+
+def _ray_processes():
+    """``{pid: name}`` of the Ray processes on this machine (raylet, GCS, workers ``ray::...``)."""
+    out = subprocess.run(["ps", "-eo", "pid=,comm="], capture_output=True, text=True, check=True).stdout
+    rows = (line.split(None, 1) for line in out.splitlines() if line.strip())
+    return {int(pid): name for pid, name in rows if name in ("raylet", "gcs_server") or name.startswith("ray::")}
+
+
+def test_no_ray_process_outlives_a_run_that_started_its_runtime(tmp_path):
+    before = _ray_processes()
+    script = textwrap.dedent(
+        f"""
+        from kitae.distributed.config import DistributedConfig
+        from kitae.distributed.executor import DistributedExecutor
+        from kitae.runs import preset_agent
+        agent, env = preset_agent("ppo", "CartPole-v1", steps=512, run_dir={str(tmp_path / "r")!r})
+        env.close()
+        result = DistributedExecutor(DistributedConfig(workers=2)).run(agent, "CartPole-v1", 512)
+        print("steps", result.env_steps)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "steps 512" in done.stdout
+    left = set(_ray_processes()) - set(before)  # the shared runtime's processes are not the run's
+    assert not left, [_ray_processes().get(pid) for pid in left]

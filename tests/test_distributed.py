@@ -14,7 +14,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from kitae.distributed.config import DistributedConfig
+from kitae.config import DistributedConfig
 from kitae.distributed.executor import DistributedExecutor
 from kitae.distributed.runtime import ray_runtime
 from kitae.loops.callbacks import Callback
@@ -129,7 +129,7 @@ def test_no_ray_process_outlives_a_run_that_started_its_runtime(tmp_path):
     before = _ray_processes()
     script = textwrap.dedent(
         f"""
-        from kitae.distributed.config import DistributedConfig
+        from kitae.config import DistributedConfig
         from kitae.distributed.executor import DistributedExecutor
         from kitae.runs import preset_agent
         agent, env = preset_agent("ppo", "CartPole-v1", steps=512, run_dir={str(tmp_path / "r")!r})

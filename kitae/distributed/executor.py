@@ -31,8 +31,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kitae.config import DistributedConfig
 from kitae.distributed.algorithm import AgentAlgorithm
-from kitae.distributed.config import DistributedConfig
 from kitae.distributed.runtime import ray_runtime
 from kitae.distributed.workers import CollectionWorker, GradientWorker
 from kitae.envs.make import EnvSpec

@@ -34,6 +34,7 @@ environment transitions summed over all environments.
 from __future__ import annotations
 
 import abc
+import dataclasses
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -47,7 +48,7 @@ from kitae.algos.experience import ExperiencePipeline
 from kitae.algos.factory import explore_general_factory
 from kitae.algos.update import batchify, update_epoch
 from kitae.buffer import BufferState, Experience, ReplayBuffer, RolloutBuffer, buffer_rollout, buffer_sample
-from kitae.config import AlgoConfig
+from kitae.config import AlgoConfig, DistributedConfig
 from kitae.run_service import RunService, install_run_service, run_service
 from kitae.schedule import Schedule
 from kitae.types import AlgoType
@@ -384,6 +385,45 @@ class BaseAgent(IAgent):
             A ``kitae.loops.result.RunResult``.
         """
         return run_service().train(self, env, n_env_steps, callbacks=callbacks, quiet=quiet)
+
+    def train_distributed(
+        self,
+        env_id: str,
+        n_env_steps: int | None = None,
+        *,
+        workers: int = 2,
+        gradient_workers: int = 1,
+        async_collection: bool = False,
+        async_gradients: bool = False,
+        address: str | None = None,
+        callbacks: Any = (),
+        quiet: bool = True,
+    ) -> Any:
+        """Trains on Ray (``kitae.distributed``), as ``kitae train ... --workers N`` does: ``workers``
+        collection workers each step ``env_cfg.n_envs / workers`` copies of ``env_id``, gradient
+        workers compute the updates, and this process applies them and writes the run directory.
+        The layout is recorded in ``config.distributed`` (and ``config.yaml``), so ``resume``
+        goes on distributed.
+
+        Args:
+            env_id: the environment id (``"CartPole-v1"``, ``"envpool:Pong-v5"``...).
+            n_env_steps: transitions to train for, summed over all environments.
+            workers, gradient_workers, async_collection, async_gradients, address: see
+                ``kitae.config.DistributedConfig``.
+            callbacks, quiet: as ``train``.
+
+        Returns:
+            A ``kitae.loops.result.RunResult``.
+        """
+        layout = DistributedConfig(
+            workers=workers,
+            gradient_workers=gradient_workers,
+            async_collection=async_collection,
+            async_gradients=async_gradients,
+            address=address,
+        )
+        self.config = dataclasses.replace(self.config, distributed=layout)
+        return self.train(env_id, n_env_steps, callbacks=callbacks, quiet=quiet)
 
     def save(self, step: int | None = None, directory: str | Path | None = None) -> Path:
         """Saves the agent's whole state (``kitae.runs.checkpoints``) to ``<directory>/<step>/``

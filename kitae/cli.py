@@ -120,6 +120,21 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override a config value, e.g. update_cfg.learning_rate=1e-3 (repeatable)",
     )
+    train.add_argument(
+        "--workers",
+        type=_positive_int,
+        help="train on Ray with N collection workers, each stepping the preset's n_envs (docs/distributed.md)",
+    )
+    train.add_argument("--gradient-workers", type=_positive_int, help="with --workers: gradient workers (default 1)")
+    train.add_argument(
+        "--async",
+        dest="async_mode",
+        action="store_true",
+        help="with --workers: asynchronous collection and gradients (the policy lag is logged)",
+    )
+    train.add_argument(
+        "--address", help="with --workers: HOST:PORT of an existing Ray cluster (default: start one on 127.0.0.1)"
+    )
     train.add_argument("--run-dir", help="where to write the run (default runs/<algo>-<env>-s<seed>-<time>)")
     train.add_argument("--quiet", action="store_true", help="no progress bar (for scripts and CI)")
 
@@ -187,6 +202,10 @@ def _train(args: argparse.Namespace) -> int:
         sets=args.set,
         run_dir=args.run_dir,
         quiet=args.quiet,
+        workers=args.workers,
+        gradient_workers=args.gradient_workers,
+        async_mode=args.async_mode,
+        address=args.address,
     )
     return _report(train_run(spec), args.quiet)
 

@@ -143,3 +143,40 @@ def test_no_ray_process_outlives_a_run_that_started_its_runtime(tmp_path):
     assert "steps 512" in done.stdout
     left = set(_ray_processes()) - set(before)  # the shared runtime's processes are not the run's
     assert not left, [_ray_processes().get(pid) for pid in left]
+
+
+def test_the_command_line_trains_resumes_and_evaluates_a_distributed_run(ray_shared, tmp_path, capsys):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from kitae.cli import main
+    from kitae.config import AlgoConfig
+
+    run_dir = tmp_path / "run"
+    argv = ["train", "ppo", "CartPole-v1", "--workers", "2", "--steps", "512", "--run-dir", str(run_dir), "--quiet"]
+    assert main(argv) == 0
+    config = AlgoConfig.from_yaml(run_dir / "config.yaml")
+    assert config.distributed == DistributedConfig(workers=2)
+    assert config.env_cfg.n_envs == 16  # two workers, each with the preset's 8 environments
+    assert main(["resume", str(run_dir), "--steps", "1024", "--quiet"]) == 0
+    summary = __import__("json").loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 1024 and summary["resumed_from"] == 512
+    assert main(["eval", str(run_dir), "--episodes", "2"]) == 0
+    events = EventAccumulator(str(run_dir / "logs"))
+    events.Reload()
+    assert {"distributed/policy_lag", "distributed/collect_sps"} <= set(events.Tags()["scalars"])
+    capsys.readouterr()
+    assert main(["train", "ppo", "CartPole-v1", "--gradient-workers", "2", "--run-dir", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--gradient-workers needs --workers N" in err
+
+
+def test_the_python_road_trains_distributed_and_loads_back(ray_shared, tmp_path):
+    from kitae.algos.collections.ppo import PPO
+
+    agent, env = preset_agent("ppo", "CartPole-v1", steps=512, n_envs=8, run_dir=tmp_path / "py")
+    env.close()
+    result = agent.train_distributed("CartPole-v1", 512, workers=2)
+    assert result.executor == "distributed" and agent.env_step == 512
+    loaded = PPO.unserialize(tmp_path / "py")
+    assert loaded.config.distributed == DistributedConfig(workers=2)
+    assert state_fingerprint(loaded.state) == state_fingerprint(agent.state)

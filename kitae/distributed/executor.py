@@ -37,6 +37,7 @@ from kitae.distributed.runtime import ray_runtime
 from kitae.distributed.workers import CollectionWorker, GradientWorker
 from kitae.envs.make import EnvSpec
 from kitae.loops.callbacks import Callback, CallbackList, LossMeans, Progress, RunInfo
+from kitae.loops.evaluate import evaluate_host
 from kitae.loops.result import Episodes, RunResult, concat_episodes
 from kitae.loops.state import LoopState, Payload, mark_episodes_cut, payload_from_agent, reset_seed, strongly_typed
 from kitae.validation import check_positive_int
@@ -62,6 +63,7 @@ class DistributedExecutor:
 
     name = "distributed"
     batches_seeds = False
+    makes_envs = True  # each collection worker makes its own environments from the id
     starting: str | None = "starting the Ray runtime and its workers"
 
     def __init__(self, config: DistributedConfig, agent_factory: Callable[[Any], Callable[[], Any]] | None = None):
@@ -69,6 +71,16 @@ class DistributedExecutor:
             raise TypeError(f"config={config!r} is not allowed; allowed: a kitae.distributed.DistributedConfig")
         self.config = config
         self.agent_factory = agent_factory or default_agent_factory
+
+    def restore_target(self, agent: Any, env: Any, meta: dict) -> LoopState | None:
+        """Distributed checkpoints hold no environment part (the workers' environments are
+        Python objects): the payload is restored from its own description."""
+        del agent, env, meta
+        return None
+
+    def evaluate(self, agent: Any, spec: EnvSpec, episodes: int, seed: int = 0) -> np.ndarray:
+        """Evaluates in this process, as the host loop does (``kitae.loops.evaluate.evaluate_host``)."""
+        return evaluate_host(agent, spec, episodes, seed)
 
     # -- the run ---------------------------------------------------------------------------------
 

@@ -36,11 +36,14 @@ class Executor(Protocol):
     Attributes:
         name: ``"host"`` or ``"compiled"`` (recorded in checkpoints).
         batches_seeds: whether one ``run`` trains several seeds together (else one seed per run).
+        makes_envs: ``run`` takes the environment id and makes the environments itself (the
+            distributed executor's workers), instead of environments made by the caller.
         starting: a line to show before a run starts (the compiled loop compiles first), or ``None``.
     """
 
     name: str
     batches_seeds: bool
+    makes_envs: bool
     starting: str | None
 
     def run(
@@ -69,6 +72,8 @@ class Executor(Protocol):
 
 
 class _Host(HostExecutor):
+    makes_envs = False
+
     def restore_target(self, agent: Any, env: Any, meta: dict) -> LoopState | None:
         del agent, env, meta
         return None
@@ -78,6 +83,8 @@ class _Host(HostExecutor):
 
 
 class _Compiled(CompiledExecutor):
+    makes_envs = False
+
     def restore_target(self, agent: Any, env: Any, meta: dict) -> LoopState | None:
         if not meta.get("env_saved"):
             return None

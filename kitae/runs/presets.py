@@ -23,7 +23,7 @@ import kitae.config as cfg
 from kitae.envs.make import EnvSpec
 
 PRESETS_DIR = Path(__file__).resolve().parents[1] / "presets"
-SECTION_KEYS = ("n_envs", "n_env_steps", "algo_params", "update_cfg", "train_cfg", "seed")
+SECTION_KEYS = ("n_envs", "n_env_steps", "algo_params", "update_cfg", "train_cfg", "seed", "distributed")
 
 
 def _check_section(section: Any, where: str) -> dict:
@@ -119,6 +119,7 @@ def _allowed_keys(params_cls: type) -> set[str]:
     keys |= {f"train_cfg.{f.name}" for f in dataclasses.fields(cfg.TrainConfig)}
     keys |= {f"update_cfg.{f.name}" for f in dataclasses.fields(cfg.UpdateConfig)}
     keys |= {f"algo_params.{f.name}" for f in dataclasses.fields(params_cls)}
+    keys |= {f"distributed.{f.name}" for f in dataclasses.fields(cfg.DistributedConfig)}
     return keys
 
 
@@ -144,6 +145,7 @@ def build_config(params_cls: type, env_spec: EnvSpec, env: Any, resolved: dict) 
             update["learning_rate_annealing"] = annealing
     train = dict(resolved.get("train_cfg") or {})
     train.setdefault("n_env_steps", resolved["n_env_steps"])
+    layout = resolved.get("distributed")
     return cfg.AlgoConfig(
         seed=resolved["seed"],
         algo_params=algo_params,
@@ -157,6 +159,7 @@ def build_config(params_cls: type, env_spec: EnvSpec, env: Any, resolved: dict) 
             # PettingZoo vector envs (num_agents) and multi-agent JAX envs (n_agents) say how many
             n_agents=getattr(env, "num_agents", getattr(env, "n_agents", 1)),
         ),
+        distributed=cfg.DistributedConfig.from_dict(layout) if layout else None,
     )
 
 
@@ -176,9 +179,13 @@ def resolve(
         params_cls: its params dataclass (the ``--set algo_params.<field>`` keys).
         env: the environment.
 
+    A ``distributed`` section (``--workers``, a config file's, ``--set distributed.workers=2``)
+    asks for the distributed executor; its collection workers share ``n_envs``: when ``n_envs``
+    comes from the preset only, it is multiplied by ``workers`` (each worker steps the preset's).
+
     Returns:
         A mapping with ``seed``, ``n_envs``, ``n_env_steps``, ``algo_params``, ``update_cfg``,
-        ``train_cfg``.
+        ``train_cfg`` and possibly ``distributed``.
     """
     resolved: dict[str, Any] = {
         "seed": 0,
@@ -189,10 +196,16 @@ def resolve(
         "train_cfg": {},
     }
     resolved = merge(resolved, load_preset(algo, env))
+    given_n_envs = False  # n_envs said by the user (not the preset): a distributed run's total
     if config_file is not None:
-        resolved = merge(resolved, load_config_file(config_file))
-    resolved = merge(resolved, {k: v for k, v in (overrides or {}).items() if v is not None})
+        from_file = load_config_file(config_file)
+        given_n_envs = "n_envs" in from_file
+        resolved = merge(resolved, from_file)
+    overrides = {k: v for k, v in (overrides or {}).items() if v is not None and v != {}}
+    given_n_envs = given_n_envs or "n_envs" in overrides
+    resolved = merge(resolved, overrides)
     set_values = parse_sets(sets or [], params_cls)
+    given_n_envs = given_n_envs or "n_envs" in set_values
     if "n_env_steps" in set_values.get("train_cfg", {}):
         set_values["n_env_steps"] = set_values["train_cfg"].pop("n_env_steps")
     resolved = merge(resolved, set_values)
@@ -206,4 +219,9 @@ def resolve(
         raise ValueError(f"n_env_steps={resolved['n_env_steps']} is not allowed; allowed: an int >= 1")
     if resolved["n_envs"] < 1:
         raise ValueError(f"n_envs={resolved['n_envs']} is not allowed; allowed: an int >= 1")
+    layout = resolved.get("distributed")
+    if layout:
+        workers = cfg.DistributedConfig.from_dict(layout).workers  # checks the section
+        if not given_n_envs:  # each collection worker steps the preset's environments
+            resolved["n_envs"] *= workers
     return resolved

@@ -16,6 +16,7 @@ from typing import Any
 
 from kitae.algos.collections import ALGORITHMS, algorithm_name, get_algorithm
 from kitae.config import AlgoConfig
+from kitae.distributed.executor import DistributedExecutor
 from kitae.envs.make import EnvSpec, make_env
 from kitae.loops.executor import Executor, executor_for
 from kitae.runs.errors import RunError
@@ -29,6 +30,7 @@ __all__ = [
     "resolve_run_dir",
     "resolve_agent",
     "make_run_env",
+    "executor_of",
     "preset_agent",
 ]
 
@@ -49,6 +51,34 @@ class RunSpec:
     sets: list[str] = dataclasses.field(default_factory=list)
     run_dir: str | None = None
     quiet: bool = False
+    workers: int | None = None
+    gradient_workers: int | None = None
+    async_mode: bool = False
+    address: str | None = None
+
+    def distributed(self) -> dict:
+        """The ``distributed`` section the flags ask for (empty without ``--workers``)."""
+        if self.workers is None:
+            given = [f for f, v in (("--gradient-workers", self.gradient_workers), ("--address", self.address)) if v]
+            if given or self.async_mode:
+                raise RunError(f"{(given or ['--async'])[0]} needs --workers N (a distributed run)")
+            return {}
+        section: dict[str, Any] = {"workers": self.workers}
+        if self.gradient_workers is not None:
+            section["gradient_workers"] = self.gradient_workers
+        if self.async_mode:
+            section["async_collection"] = section["async_gradients"] = True
+        if self.address is not None:
+            section["address"] = self.address
+        return section
+
+
+def executor_of(config: AlgoConfig, env: Any) -> Executor:
+    """The executor of a run: the distributed one when ``config.distributed`` is set, else the
+    loop of the environment (``kitae.loops.executor.executor_for``)."""
+    if config.distributed is not None:
+        return DistributedExecutor(config.distributed)
+    return executor_for(env)
 
 
 @dataclasses.dataclass
@@ -134,7 +164,12 @@ def resolve_train(spec: RunSpec) -> tuple[ResolvedRun, Any]:
         env_spec,
         config_file=spec.config_file,
         sets=spec.sets,
-        overrides={"seed": spec.seed, "n_envs": spec.n_envs, "n_env_steps": spec.steps},
+        overrides={
+            "seed": spec.seed,
+            "n_envs": spec.n_envs,
+            "n_env_steps": spec.steps,
+            "distributed": spec.distributed(),
+        },
     )
     env = make_run_env(env_spec, values["n_envs"])
     try:
@@ -144,7 +179,7 @@ def resolve_train(spec: RunSpec) -> tuple[ResolvedRun, Any]:
         raise
     run_dir = Path(spec.run_dir) if spec.run_dir else default_run_dir(spec.algo, env_spec.name, config.seed)
     seeds = [config.seed + i for i in range(spec.seeds)] if spec.seeds else None
-    run = ResolvedRun(spec.algo.lower(), agent_cls, env_spec, config, seeds, run_dir, executor_for(env_spec))
+    run = ResolvedRun(spec.algo.lower(), agent_cls, env_spec, config, seeds, run_dir, executor_of(config, env_spec))
     return run, env
 
 
@@ -153,7 +188,8 @@ def resolve_agent(agent: Any, env: Any) -> ResolvedRun:
     ``run_dir`` and the executor of ``env``."""
     env_spec = EnvSpec.parse(agent.config.env_cfg.task_name)
     algo = algorithm_name(agent.config) or type(agent).__name__.lower()
-    return ResolvedRun(algo, type(agent), env_spec, agent.config, None, Path(agent.run_dir), executor_for(env))
+    executor = executor_of(agent.config, env)
+    return ResolvedRun(algo, type(agent), env_spec, agent.config, None, Path(agent.run_dir), executor)
 
 
 def resolve_run_dir(
@@ -182,7 +218,7 @@ def resolve_run_dir(
     except ValueError as error:
         raise RunError(f"config.yaml in {str(run_dir)!r}: {error}") from None
     run = ResolvedRun(
-        algo or agent_cls.__name__.lower(), agent_cls, env_spec, config, seeds, run_dir, executor_for(env_spec)
+        algo or agent_cls.__name__.lower(), agent_cls, env_spec, config, seeds, run_dir, executor_of(config, env_spec)
     )
     if steps is not None:
         if steps < 1:

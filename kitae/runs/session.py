@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from kitae.envs.make import EnvSpec
 from kitae.loops.callbacks import WriterLogger
 from kitae.loops.result import RunResult
 from kitae.loops.state import LoopState, apply_loop_state, pick_seed
@@ -139,7 +140,12 @@ def execute(
                     fingerprints.append(state_fingerprint(agent.state))
                     steps = max(steps, int(agent.env_step))
                     continue
-                env = plan.env if plan.env is not None else make_run_env(run.env, run.config.env_cfg.n_envs)
+                if run.executor.makes_envs:  # the executor's workers make their own from the id
+                    if plan.env is not None and not isinstance(plan.env, (str, EnvSpec)):
+                        plan.env.close()
+                    env = run.env
+                else:
+                    env = plan.env if plan.env is not None else make_run_env(run.env, run.config.env_cfg.n_envs)
                 # a host run of several seeds records them all (also those not started when it stops)
                 meta = {"run_seeds": run.seeds} if run.seeds and plan.seeds is None else None
                 saver = CheckpointSaver(Checkpointer(plan.directory, before_save=flush, meta=meta))
@@ -261,7 +267,8 @@ def train_agent(agent: Any, env: Any, n_env_steps: int | None, *, callbacks: Any
     run = resolve_agent(agent, env)
     fresh = agent.env_step == 0 and agent.n_updates == 0
     if fresh and _holds_a_run(run.run_dir):
-        env.close()
+        if hasattr(env, "close"):
+            env.close()
         raise RunError(
             f"run directory {str(run.run_dir)!r} already holds a run; go on with agent.resume(env), or give the "
             "agent another run_name or run_dir"

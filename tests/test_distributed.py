@@ -7,11 +7,14 @@ ends with the host loop's state, bit for bit.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
+import psutil
 import pytest
 
 from kitae.config import DistributedConfig
@@ -71,12 +74,12 @@ def test_two_collection_workers_give_the_same_bits_twice(ray_shared, tmp_path):
 
 
 def test_asynchronous_modes_train_and_report_their_lags(ray_shared, tmp_path):
-    agent, env, _ = _agents("ppo", 2048, tmp_path)
+    agent, env, _ = _agents("ppo", 1536, tmp_path, sets=["update_cfg.n_epochs=4"])
     env.close()
     scalars = Scalars()
     config = DistributedConfig(workers=2, gradient_workers=2, async_collection=True, async_gradients=True)
-    result = DistributedExecutor(config).run(agent, "CartPole-v1", 2048, callbacks=[scalars])
-    assert result.env_steps == 2048 and len(result.update_steps[0]) == 2048 // agent.schedule.steps_per_iteration
+    result = DistributedExecutor(config).run(agent, "CartPole-v1", 1536, callbacks=[scalars])
+    assert result.env_steps == 1536 and len(result.update_steps[0]) == 1536 // agent.schedule.steps_per_iteration
     names = set().union(*(row for _, row in scalars.rows))
     assert {"distributed/policy_lag", "distributed/gradient_lag", "distributed/collect_sps"} <= names
     lags = [row["distributed/policy_lag"] for _, row in scalars.rows]
@@ -118,31 +121,39 @@ def test_bad_runs_are_rejected_before_anything_starts(tmp_path):
     env.close()
 
 
-def _ray_processes():
-    """``{pid: name}`` of the Ray processes on this machine (raylet, GCS, workers ``ray::...``)."""
-    out = subprocess.run(["ps", "-eo", "pid=,comm="], capture_output=True, text=True, check=True).stdout
-    rows = (line.split(None, 1) for line in out.splitlines() if line.strip())
-    return {int(pid): name for pid, name in rows if name in ("raylet", "gcs_server") or name.startswith("ray::")}
-
-
 def test_no_ray_process_outlives_a_run_that_started_its_runtime(tmp_path):
-    before = _ray_processes()
+    """A child process trains with a runtime of its own; every process of that runtime (the
+    child's descendants while it trains) is gone once the run ends."""
     script = textwrap.dedent(
         f"""
+        import json, psutil
         from kitae.config import DistributedConfig
         from kitae.distributed.executor import DistributedExecutor
+        from kitae.loops.callbacks import Callback
         from kitae.runs import preset_agent
+
+        class Descendants(Callback):
+            pids = set()
+            def on_progress(self, progress):  # while the runtime and its actors are up
+                Descendants.pids |= {{p.pid for p in psutil.Process().children(recursive=True)}}
+
         agent, env = preset_agent("ppo", "CartPole-v1", steps=512, run_dir={str(tmp_path / "r")!r})
         env.close()
-        result = DistributedExecutor(DistributedConfig(workers=2)).run(agent, "CartPole-v1", 512)
-        print("steps", result.env_steps)
+        executor = DistributedExecutor(DistributedConfig(workers=2))
+        result = executor.run(agent, "CartPole-v1", 512, callbacks=[Descendants()])
+        print(json.dumps({{"steps": result.env_steps, "pids": sorted(Descendants.pids)}}))
         """
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "steps 512" in done.stdout
-    left = set(_ray_processes()) - set(before)  # the shared runtime's processes are not the run's
-    assert not left, [_ray_processes().get(pid) for pid in left]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["steps"] == 512
+    assert len(report["pids"]) >= 4  # GCS, raylet, two collection workers, a gradient worker...
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(psutil.pid_exists(pid) for pid in report["pids"]):
+        time.sleep(0.5)
+    left = [pid for pid in report["pids"] if psutil.pid_exists(pid)]
+    assert not left, [psutil.Process(pid).name() for pid in left if psutil.pid_exists(pid)]
 
 
 def test_the_command_line_trains_resumes_and_evaluates_a_distributed_run(ray_shared, tmp_path, capsys):
@@ -158,7 +169,7 @@ def test_the_command_line_trains_resumes_and_evaluates_a_distributed_run(ray_sha
     assert config.distributed == DistributedConfig(workers=2)
     assert config.env_cfg.n_envs == 16  # two workers, each with the preset's 8 environments
     assert main(["resume", str(run_dir), "--steps", "1024", "--quiet"]) == 0
-    summary = __import__("json").loads((run_dir / "summary.json").read_text())
+    summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 1024 and summary["resumed_from"] == 512
     assert main(["eval", str(run_dir), "--episodes", "2"]) == 0
     events = EventAccumulator(str(run_dir / "logs"))

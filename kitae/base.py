@@ -1,5 +1,10 @@
 """Agents: the thin stateful shell around four pure functions.
 
+Why this module is long: ``BaseAgent`` and its two kinds (``OffPolicyAgent``,
+``OnPolicyAgent``) are the one public class hierarchy of the agents layer (seed 004 imports them
+from here); each method is short and the long part is the documentation of the facade a user
+holds (acting, keys, updates and the Python road of runs).
+
 An agent is made from four factories (see ``docs/custom_agents.md``):
 
 - ``train_state_factory(key, config, *, preprocess_fn=None, tabulate=False) -> state``

@@ -27,8 +27,10 @@ check: $(STAMP)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
+# Two processes, one test file each at a time (a file's shared fixtures, such as a Ray runtime or a
+# trained run, stay in one process).
 test: check
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 bench: $(STAMP)
 	for script in benchmarks/bench_*.py; do $(PY) $$script || exit 1; done

@@ -65,7 +65,7 @@ def test_one_worker_each_gives_the_host_loops_bits(ray_shared, tmp_path, algo, s
 
 def test_two_collection_workers_give_the_same_bits_twice(ray_shared, tmp_path):
     config = DistributedConfig(workers=2, gradient_workers=2)
-    agent, env, twin = _agents("ppo", 1024, tmp_path)
+    agent, env, twin = _agents("ppo", 1024, tmp_path, sets=["update_cfg.n_epochs=4"])
     env.close()
     first = DistributedExecutor(config).run(agent, "CartPole-v1", 1024)
     second = DistributedExecutor(config).run(twin, "CartPole-v1", 1024)

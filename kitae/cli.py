@@ -280,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    from kitae.distributed.executor import WorkersLost
     from kitae.runs import RunError
     from kitae.runs.checkpoints import CheckpointError, CheckpointWarning
 
@@ -292,6 +293,9 @@ def main(argv: list[str] | None = None) -> int:
         except (RunError, CheckpointError, ValueError, TypeError, FileNotFoundError) as error:
             print(f"kitae: error: {error}".replace("\n", " "), file=sys.stderr)
             return 2
+        except WorkersLost as error:  # the run saved a checkpoint before stopping
+            print(f"kitae: error: {error}; continue with: kitae resume RUN_DIR", file=sys.stderr)
+            return 1
         except KeyboardInterrupt:
             print("kitae: interrupted", file=sys.stderr)
             return 130

@@ -191,3 +191,72 @@ def test_the_python_road_trains_distributed_and_loads_back(ray_shared, tmp_path)
     loaded = PPO.unserialize(tmp_path / "py")
     assert loaded.config.distributed == DistributedConfig(workers=2)
     assert state_fingerprint(loaded.state) == state_fingerprint(agent.state)
+
+
+class KillCollector(Callback):
+    """Kills collection worker 0's process once, at the first update after ``after``."""
+
+    def __init__(self, executor_run, after):
+        self.after, self.done, self.run = after, False, executor_run
+
+    def on_scalars(self, step, scalars):
+        if not self.done and step >= self.after:
+            import os
+            import signal
+
+            run = self.run()
+            os.kill(run.ray.get(run.collectors[0].pid.remote()), signal.SIGKILL)
+            self.done = True
+
+
+def test_a_killed_collection_worker_is_replaced_and_the_run_finishes(ray_shared, tmp_path, capfd, monkeypatch):
+    import kitae.distributed.executor as executor_module
+
+    runs = []
+    original = executor_module._Run.__init__
+
+    def remember(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        runs.append(self)
+
+    monkeypatch.setattr(executor_module._Run, "__init__", remember)
+    agent, env, _ = _agents("ppo", 1536, tmp_path, sets=["update_cfg.n_epochs=2"])
+    env.close()
+    scalars = Scalars()
+    killer = KillCollector(lambda: runs[-1], after=512)
+    result = DistributedExecutor(DistributedConfig(workers=2)).run(
+        agent, "CartPole-v1", 1536, callbacks=[killer, scalars]
+    )
+    assert killer.done and result.env_steps == 1536 and not result.stopped
+    assert result.metrics["restarts"] == 1
+    assert "collection worker 0 died" in capfd.readouterr().err
+    assert any(row.get("distributed/restarts") == 1.0 for _, row in scalars.rows)
+    assert len(result.update_steps[0]) == 1536 // agent.schedule.steps_per_iteration
+
+
+def test_when_replacements_run_out_the_run_stops_with_a_checkpoint(ray_shared, tmp_path, monkeypatch):
+    import kitae.distributed.executor as executor_module
+    from kitae.distributed.executor import WorkersLost
+
+    runs = []
+    original = executor_module._Run.__init__
+
+    def remember(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        runs.append(self)
+
+    monkeypatch.setattr(executor_module._Run, "__init__", remember)
+    agent, env, _ = _agents("ppo", 1536, tmp_path, sets=["update_cfg.n_epochs=2"])
+    env.close()
+    saved = []
+
+    class Saved(Callback):
+        def on_checkpoint(self, payload):
+            saved.append(int(payload.state.env_step))
+
+    killer = KillCollector(lambda: runs[-1], after=512)
+    with pytest.raises(WorkersLost, match="max_restarts=0"):
+        DistributedExecutor(DistributedConfig(workers=2, max_restarts=0)).run(
+            agent, "CartPole-v1", 1536, callbacks=[killer, Saved()]
+        )
+    assert saved and 512 <= saved[-1] < 1536  # the state it had learned is in the last checkpoint

@@ -23,6 +23,7 @@ What the schedule, the experience, the update and the checkpoint are is not writ
 from __future__ import annotations
 
 import functools
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -42,7 +43,12 @@ from kitae.loops.result import Episodes, RunResult, concat_episodes
 from kitae.loops.state import LoopState, Payload, mark_episodes_cut, payload_from_agent, reset_seed, strongly_typed
 from kitae.validation import check_positive_int
 
-__all__ = ["DistributedExecutor", "default_agent_factory"]
+__all__ = ["DistributedExecutor", "WorkersLost", "default_agent_factory"]
+
+
+class WorkersLost(RuntimeError):
+    """Workers died after the run used its ``max_restarts`` replacements; the run stopped and
+    saved a checkpoint first."""
 
 
 def default_agent_factory(agent: Any) -> Callable[[], Any]:
@@ -162,14 +168,13 @@ class _Run:
         self.key = jnp.asarray(state.agent_key)
         self.n_updates = int(np.asarray(state.n_updates))
         self.env_step = self.first
-        factory = executor.agent_factory(agent)
-        n_envs, workers = agent.config.env_cfg.n_envs, self.cfg.workers
-        remote_collector = ray.remote(num_cpus=0)(CollectionWorker)
-        remote_gradients = ray.remote(num_cpus=0)(GradientWorker)
-        self.collectors = [
-            remote_collector.remote(factory, spec.id, n_envs // workers, w, workers) for w in range(workers)
-        ]
-        self.gradient_workers = [remote_gradients.remote(factory) for _ in range(self.cfg.gradient_workers)]
+        self.factory, self.spec = executor.agent_factory(agent), spec
+        workers = self.cfg.workers
+        self.remote_collector = ray.remote(num_cpus=0)(CollectionWorker)
+        self.remote_gradients = ray.remote(num_cpus=0)(GradientWorker)
+        self.collectors = [self._new_collector(w) for w in range(workers)]
+        self.gradient_workers = [self.remote_gradients.remote(self.factory) for _ in range(self.cfg.gradient_workers)]
+        self.restarts = 0
         ray.get([c.reset.remote(reset_seed(seed, self.first)) for c in self.collectors])
         state_ref = ray.put(self.algorithm.get_state())
         ray.get([g.set_state.remote(state_ref, 0) for g in self.gradient_workers])
@@ -188,6 +193,54 @@ class _Run:
         self.worker_keys = [jax.random.fold_in(self.key, 1_000_003 + w) for w in range(workers)]
         self.in_flight: dict[Any, int] = {}
 
+    # -- faults ----------------------------------------------------------------------------------
+
+    def _new_collector(self, w: int) -> Any:
+        n_envs, workers = self.agent.config.env_cfg.n_envs, self.cfg.workers
+        return self.remote_collector.remote(self.factory, self.spec.id, n_envs // workers, w, workers)
+
+    def _count_restart(self, what: str, error: BaseException) -> None:
+        self.restarts += 1
+        if self.restarts > self.cfg.max_restarts:
+            raise WorkersLost(
+                f"{what} died ({type(error).__name__}) and the run has used its "
+                f"distributed.max_restarts={self.cfg.max_restarts} replacements; stopped at step {self.env_step:,} "
+                "with a checkpoint"
+            )
+        print(
+            f"kitae: warning: {what} died ({type(error).__name__}); replaced it "
+            f"({self.restarts} of {self.cfg.max_restarts} replacements)",
+            file=sys.stderr,
+        )
+        self.callbacks.on_scalars(self.env_step, {"distributed/restarts": float(self.restarts)})
+
+    def _replace_collector(self, w: int, error: BaseException) -> None:
+        """A new collection worker ``w``: its environments start afresh (seeded from the seed and
+        the step) and the episodes its old environments were running are cut in the buffers."""
+        self._count_restart(f"collection worker {w}", error)
+        self.ray.kill(self.collectors[w])
+        self.collectors[w] = self._new_collector(w)
+        self.ray.get(self.collectors[w].reset.remote(reset_seed(self.seed, self.env_step)))
+        n_envs = self.agent.config.env_cfg.n_envs
+        share = n_envs // self.cfg.workers
+        cut = np.zeros(n_envs, bool)
+        cut[w * share : (w + 1) * share] = True
+        self.buffer.state = mark_episodes_cut(self.buffer.state, cut)
+        self.ray.get([g.cut_episodes.remote(cut) for g in self.gradient_workers])
+
+    def _replace_dead_gradient_workers(self, error: BaseException) -> None:
+        """Replaces every gradient worker that does not answer, with the updater's state and buffer."""
+        for i, worker in enumerate(self.gradient_workers):
+            try:
+                self.ray.get(worker.pid.remote(), timeout=60)
+            except self.ray.exceptions.RayError:
+                self._count_restart(f"gradient worker {i}", error)
+                self.ray.kill(worker)
+                self.gradient_workers[i] = self.remote_gradients.remote(self.factory)
+                self.ray.get(self.gradient_workers[i].set_state.remote(self.algorithm.get_state(), 0))
+                if self.buffer.state is not None:
+                    self.ray.get(self.gradient_workers[i].set_buffer.remote(jax.device_get(self.buffer.state)))
+
     # -- collection --------------------------------------------------------------------------------
 
     def _acting_ref(self) -> Any:
@@ -196,12 +249,22 @@ class _Run:
     def _collect_sync(self, per_worker_steps: int) -> list[dict]:
         acting = self._acting_ref()
         n_envs = self.agent.config.env_cfg.n_envs
-        batches = self.ray.get(
-            [
-                c.collect.remote(acting, self.key, self.env_step, per_worker_steps, n_envs, self.n_updates)
-                for c in self.collectors
-            ]
-        )
+
+        def issue(w: int) -> Any:
+            return self.collectors[w].collect.remote(
+                acting, self.key, self.env_step, per_worker_steps, n_envs, self.n_updates
+            )
+
+        refs = [issue(w) for w in range(len(self.collectors))]
+        batches = []
+        for w in range(len(refs)):
+            while True:
+                try:
+                    batches.append(self.ray.get(refs[w]))
+                    break
+                except self.ray.exceptions.RayActorError as error:
+                    self._replace_collector(w, error)
+                    refs[w] = issue(w)
         self.key = jnp.asarray(batches[0]["key"])  # every worker advanced the same loop key
         return batches
 
@@ -222,7 +285,12 @@ class _Run:
         while len(batches) < len(self.collectors):
             ready, _ = self.ray.wait(list(self.in_flight), num_returns=1)
             w = self.in_flight.pop(ready[0])
-            batch = self.ray.get(ready[0])
+            try:
+                batch = self.ray.get(ready[0])
+            except self.ray.exceptions.RayActorError as error:
+                self._replace_collector(w, error)
+                self._issue(w, per_worker_steps, acting if acting is not None else self._acting_ref())
+                continue
             self.worker_keys[w] = jnp.asarray(batch["key"])
             batches.append(batch)
             if acting is None:
@@ -263,6 +331,19 @@ class _Run:
         return [(i, 0) for i in range(u.n_epochs)]
 
     def _update(self) -> dict[str, float]:
+        """One update by the gradient workers; a worker that dies is replaced and the update made
+        again from the state and key it started from (the same update: nothing is lost)."""
+        state, key, steps = self.algorithm.get_state(), self.key, self.algorithm.n_gradient_steps
+        while True:
+            try:
+                return self._update_once()
+            except self.ray.exceptions.RayActorError as error:
+                self.algorithm.set_state(state)
+                self.algorithm.n_gradient_steps = steps
+                self.key = key
+                self._replace_dead_gradient_workers(error)
+
+    def _update_once(self) -> dict[str, float]:
         ray, workers = self.ray, self.gradient_workers
         if len(workers) == 1 and not self.cfg.async_gradients:
             state, key, info = ray.get(workers[0].update.remote(self.key))
@@ -329,6 +410,7 @@ class _Run:
         steps_per_worker = schedule.vector_steps_per_iteration
         compile_seconds, stopped, last_progress = self.startup_seconds, False, time.perf_counter()
         first_iteration = True
+        lost: WorkersLost | None = None
         try:
             while self.env_step < self.end:
                 t0 = time.perf_counter()
@@ -370,6 +452,8 @@ class _Run:
                 if stopping:
                     stopped = True
                     break
+        except WorkersLost as error:  # out of replacements: save what was learned, then say so
+            lost, stopped = error, True
         finally:
             for actor in self.collectors + self.gradient_workers:
                 self.ray.kill(actor)
@@ -390,9 +474,15 @@ class _Run:
             compile_seconds=compile_seconds,
             train_seconds=train_seconds,
             stopped=stopped,
-            metrics={"startup_seconds": self.startup_seconds, **{f"{k}_seconds": v for k, v in self.timings.items()}},
+            metrics={
+                "startup_seconds": self.startup_seconds,
+                "restarts": self.restarts,
+                **{f"{k}_seconds": v for k, v in self.timings.items()},
+            },
         )
         callbacks.on_end(result)
+        if lost is not None:
+            raise lost
         return result
 
     def _scalars(self, collect_seconds: float, per_iteration: int) -> dict[str, float]:

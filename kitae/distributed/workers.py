@@ -29,6 +29,7 @@ from kitae.envs.make import EnvSpec, make_env
 from kitae.envs.parallel import VecParallelEnv
 from kitae.loops.collect import compiled_steps
 from kitae.loops.host import HostCollector, check_env
+from kitae.loops.state import mark_episodes_cut
 from kitae.types import AlgoType
 
 __all__ = ["CollectionWorker", "GradientWorker", "stack_rows", "shard"]
@@ -155,6 +156,11 @@ class GradientWorker:
         """Adds an iteration's rows (leaves ``(T, E, ...)``) to the buffer, one vector step at a time."""
         for t in range(jax.tree_util.tree_leaves(rows)[0].shape[0]):
             self.buffer.add(jax.tree_util.tree_map(lambda x, t=t: x[t], rows))
+
+    def cut_episodes(self, cut: np.ndarray) -> None:
+        """Marks the newest row truncated where ``cut`` holds, ``(E,)`` (a replaced collection
+        worker's environments)."""
+        self.buffer.state = mark_episodes_cut(self.buffer.state, cut)
 
     def set_buffer(self, buffer_state: Any) -> None:
         """Replaces the buffer (a run that goes on from a checkpoint)."""

@@ -1,0 +1,82 @@
+"""A real two-node Ray cluster on this machine: ``ray start --head`` on a free local port, a second
+``ray start --address``, a short distributed PPO run joining it with ``--address``, then the
+cluster is stopped (its own processes only: other Ray runtimes on the machine are left alone)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _session_of(port: int) -> str | None:
+    """The session directory of the cluster whose GCS listens on ``port``."""
+    for process in psutil.process_iter(["name", "cmdline"]):
+        args = process.info["cmdline"] or []
+        if process.info["name"] == "gcs_server" and f"--gcs_server_port={port}" in args:
+            log_dir = next(a.split("=", 1)[1] for a in args if a.startswith("--log_dir="))
+            return log_dir.rsplit("/logs", 1)[0]
+    return None
+
+
+def _stop_cluster(session: str) -> list[int]:
+    """Terminates every process of the cluster's session and their children; returns those left."""
+    found = set()
+    for process in psutil.process_iter(["cmdline"]):
+        if any(session in arg for arg in process.info["cmdline"] or []):
+            found.add(process)
+            with contextlib.suppress(psutil.NoSuchProcess):
+                found |= set(process.children(recursive=True))
+    for process in found:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.terminate()
+    _, alive = psutil.wait_procs(list(found), timeout=20)
+    for process in alive:
+        process.kill()
+    _, alive = psutil.wait_procs(alive, timeout=10)
+    return [p.pid for p in alive]
+
+
+def test_a_short_ppo_run_trains_on_a_two_node_cluster(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
+    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16), RAY_USAGE_STATS_ENABLED="0")
+    port = _free_port()
+    head = [RAY, "start", "--head", f"--port={port}", "--num-cpus=1", "--include-dashboard=false"]
+    subprocess.run(head, env=env, check=True, capture_output=True, timeout=120)
+    session = _session_of(port)
+    assert session is not None
+    try:
+        second = [RAY, "start", f"--address=127.0.0.1:{port}", "--num-cpus=1"]
+        subprocess.run(second, env=env, check=True, capture_output=True, timeout=120)
+        count = "import ray; ray.init(address='127.0.0.1:%d', log_to_driver=False); print(len(ray.nodes()))" % port
+        nodes = subprocess.run([sys.executable, "-c", count], env=env, capture_output=True, text=True, timeout=120)
+        assert nodes.stdout.strip().splitlines()[-1] == "2", nodes.stderr[-2000:]
+        run_dir = tmp_path / "run"
+        train = [sys.executable, "-m", "kitae.cli", "train", "ppo", "CartPole-v1", "--workers", "2", "--steps", "512"]
+        train += ["--address", f"127.0.0.1:{port}", "--run-dir", str(run_dir), "--quiet"]
+        done = subprocess.run(train, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["steps"] == 512
+        assert "127.0.0.1:%d" % port in (run_dir / "config.yaml").read_text()
+    finally:
+        left = _stop_cluster(session)
+    assert not left
+    if _session_of(port) is not None:
+        pytest.fail("the cluster's GCS still runs")

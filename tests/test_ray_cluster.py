@@ -64,7 +64,7 @@ def test_a_short_ppo_run_trains_on_a_two_node_cluster(tmp_path):
     try:
         second = [RAY, "start", f"--address=127.0.0.1:{port}", "--num-cpus=1"]
         subprocess.run(second, env=env, check=True, capture_output=True, timeout=120)
-        count = "import ray; ray.init(address='127.0.0.1:%d', log_to_driver=False); print(len(ray.nodes()))" % port
+        count = f"import ray; ray.init(address='127.0.0.1:{port}', log_to_driver=False); print(len(ray.nodes()))"
         nodes = subprocess.run([sys.executable, "-c", count], env=env, capture_output=True, text=True, timeout=120)
         assert nodes.stdout.strip().splitlines()[-1] == "2", nodes.stderr[-2000:]
         run_dir = tmp_path / "run"
@@ -74,7 +74,7 @@ def test_a_short_ppo_run_trains_on_a_two_node_cluster(tmp_path):
         assert done.returncode == 0, done.stderr[-2000:]
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["steps"] == 512
-        assert "127.0.0.1:%d" % port in (run_dir / "config.yaml").read_text()
+        assert f"127.0.0.1:{port}" in (run_dir / "config.yaml").read_text()
     finally:
         left = _stop_cluster(session)
     assert not left

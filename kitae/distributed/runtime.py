@@ -60,7 +60,9 @@ def ray_runtime(address: str | None = None, *, num_cpus: int | None = None) -> I
         return
     kwargs: dict[str, Any] = {"log_to_driver": False, "configure_logging": False}
     if address is None:
-        ray.init(include_dashboard=False, num_cpus=num_cpus, **kwargs)
+        # "local": a new instance even when a cluster started with `ray start` runs on this machine
+        # (with no address Ray would join that one, found through /tmp/ray/ray_current_cluster)
+        ray.init(address="local", include_dashboard=False, num_cpus=num_cpus, **kwargs)
     else:
         ray.init(address=address, **kwargs)
     try:

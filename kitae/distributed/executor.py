@@ -175,6 +175,7 @@ class _Run:
         self.collectors = [self._new_collector(w) for w in range(workers)]
         self.gradient_workers = [self.remote_gradients.remote(self.factory) for _ in range(self.cfg.gradient_workers)]
         self.restarts = 0
+        self.first_collect_seconds = 0.0
         ray.get([c.reset.remote(reset_seed(seed, self.first)) for c in self.collectors])
         state_ref = ray.put(self.algorithm.get_state())
         ray.get([g.set_state.remote(state_ref, 0) for g in self.gradient_workers])
@@ -434,6 +435,7 @@ class _Run:
                     callbacks.on_scalars(self.env_step, self._scalars(collect_seconds, per_iteration))
                 if first_iteration:  # start-up and the first compiles (collection and update)
                     compile_seconds = time.perf_counter() - self.begin
+                    self.first_collect_seconds = collect_seconds
                     first_iteration = False
                 stopping = self.env_step < self.end and callbacks.should_stop()
                 if (
@@ -477,6 +479,7 @@ class _Run:
             metrics={
                 "startup_seconds": self.startup_seconds,
                 "restarts": self.restarts,
+                "first_collect_seconds": self.first_collect_seconds,
                 **{f"{k}_seconds": v for k, v in self.timings.items()},
             },
         )

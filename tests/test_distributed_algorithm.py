@@ -335,3 +335,19 @@ def test_the_guides_agent_gets_the_interface_with_update_deltas():
     with pytest.raises(ValueError, match="cannot change"):
         algorithm.update_algorithm_parameter("gamma", 0.5)  # the guide's agent declares no learning_params
     cartpole4.close()
+
+
+def test_gradients_average_by_weight_and_keep_dtypes():
+    from kitae.distributed.gradients import average_gradients, gradient_plan
+
+    a = {"w": np.array([1.0, 3.0], np.float32), "count": np.array(2, np.int32)}
+    b = {"w": np.array([3.0, 5.0], np.float32), "count": np.array(3, np.int32)}
+    mean = average_gradients([a, b], [1.0, 3.0])
+    np.testing.assert_array_equal(mean["w"], np.array([2.5, 4.5], np.float32))
+    assert mean["w"].dtype == np.float32 and mean["count"] == 3 and mean["count"].dtype == np.int32
+    assert average_gradients([a], [1.0]) is a
+    env = make_vec_env("CartPole-v1", 2)
+    config = _config(env, PPOParams(), n_envs=2, buffer=64, batch=32, epochs=2)
+    env.close()
+    assert gradient_plan(config, on_policy=True) == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1), (1, 2), (1, 3)]
+    assert gradient_plan(config, on_policy=False) == [(0, 0), (1, 0)]

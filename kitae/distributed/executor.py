@@ -34,6 +34,7 @@ import numpy as np
 
 from kitae.config import DistributedConfig
 from kitae.distributed.algorithm import AgentAlgorithm
+from kitae.distributed.gradients import average_gradients, gradient_plan
 from kitae.distributed.runtime import ray_runtime
 from kitae.distributed.workers import CollectionWorker, GradientWorker
 from kitae.envs.make import EnvSpec
@@ -323,14 +324,6 @@ class _Run:
 
     # -- updates ---------------------------------------------------------------------------------
 
-    def _plan(self) -> list[tuple[int, int]]:
-        u = self.agent.config.update_cfg
-        if self.schedule.on_policy:
-            e = self.agent.config.env_cfg
-            n_batches = (u.max_buffer_size * e.n_envs * e.n_agents) // u.batch_size
-            return [(epoch, j) for epoch in range(u.n_epochs) for j in range(n_batches)]
-        return [(i, 0) for i in range(u.n_epochs)]
-
     def _update(self) -> dict[str, float]:
         """One update by the gradient workers; a worker that dies is replaced and the update made
         again from the state and key it started from (the same update: nothing is lost)."""
@@ -359,12 +352,12 @@ class _Run:
         ray.get([g.begin_update.remote(update_key) for g in workers])
         self.timings["broadcast"] += time.perf_counter() - t0
         infos: list[dict[str, float]] = []
-        plan = self._plan()
+        plan = gradient_plan(self.agent.config, self.schedule.on_policy)
         if not self.cfg.async_gradients:
             grads_ref = None
             for step in plan:
                 outs = ray.get([g.gradients.remote(step, i, len(workers), grads_ref) for i, g in enumerate(workers)])
-                grads = _average([o[0] for o in outs], [1.0] * len(outs))  # equal parts of one minibatch
+                grads = average_gradients([o[0] for o in outs], [1.0] * len(outs))  # equal parts of one minibatch
                 self.algorithm.apply_gradients(grads)
                 infos.append({k: float(np.mean([o[1][k] for o in outs])) for k in outs[0][1]})
                 grads_ref = ray.put(grads)  # the workers apply it first thing in the next step
@@ -504,18 +497,3 @@ class _Run:
             scalars["distributed/gradient_lag"] = float(np.mean(self.gradient_lags))
             self.gradient_lags.clear()
         return scalars
-
-
-def _average(trees: list[Any], weights: list[float]) -> Any:
-    """The weighted mean of gradient trees (float leaves; integer leaves of update deltas are
-    rounded back to their dtype)."""
-    total = float(sum(weights))
-
-    def mean(*xs: Any) -> Any:
-        dtype = np.asarray(xs[0]).dtype
-        value = sum(np.asarray(x, np.float64) * (w / total) for x, w in zip(xs, weights))
-        return np.rint(value).astype(dtype) if dtype.kind in "iub" else np.asarray(value, dtype)
-
-    if len(trees) == 1:
-        return trees[0]
-    return jax.tree_util.tree_map(mean, *trees)

@@ -1,0 +1,125 @@
+"""Distributed runs on the one road (command line, Python, resume, eval) and their faults (a
+killed worker replaced; out of replacements, a checkpoint and a stop), on a real Ray runtime shared
+by the tests of this module."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kitae.config import DistributedConfig
+from kitae.distributed.executor import DistributedExecutor
+from kitae.loops.callbacks import Callback
+from kitae.runs import preset_agent
+from kitae.runs.rundir import state_fingerprint
+from tests._distributed import Scalars, ray_shared
+from tests._distributed import agents as _agents
+
+__all__ = ["ray_shared"]  # the fixture, imported for the tests here
+
+
+def test_the_command_line_trains_resumes_and_evaluates_a_distributed_run(ray_shared, tmp_path, capsys):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from kitae.cli import main
+    from kitae.config import AlgoConfig
+
+    run_dir = tmp_path / "run"
+    argv = ["train", "ppo", "CartPole-v1", "--workers", "2", "--steps", "512", "--run-dir", str(run_dir), "--quiet"]
+    assert main(argv) == 0
+    config = AlgoConfig.from_yaml(run_dir / "config.yaml")
+    assert config.distributed == DistributedConfig(workers=2)
+    assert config.env_cfg.n_envs == 16  # two workers, each with the preset's 8 environments
+    assert main(["resume", str(run_dir), "--steps", "1024", "--quiet"]) == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 1024 and summary["resumed_from"] == 512
+    assert main(["eval", str(run_dir), "--episodes", "2"]) == 0
+    events = EventAccumulator(str(run_dir / "logs"))
+    events.Reload()
+    assert {"distributed/policy_lag", "distributed/collect_sps"} <= set(events.Tags()["scalars"])
+    capsys.readouterr()
+    assert main(["train", "ppo", "CartPole-v1", "--gradient-workers", "2", "--run-dir", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--gradient-workers needs --workers N" in err
+
+
+def test_the_python_road_trains_distributed_and_loads_back(ray_shared, tmp_path):
+    from kitae.algos.collections.ppo import PPO
+
+    agent, env = preset_agent("ppo", "CartPole-v1", steps=512, n_envs=8, run_dir=tmp_path / "py")
+    env.close()
+    result = agent.train_distributed("CartPole-v1", 512, workers=2)
+    assert result.executor == "distributed" and agent.env_step == 512
+    loaded = PPO.unserialize(tmp_path / "py")
+    assert loaded.config.distributed == DistributedConfig(workers=2)
+    assert state_fingerprint(loaded.state) == state_fingerprint(agent.state)
+
+
+class KillCollector(Callback):
+    """Kills collection worker 0's process once, at the first update after ``after``."""
+
+    def __init__(self, executor_run, after):
+        self.after, self.done, self.run = after, False, executor_run
+
+    def on_scalars(self, step, scalars):
+        if not self.done and step >= self.after:
+            import os
+            import signal
+
+            run = self.run()
+            os.kill(run.ray.get(run.collectors[0].pid.remote()), signal.SIGKILL)
+            self.done = True
+
+
+def test_a_killed_collection_worker_is_replaced_and_the_run_finishes(ray_shared, tmp_path, capfd, monkeypatch):
+    import kitae.distributed.executor as executor_module
+
+    runs = []
+    original = executor_module._Run.__init__
+
+    def remember(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        runs.append(self)
+
+    monkeypatch.setattr(executor_module._Run, "__init__", remember)
+    agent, env, _ = _agents("ppo", 1536, tmp_path, sets=["update_cfg.n_epochs=2"])
+    env.close()
+    scalars = Scalars()
+    killer = KillCollector(lambda: runs[-1], after=512)
+    result = DistributedExecutor(DistributedConfig(workers=2)).run(
+        agent, "CartPole-v1", 1536, callbacks=[killer, scalars]
+    )
+    assert killer.done and result.env_steps == 1536 and not result.stopped
+    assert result.metrics["restarts"] == 1
+    assert "collection worker 0 died" in capfd.readouterr().err
+    assert any(row.get("distributed/restarts") == 1.0 for _, row in scalars.rows)
+    assert len(result.update_steps[0]) == 1536 // agent.schedule.steps_per_iteration
+
+
+def test_when_replacements_run_out_the_run_stops_with_a_checkpoint(ray_shared, tmp_path, monkeypatch):
+    import kitae.distributed.executor as executor_module
+    from kitae.distributed.executor import WorkersLost
+
+    runs = []
+    original = executor_module._Run.__init__
+
+    def remember(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        runs.append(self)
+
+    monkeypatch.setattr(executor_module._Run, "__init__", remember)
+    agent, env, _ = _agents("ppo", 1536, tmp_path, sets=["update_cfg.n_epochs=2"])
+    env.close()
+    saved = []
+
+    class Saved(Callback):
+        def on_checkpoint(self, payload):
+            saved.append(int(payload.state.env_step))
+
+    killer = KillCollector(lambda: runs[-1], after=512)
+    with pytest.raises(WorkersLost, match="max_restarts=0"):
+        DistributedExecutor(DistributedConfig(workers=2, max_restarts=0)).run(
+            agent, "CartPole-v1", 1536, callbacks=[killer, Saved()]
+        )
+    assert saved and 512 <= saved[-1] < 1536  # the state it had learned is in the last checkpoint

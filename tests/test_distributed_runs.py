@@ -123,3 +123,43 @@ def test_when_replacements_run_out_the_run_stops_with_a_checkpoint(ray_shared, t
             agent, "CartPole-v1", 1536, callbacks=[killer, Saved()]
         )
     assert saved and 512 <= saved[-1] < 1536  # the state it had learned is in the last checkpoint
+
+
+def test_ctrl_c_stops_every_actor_and_saves_a_checkpoint(tmp_path):
+    """SIGINT to ``kitae train --workers 2``: exit status 130, a checkpoint, and every process of
+    the run's own Ray runtime gone."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "kitae.cli", "train", "ppo", "CartPole-v1", "--workers", "2"]
+    child = subprocess.Popen(
+        [*command, "--steps", "2000000", "--run-dir", str(run_dir), "--quiet"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        metrics = run_dir / "metrics.jsonl"
+        while time.monotonic() < deadline and not (metrics.exists() and metrics.stat().st_size > 0):
+            time.sleep(0.5)
+        assert metrics.exists(), "the run never reported an episode"
+        descendants = [p.pid for p in psutil.Process(child.pid).children(recursive=True)]
+        assert len(descendants) >= 4  # the runtime and its actors
+        child.send_signal(signal.SIGINT)
+        _, err = child.communicate(timeout=180)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert child.returncode == 130, err[-2000:]
+    assert "stopped by SIGINT" in err
+    assert any((run_dir / "checkpoints").iterdir())
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(psutil.pid_exists(pid) for pid in descendants):
+        time.sleep(0.5)
+    assert not [pid for pid in descendants if psutil.pid_exists(pid)]

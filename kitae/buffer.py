@@ -198,6 +198,11 @@ class _HostBuffer:
         self._state = _add(self._state, experience)
         self._advance()
 
+    def add_rows(self, rows: Any) -> None:
+        """Stores ``T`` steps of experience (leaves ``(T, E, ...)``), in order."""
+        for t in range(jax.tree_util.tree_leaves(rows)[0].shape[0]):
+            self.add(jax.tree_util.tree_map(lambda x, t=t: x[t], rows))
+
     @property
     def size(self) -> int:
         """Filled rows (vector steps)."""

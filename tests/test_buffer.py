@@ -469,3 +469,15 @@ def test_gae_reads_a_missing_truncated_field_as_never_truncated():
     ):
         for a, b in zip(got, expected):
             np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("buffer_cls", [ReplayBuffer, RolloutBuffer])
+def test_add_rows_stores_the_steps_in_order(buffer_cls):
+    rows = {"x": np.arange(3 * 2 * 4, dtype=np.float32).reshape(3, 2, 4), "done": np.zeros((3, 2), bool)}
+    at_once, one_by_one = buffer_cls(5), buffer_cls(5)
+    at_once.add_rows(rows)
+    for t in range(3):
+        one_by_one.add({k: v[t] for k, v in rows.items()})
+    assert at_once.size == one_by_one.size == 3
+    for a, b in zip(jax.tree_util.tree_leaves(at_once.state), jax.tree_util.tree_leaves(one_by_one.state)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -110,13 +110,19 @@ def _stepwise_off_policy(algorithm, agent, buffer_state, key):
         algorithm.apply_gradients(grads)
 
 
-def test_ppo_gradients_step_by_step_follow_the_fused_update(ppo_setup):
-    """The same minibatches, keys and steps as the fused update; equal to float rounding."""
+def _ppo_fused_and_stepwise(ppo_setup):
+    """The fused update's state, and an ``AgentAlgorithm`` that made the same update step by step."""
     agent, _, rollout = ppo_setup
     key = jax.random.PRNGKey(7)
     fused, _ = jax.jit(agent.update_fn)(agent.state, key, rollout)
     algorithm = AgentAlgorithm(agent)
     _stepwise_on_policy(algorithm, rollout, key)
+    return fused, algorithm
+
+
+def test_ppo_gradients_step_by_step_follow_the_fused_update(ppo_setup):
+    """The same minibatches, keys and steps as the fused update; equal to float rounding."""
+    fused, algorithm = _ppo_fused_and_stepwise(ppo_setup)
     assert algorithm.n_gradient_steps == 2 * (64 * 2 // 32)
     for got, want in zip(jax.tree_util.tree_leaves(algorithm.state), jax.tree_util.tree_leaves(fused)):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-7)
@@ -128,11 +134,7 @@ def test_ppo_gradients_step_by_step_follow_the_fused_update(ppo_setup):
     "in compute_gradients compiled alone (1 ulp apart); the distributed executor must not rely on it",
 )
 def test_ppo_gradients_step_by_step_give_the_bits_of_the_fused_update(ppo_setup):
-    agent, _, rollout = ppo_setup
-    key = jax.random.PRNGKey(7)
-    fused, _ = jax.jit(agent.update_fn)(agent.state, key, rollout)
-    algorithm = AgentAlgorithm(agent)
-    _stepwise_on_policy(algorithm, rollout, key)
+    fused, algorithm = _ppo_fused_and_stepwise(ppo_setup)
     assert _same_bits(fused, algorithm.state)
 
 

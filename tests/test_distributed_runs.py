@@ -5,11 +5,16 @@ by the tests of this module."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 
+import psutil
 import pytest
 
 from kitae.config import DistributedConfig
-from kitae.distributed.executor import DistributedExecutor
+from kitae.distributed.executor import DistributedExecutor, WorkersLost
 from kitae.loops.callbacks import Callback
 from kitae.runs import preset_agent
 from kitae.runs.rundir import state_fingerprint
@@ -57,58 +62,37 @@ def test_the_python_road_trains_distributed_and_loads_back(ray_shared, tmp_path)
 
 
 class KillCollector(Callback):
-    """Kills collection worker 0's process once, at the first update after ``after``."""
+    """Kills one collection worker's process (a ``ray::CollectionWorker`` descendant of this test
+    process, whose runtime the module shares), once, at the first update after ``after``."""
 
-    def __init__(self, executor_run, after):
-        self.after, self.done, self.run = after, False, executor_run
+    def __init__(self, after):
+        self.after, self.done = after, False
 
     def on_scalars(self, step, scalars):
-        if not self.done and step >= self.after:
-            import os
-            import signal
+        if self.done or step < self.after:
+            return
+        workers = [p for p in psutil.Process().children(recursive=True) if p.name().startswith("ray::CollectionW")]
+        assert workers, "no collection worker process found"
+        min(workers, key=lambda p: p.pid).kill()
+        self.done = True
 
-            run = self.run()
-            os.kill(run.ray.get(run.collectors[0].pid.remote()), signal.SIGKILL)
-            self.done = True
 
-
-def test_a_killed_collection_worker_is_replaced_and_the_run_finishes(ray_shared, tmp_path, capfd, monkeypatch):
-    import kitae.distributed.executor as executor_module
-
-    runs = []
-    original = executor_module._Run.__init__
-
-    def remember(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        runs.append(self)
-
-    monkeypatch.setattr(executor_module._Run, "__init__", remember)
+def test_a_killed_collection_worker_is_replaced_and_the_run_finishes(ray_shared, tmp_path, capfd):
     agent, env, _ = _agents("ppo", 1536, tmp_path, sets=["update_cfg.n_epochs=2"])
     env.close()
     scalars = Scalars()
-    killer = KillCollector(lambda: runs[-1], after=512)
+    killer = KillCollector(after=512)
     result = DistributedExecutor(DistributedConfig(workers=2)).run(
         agent, "CartPole-v1", 1536, callbacks=[killer, scalars]
     )
     assert killer.done and result.env_steps == 1536 and not result.stopped
     assert result.metrics["restarts"] == 1
-    assert "collection worker 0 died" in capfd.readouterr().err
+    assert "died (" in capfd.readouterr().err
     assert any(row.get("distributed/restarts") == 1.0 for _, row in scalars.rows)
     assert len(result.update_steps[0]) == 1536 // agent.schedule.steps_per_iteration
 
 
-def test_when_replacements_run_out_the_run_stops_with_a_checkpoint(ray_shared, tmp_path, monkeypatch):
-    import kitae.distributed.executor as executor_module
-    from kitae.distributed.executor import WorkersLost
-
-    runs = []
-    original = executor_module._Run.__init__
-
-    def remember(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        runs.append(self)
-
-    monkeypatch.setattr(executor_module._Run, "__init__", remember)
+def test_when_replacements_run_out_the_run_stops_with_a_checkpoint(ray_shared, tmp_path):
     agent, env, _ = _agents("ppo", 1536, tmp_path, sets=["update_cfg.n_epochs=2"])
     env.close()
     saved = []
@@ -117,10 +101,9 @@ def test_when_replacements_run_out_the_run_stops_with_a_checkpoint(ray_shared, t
         def on_checkpoint(self, payload):
             saved.append(int(payload.state.env_step))
 
-    killer = KillCollector(lambda: runs[-1], after=512)
     with pytest.raises(WorkersLost, match="max_restarts=0"):
         DistributedExecutor(DistributedConfig(workers=2, max_restarts=0)).run(
-            agent, "CartPole-v1", 1536, callbacks=[killer, Saved()]
+            agent, "CartPole-v1", 1536, callbacks=[KillCollector(after=512), Saved()]
         )
     assert saved and 512 <= saved[-1] < 1536  # the state it had learned is in the last checkpoint
 
@@ -128,13 +111,6 @@ def test_when_replacements_run_out_the_run_stops_with_a_checkpoint(ray_shared, t
 def test_ctrl_c_stops_every_actor_and_saves_a_checkpoint(tmp_path):
     """SIGINT to ``kitae train --workers 2``: exit status 130, a checkpoint, and every process of
     the run's own Ray runtime gone."""
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    import psutil
-
     run_dir = tmp_path / "run"
     command = [sys.executable, "-m", "kitae.cli", "train", "ppo", "CartPole-v1", "--workers", "2"]
     child = subprocess.Popen(
@@ -163,3 +139,21 @@ def test_ctrl_c_stops_every_actor_and_saves_a_checkpoint(tmp_path):
     while time.monotonic() < deadline and any(psutil.pid_exists(pid) for pid in descendants):
         time.sleep(0.5)
     assert not [pid for pid in descendants if psutil.pid_exists(pid)]
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["ppo", "gymnax:CartPole-v1", "--workers", "2"], "JAX environments do not collect in distributed workers"),
+        (["ppo", "CartPole-v1", "--workers", "3", "--n-envs", "8"], "does not split over distributed.workers=3"),
+        (["ppo", "CartPole-v1", "--async"], "--async needs --workers N"),
+    ],
+)
+def test_bad_distributed_runs_fail_in_one_line_before_anything_is_written(tmp_path, capsys, argv, expected):
+    from kitae.cli import main
+
+    run_dir = tmp_path / "run"
+    assert main(["train", *argv, "--run-dir", str(run_dir)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("kitae: error:") and expected in err
+    assert not run_dir.exists()

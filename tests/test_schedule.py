@@ -181,3 +181,20 @@ def test_the_learning_rate_horizon_is_the_number_of_gradient_steps():
     assert result.env_steps == 256 and list(result.update_steps[0]) == [64, 128, 192, 256]
     assert int(result.state.agent_state.actor_critic.step) == schedule.n_gradient_steps(200) == 4 * 2 * 2
     assert float(learning_rate(result.state.agent_state.actor_critic.opt_state)) == pytest.approx(1e-3 / 16, rel=1e-5)
+
+
+def test_a_constant_learning_rate_can_be_set_in_the_optimizer_state():
+    import jax.numpy as jnp
+    import optax
+
+    from kitae.modules.optimizer import optimizer_factory, set_learning_rate
+
+    params = {"w": jnp.ones(3)}
+    optimizer = optimizer_factory(1e-3, max_grad_norm=1.0)
+    state = set_learning_rate(optimizer.init(params), 1e-5)
+    assert float(learning_rate(state)) == pytest.approx(1e-5)
+    updates, state = optimizer.update({"w": jnp.ones(3)}, state, params)
+    assert float(learning_rate(state)) == pytest.approx(1e-5)  # stays for the next updates
+    assert float(jnp.max(jnp.abs(updates["w"]))) == pytest.approx(1e-5, rel=1e-3)  # Adam's first step: the rate
+    with pytest.raises(ValueError, match="holds no learning rate"):
+        set_learning_rate(optax.sgd(0.1).init(params), 1e-3)

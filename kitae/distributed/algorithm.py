@@ -33,6 +33,7 @@ from kitae.algos.experience import ExperiencePipeline
 from kitae.base import BaseAgent
 from kitae.config import AlgoConfig
 from kitae.modules.optimizer import learning_rate as read_learning_rate
+from kitae.modules.optimizer import set_learning_rate
 from kitae.types import AlgoType
 from kitae.validation import check_positive_int
 
@@ -142,21 +143,6 @@ def _with_params(config: AlgoConfig, values: dict[str, Any]) -> AlgoConfig:
     out = copy.copy(config)
     object.__setattr__(out, "algo_params", params)
     return out
-
-
-def _set_learning_rate(opt_state: Any, value: float) -> Any:
-    """``opt_state`` with every injected learning rate set to ``value`` (same dtype)."""
-
-    def injected(x: Any) -> bool:
-        return isinstance(x, tuple) and hasattr(x, "hyperparams") and "learning_rate" in x.hyperparams
-
-    def set_rate(x: Any) -> Any:
-        if not injected(x):
-            return x
-        rate = x.hyperparams["learning_rate"]
-        return x._replace(hyperparams={**x.hyperparams, "learning_rate": jnp.asarray(value, rate.dtype)})
-
-    return jax.tree_util.tree_map(set_rate, opt_state, is_leaf=injected)
 
 
 def _optimizer_states(state: Any) -> list[tuple[Any, str]]:
@@ -424,7 +410,7 @@ class AgentAlgorithm(Algorithm):
                 raise ValueError(f"new_parameter_value={value} is not allowed for learning_rate; allowed: a float > 0")
             holders = _optimizer_states(self.state)
             for holder, name in holders:
-                holder_new = holder.replace(opt_state=_set_learning_rate(holder.opt_state, value))
+                holder_new = holder.replace(opt_state=set_learning_rate(holder.opt_state, value))
                 self.state = self.state.replace(**{name: holder_new})
             return
         # the params' own validation, on a concrete copy (raises the field's clear error)

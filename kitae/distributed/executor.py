@@ -79,6 +79,34 @@ class DistributedExecutor:
         self.config = config
         self.agent_factory = agent_factory or default_agent_factory
 
+    def check(self, env: Any, n_envs: int) -> EnvSpec:
+        """Checks that this layout can train ``n_envs`` environments of ``env`` (an id or
+        ``EnvSpec``; before a run starts, so that a bad one writes nothing); returns the spec.
+
+        Raises:
+            TypeError: for an environment object instead of an id.
+            ValueError: for a JAX environment (not collected in workers yet) or ``n_envs`` that is
+                not a multiple of ``workers``.
+        """
+        if not isinstance(env, (str, EnvSpec)):
+            raise TypeError(
+                f"env={env!r} is not allowed here; allowed: an environment id or EnvSpec (each distributed "
+                "worker makes its own environments)"
+            )
+        spec = EnvSpec.parse(env)
+        if spec.is_jax:
+            raise ValueError(
+                f"{spec.id}: JAX environments do not collect in distributed workers yet; allowed: gymnasium, "
+                "envpool and pettingzoo ids (or train it without --workers, in the compiled loop)"
+            )
+        workers = self.config.workers
+        if n_envs % workers:
+            raise ValueError(
+                f"env_cfg.n_envs={n_envs} does not split over distributed.workers={workers}; allowed: a multiple "
+                f"of {workers}"
+            )
+        return spec
+
     def restore_target(self, agent: Any, env: Any, meta: dict) -> LoopState | None:
         """Distributed checkpoints hold no environment part (the workers' environments are
         Python objects): the payload is restored from its own description."""
@@ -116,23 +144,10 @@ class DistributedExecutor:
             A ``RunResult`` (the agent itself is not changed).
         """
         check_positive_int("n_env_steps", n_env_steps)
-        spec = EnvSpec.parse(env) if isinstance(env, (str, EnvSpec)) else None
-        if spec is None:
-            raise TypeError(
-                f"env={env!r} is not allowed here; allowed: an environment id or EnvSpec (each distributed "
-                "worker makes its own environments)"
-            )
-        if spec.is_jax:
-            raise ValueError(f"{spec.id}: JAX environments do not collect in distributed workers yet")
+        spec = self.check(env, agent.config.env_cfg.n_envs)
         seeds = [agent.config.seed] if seeds is None else list(seeds)
         if len(seeds) != 1:
             raise ValueError(f"seeds={seeds} is not allowed here; allowed: one seed per distributed run")
-        n_envs, workers = agent.config.env_cfg.n_envs, self.config.workers
-        if n_envs % workers:
-            raise ValueError(
-                f"env_cfg.n_envs={n_envs} does not split over distributed.workers={workers}; allowed: a multiple "
-                f"of {workers}"
-            )
         callbacks = callbacks if isinstance(callbacks, Callback) else CallbackList(callbacks)
         with ray_runtime(self.config.address) as ray:
             return _Run(self, ray, agent, spec, n_env_steps, start, seeds[0], callbacks).run()
@@ -239,7 +254,8 @@ class _Run:
                 self._count_restart(f"gradient worker {i}", error)
                 self.ray.kill(worker)
                 self.gradient_workers[i] = self.remote_gradients.remote(self.factory)
-                self.ray.get(self.gradient_workers[i].set_state.remote(self.algorithm.get_state(), 0))
+                state, version = self.algorithm.get_state(), self.algorithm.n_gradient_steps
+                self.ray.get(self.gradient_workers[i].set_state.remote(state, version))
                 if self.buffer.state is not None:
                     self.ray.get(self.gradient_workers[i].set_buffer.remote(jax.device_get(self.buffer.state)))
 
@@ -248,16 +264,14 @@ class _Run:
     def _acting_ref(self) -> Any:
         return self.ray.put(self.algorithm.get_weights())
 
+    def _collect_call(self, w: int, acting: Any, key: jax.Array, per_worker_steps: int) -> Any:
+        """Asks collection worker ``w`` for ``per_worker_steps`` vector steps from the loop key ``key``."""
+        n_envs = self.agent.config.env_cfg.n_envs
+        return self.collectors[w].collect.remote(acting, key, self.env_step, per_worker_steps, n_envs, self.n_updates)
+
     def _collect_sync(self, per_worker_steps: int) -> list[dict]:
         acting = self._acting_ref()
-        n_envs = self.agent.config.env_cfg.n_envs
-
-        def issue(w: int) -> Any:
-            return self.collectors[w].collect.remote(
-                acting, self.key, self.env_step, per_worker_steps, n_envs, self.n_updates
-            )
-
-        refs = [issue(w) for w in range(len(self.collectors))]
+        refs = [self._collect_call(w, acting, self.key, per_worker_steps) for w in range(len(self.collectors))]
         batches = []
         for w in range(len(refs)):
             while True:
@@ -266,16 +280,12 @@ class _Run:
                     break
                 except self.ray.exceptions.RayActorError as error:
                     self._replace_collector(w, error)
-                    refs[w] = issue(w)
+                    refs[w] = self._collect_call(w, acting, self.key, per_worker_steps)
         self.key = jnp.asarray(batches[0]["key"])  # every worker advanced the same loop key
         return batches
 
     def _issue(self, w: int, per_worker_steps: int, acting: Any) -> None:
-        n_envs = self.agent.config.env_cfg.n_envs
-        ref = self.collectors[w].collect.remote(
-            acting, self.worker_keys[w], self.env_step, per_worker_steps, n_envs, self.n_updates
-        )
-        self.in_flight[ref] = w
+        self.in_flight[self._collect_call(w, acting, self.worker_keys[w], per_worker_steps)] = w
 
     def _collect_async(self, per_worker_steps: int) -> list[dict]:
         if not self.in_flight:
@@ -300,12 +310,11 @@ class _Run:
             self._issue(w, per_worker_steps, acting)  # the worker goes on with the newest weights
         return batches
 
-    def _add(self, batches: list[dict]) -> dict[str, float]:
+    def _add(self, batches: list[dict]) -> None:
         """Adds an iteration (the batches side by side, in the order given) to the buffers."""
         rows = jax.tree_util.tree_map(lambda *xs: np.concatenate(xs, axis=1), *[b["rows"] for b in batches])
         steps = jax.tree_util.tree_leaves(rows)[0].shape[0]
-        for t in range(steps):
-            self.buffer.add(jax.tree_util.tree_map(lambda x, t=t: x[t], rows))
+        self.buffer.add_rows(rows)
         rows_ref = self.ray.put(rows)
         self.ray.get([g.add_rows.remote(rows_ref) for g in self.gradient_workers])
         n_envs = self.agent.config.env_cfg.n_envs
@@ -320,7 +329,6 @@ class _Run:
                 self.callbacks.on_episodes(ended)
             self.policy_lags.append(float(self.n_updates - batch["version"]))
         self.env_step += steps * n_envs
-        return {}
 
     # -- updates ---------------------------------------------------------------------------------
 

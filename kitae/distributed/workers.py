@@ -14,12 +14,12 @@ crosses process boundaries during training.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from kitae.algos.update import epoch_minibatches
@@ -27,7 +27,7 @@ from kitae.compilation_cache import use_compilation_cache
 from kitae.distributed.algorithm import AgentAlgorithm
 from kitae.envs.make import EnvSpec, make_env
 from kitae.envs.parallel import VecParallelEnv
-from kitae.loops.collect import compiled_steps
+from kitae.loops.collect import act_step, compiled_steps
 from kitae.loops.host import HostCollector, check_env
 from kitae.loops.state import mark_episodes_cut
 from kitae.types import AlgoType
@@ -65,16 +65,8 @@ class CollectionWorker:
         self.index, self.n_envs = index, n_envs
         if n_workers == 1:
             self.act = compiled_steps(self.agent).act  # the host loop's own compiled act
-        else:
-            agent = self.agent
-
-            def act(params: Any, key: jax.Array, obs: Any, step: Any) -> tuple[Any, Any, jax.Array]:
-                # the loop key advances as in act_step; each worker acts with its own fold of the act key
-                key, act_key = jax.random.split(key)
-                actions, log_probs = agent.act(params, jax.random.fold_in(act_key, index), obs, step)
-                return actions, jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), log_probs), key
-
-            self.act = jax.jit(act)
+        else:  # the loop key advances as in the host loop; each worker acts with its own fold of it
+            self.act = jax.jit(functools.partial(act_step, self.agent, fold=index))
 
     def pid(self) -> int:
         """The worker's process id (the fault tests kill it)."""
@@ -97,7 +89,7 @@ class CollectionWorker:
 
         Returns:
             ``{"rows": leaves (n_steps, E_w, ...), "episodes": [(t, Episodes)], "key": next loop
-            key, "version": version, "index": worker index, "steps": n_steps}``.
+            key, "version": version}``.
         """
         rows, episodes = [], []
         for t in range(n_steps):
@@ -112,12 +104,7 @@ class CollectionWorker:
             "episodes": episodes,
             "key": np.asarray(key),
             "version": version,
-            "index": self.index,
-            "steps": n_steps,
         }
-
-    def close(self) -> None:
-        self.collector.env.close()
 
 
 class GradientWorker:
@@ -138,6 +125,7 @@ class GradientWorker:
         self._processed: Any = None
         self._epoch_keys: Any = None
         self._minibatches: dict[int, Any] = {}
+        self._epoch_minibatches = jax.jit(epoch_minibatches, static_argnums=(2,))
 
     def pid(self) -> int:
         return os.getpid()
@@ -153,9 +141,8 @@ class GradientWorker:
         self.version += 1
 
     def add_rows(self, rows: Any) -> None:
-        """Adds an iteration's rows (leaves ``(T, E, ...)``) to the buffer, one vector step at a time."""
-        for t in range(jax.tree_util.tree_leaves(rows)[0].shape[0]):
-            self.buffer.add(jax.tree_util.tree_map(lambda x, t=t: x[t], rows))
+        """Adds an iteration's rows (leaves ``(T, E, ...)``) to the buffer."""
+        self.buffer.add_rows(rows)
 
     def cut_episodes(self, cut: np.ndarray) -> None:
         """Marks the newest row truncated where ``cut`` holds, ``(E,)`` (a replaced collection
@@ -207,7 +194,7 @@ class GradientWorker:
         if self.on_policy:
             if epoch not in self._minibatches:
                 self._minibatches = {
-                    epoch: epoch_minibatches(
+                    epoch: self._epoch_minibatches(
                         self._epoch_keys[epoch], self._processed, self.agent.config.update_cfg.batch_size
                     )
                 }

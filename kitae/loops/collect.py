@@ -19,7 +19,7 @@ __all__ = ["act_step", "update_step", "make_experience", "compiled_steps", "Comp
 
 
 def act_step(
-    agent: Any, acting_params: Any, key: jax.Array, observation: Any, env_step: jax.Array
+    agent: Any, acting_params: Any, key: jax.Array, observation: Any, env_step: jax.Array, fold: int | None = None
 ) -> tuple[Any, Any, jax.Array]:
     """One act of a run: ``(key, act_key) = split(key)``, then ``agent.act`` with ``act_key``.
 
@@ -29,11 +29,16 @@ def act_step(
         key: the loop key.
         observation: ``(E, *obs_shape)`` (dicts keyed by agent in multi-agent mode).
         env_step: environment steps so far, an int32 scalar.
+        fold: acting with ``fold_in(act_key, fold)`` instead (a distributed collection worker's
+            own share of the step, when several collect with the same loop key); the loop key
+            advances the same.
 
     Returns:
         ``(actions, log_probs, next loop key)``; log-probabilities as float32.
     """
     key, act_key = jax.random.split(key)
+    if fold is not None:
+        act_key = jax.random.fold_in(act_key, fold)
     actions, log_probs = agent.act(acting_params, act_key, observation, env_step)
     log_probs = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), log_probs)
     return actions, log_probs, key

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import optax
 
 from kitae.config import AlgoConfig
@@ -61,6 +62,11 @@ def optimizer_from_config(
     )
 
 
+def _injected(x: Any) -> bool:
+    """An ``optax.inject_hyperparams`` state holding a learning rate."""
+    return isinstance(x, tuple) and hasattr(x, "hyperparams") and "learning_rate" in x.hyperparams
+
+
 def learning_rate(opt_state: Any) -> jax.Array:
     """The learning rate of the last update (the initial rate before any) of an optimizer state
     made by ``optimizer_factory``, a float32 scalar.
@@ -68,11 +74,25 @@ def learning_rate(opt_state: Any) -> jax.Array:
     Raises:
         ValueError: for an optimizer state without an injected learning rate.
     """
-
-    def injected(x: Any) -> bool:
-        return isinstance(x, tuple) and hasattr(x, "hyperparams") and "learning_rate" in x.hyperparams
-
-    for state in jax.tree_util.tree_leaves(opt_state, is_leaf=injected):
-        if injected(state):
+    for state in jax.tree_util.tree_leaves(opt_state, is_leaf=_injected):
+        if _injected(state):
             return state.hyperparams["learning_rate"]
     raise ValueError("this optimizer state holds no learning rate; make the optimizer with optimizer_factory")
+
+
+def set_learning_rate(opt_state: Any, value: float) -> Any:
+    """``opt_state`` with every injected learning rate set to ``value`` (same dtype). A constant
+    rate stays there for the next updates; an annealed one is recomputed by its schedule at each.
+
+    Raises:
+        ValueError: for an optimizer state without an injected learning rate.
+    """
+    learning_rate(opt_state)  # raises when there is none
+
+    def set_rate(x: Any) -> Any:
+        if not _injected(x):
+            return x
+        rate = x.hyperparams["learning_rate"]
+        return x._replace(hyperparams={**x.hyperparams, "learning_rate": jnp.asarray(value, rate.dtype)})
+
+    return jax.tree_util.tree_map(set_rate, opt_state, is_leaf=_injected)

@@ -179,7 +179,14 @@ def resolve_train(spec: RunSpec) -> tuple[ResolvedRun, Any]:
         raise
     run_dir = Path(spec.run_dir) if spec.run_dir else default_run_dir(spec.algo, env_spec.name, config.seed)
     seeds = [config.seed + i for i in range(spec.seeds)] if spec.seeds else None
-    run = ResolvedRun(spec.algo.lower(), agent_cls, env_spec, config, seeds, run_dir, executor_of(config, env_spec))
+    executor = executor_of(config, env_spec)
+    if isinstance(executor, DistributedExecutor):
+        try:
+            executor.check(env_spec, config.env_cfg.n_envs)
+        except ValueError as error:
+            env.close()
+            raise RunError(str(error)) from None
+    run = ResolvedRun(spec.algo.lower(), agent_cls, env_spec, config, seeds, run_dir, executor)
     return run, env
 
 

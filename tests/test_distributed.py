@@ -40,6 +40,46 @@ def test_one_worker_each_gives_the_host_loops_bits(ray_shared, tmp_path, algo, s
     np.testing.assert_array_equal(host.episodes[0].return_, distributed.episodes[0].return_)
 
 
+@pytest.mark.parametrize(("algo", "steps"), [("ppo", 2048), ("dqn", 1536)])
+def test_one_worker_in_a_jax_environment_gives_the_compiled_loops_bits(ray_shared, tmp_path, algo, steps):
+    """JAX ids collect with the compiled loop's own step, scanned in the worker: with one worker
+    the run ends with the compiled loop's state, and the episodes it reports one by one add up,
+    iteration by iteration, to the compiled loop's per-iteration means."""
+    env_id = "gymnax:CartPole-v1"
+    agent, env = preset_agent(algo, env_id, steps=steps, run_dir=tmp_path / "a")
+    twin, _ = preset_agent(algo, env_id, steps=steps, run_dir=tmp_path / "b")
+    compiled = EXECUTORS["compiled"].run(agent, env, steps)
+    distributed = DistributedExecutor(DistributedConfig(workers=1, gradient_workers=1)).run(twin, env_id, steps)
+    assert len(compiled.update_steps[0]) > 1
+    np.testing.assert_array_equal(compiled.update_steps[0], distributed.update_steps[0])
+    assert _fingerprint(compiled) == _fingerprint(distributed)
+    per_iteration = agent.schedule.steps_per_iteration
+    mine, theirs = distributed.episodes[0], compiled.episodes[0]
+    iteration_end = -(-mine.step // per_iteration) * per_iteration
+    for step, mean, count in zip(theirs.step, theirs.return_, theirs.count, strict=True):
+        ended = iteration_end == step
+        assert ended.sum() == count
+        np.testing.assert_allclose(mine.return_[ended].sum(), mean * count, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("env_id", "n_envs", "steps", "length"),
+    # JaxMARL's MPE ends an episode when the step counter, checked before it is increased, reaches 25
+    [("jaxmarl:MPE_simple_spread_v3", 4, 512, 26), ("pettingzoo:mpe2.simple_spread_v3", 4, 800, 25)],
+)
+def test_two_workers_collect_in_multi_agent_environments(ray_shared, tmp_path, env_id, n_envs, steps, length):
+    """JaxMARL (compiled in the workers) and PettingZoo (stepped from Python) ids: a shared-parameter
+    agent, each team's episode reported with every agent's return."""
+    agent, _ = preset_agent("ppo", env_id, steps=steps, run_dir=tmp_path / "a", n_envs=n_envs)
+    result = DistributedExecutor(DistributedConfig(workers=2, gradient_workers=1)).run(agent, env_id, steps)
+    episodes = result.episodes[0]
+    assert result.env_steps >= steps and len(episodes.return_) > 0
+    assert episodes.agent_returns is not None and len(episodes.agent_returns) == 3  # simple_spread's agents
+    team = sum(episodes.agent_returns.values())
+    np.testing.assert_allclose(team, episodes.return_, rtol=1e-5)
+    assert np.all(episodes.length == length)  # MPE episodes have a fixed length
+
+
 def test_two_collection_workers_give_the_same_bits_twice(ray_shared, tmp_path):
     config = DistributedConfig(workers=2, gradient_workers=2)
     agent, env, twin = _agents("ppo", 1024, tmp_path, sets=["update_cfg.n_epochs=4"])

@@ -144,7 +144,7 @@ def test_ctrl_c_stops_every_actor_and_saves_a_checkpoint(tmp_path):
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
-        (["ppo", "gymnax:CartPole-v1", "--workers", "2"], "JAX environments do not collect in distributed workers"),
+        (["ppo", "gymnax:CartPole-v1", "--workers", "3", "--n-envs", "4"], "does not split over distributed.workers=3"),
         (["ppo", "CartPole-v1", "--workers", "3", "--n-envs", "8"], "does not split over distributed.workers=3"),
         (["ppo", "CartPole-v1", "--async"], "--async needs --workers N"),
     ],

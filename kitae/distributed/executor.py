@@ -39,9 +39,9 @@ from kitae.distributed.runtime import ray_runtime
 from kitae.distributed.workers import CollectionWorker, GradientWorker
 from kitae.envs.make import EnvSpec
 from kitae.loops.callbacks import Callback, CallbackList, LossMeans, Progress, RunInfo
-from kitae.loops.evaluate import evaluate_host
+from kitae.loops.evaluate import evaluate_host, evaluate_jax
 from kitae.loops.result import Episodes, RunResult, concat_episodes
-from kitae.loops.state import LoopState, Payload, mark_episodes_cut, payload_from_agent, reset_seed, strongly_typed
+from kitae.loops.state import LoopState, Payload, mark_episodes_cut, payload_from_agent, strongly_typed
 from kitae.validation import check_positive_int
 
 __all__ = ["DistributedExecutor", "WorkersLost", "default_agent_factory"]
@@ -85,8 +85,7 @@ class DistributedExecutor:
 
         Raises:
             TypeError: for an environment object instead of an id.
-            ValueError: for a JAX environment (not collected in workers yet) or ``n_envs`` that is
-                not a multiple of ``workers``.
+            ValueError: for ``n_envs`` that is not a multiple of ``workers``.
         """
         if not isinstance(env, (str, EnvSpec)):
             raise TypeError(
@@ -94,11 +93,6 @@ class DistributedExecutor:
                 "worker makes its own environments)"
             )
         spec = EnvSpec.parse(env)
-        if spec.is_jax:
-            raise ValueError(
-                f"{spec.id}: JAX environments do not collect in distributed workers yet; allowed: gymnasium, "
-                "envpool and pettingzoo ids (or train it without --workers, in the compiled loop)"
-            )
         workers = self.config.workers
         if n_envs % workers:
             raise ValueError(
@@ -114,8 +108,9 @@ class DistributedExecutor:
         return None
 
     def evaluate(self, agent: Any, spec: EnvSpec, episodes: int, seed: int = 0) -> np.ndarray:
-        """Evaluates in this process, as the host loop does (``kitae.loops.evaluate.evaluate_host``)."""
-        return evaluate_host(agent, spec, episodes, seed)
+        """Evaluates in this process, as the loop that runs ``spec`` alone does
+        (``kitae.loops.evaluate``: ``evaluate_jax`` for JAX environments, else ``evaluate_host``)."""
+        return (evaluate_jax if spec.is_jax else evaluate_host)(agent, spec, episodes, seed)
 
     # -- the run ---------------------------------------------------------------------------------
 
@@ -134,8 +129,8 @@ class DistributedExecutor:
         Args:
             agent: a ``kitae.base.BaseAgent``; ``config.env_cfg.n_envs`` environments in all,
                 split evenly between the collection workers.
-            env: the environment id (``"CartPole-v1"``, ``"envpool:Pong-v5"``, an ``EnvSpec``):
-                each worker makes its own copies.
+            env: the environment id (``"CartPole-v1"``, ``"envpool:Pong-v5"``,
+                ``"gymnax:CartPole-v1"``, an ``EnvSpec``): each worker makes its own copies.
             start: the ``LoopState`` to go on from (default: the agent's).
             seeds: ``[seed]`` of the environments' reset (default ``config.seed``).
             callbacks: ``kitae.loops.callbacks.Callback`` objects.
@@ -192,7 +187,7 @@ class _Run:
         self.gradient_workers = [self.remote_gradients.remote(self.factory) for _ in range(self.cfg.gradient_workers)]
         self.restarts = 0
         self.first_collect_seconds = 0.0
-        ray.get([c.reset.remote(reset_seed(seed, self.first)) for c in self.collectors])
+        ray.get([c.reset.remote(seed, self.first) for c in self.collectors])
         state_ref = ray.put(self.algorithm.get_state())
         ray.get([g.set_state.remote(state_ref, 0) for g in self.gradient_workers])
         if self.buffer.state is not None:
@@ -237,7 +232,7 @@ class _Run:
         self._count_restart(f"collection worker {w}", error)
         self.ray.kill(self.collectors[w])
         self.collectors[w] = self._new_collector(w)
-        self.ray.get(self.collectors[w].reset.remote(reset_seed(self.seed, self.env_step)))
+        self.ray.get(self.collectors[w].reset.remote(self.seed, self.env_step))
         n_envs = self.agent.config.env_cfg.n_envs
         share = n_envs // self.cfg.workers
         cut = np.zeros(n_envs, bool)

@@ -2,8 +2,11 @@
 with ``ray.remote``).
 
 - ``CollectionWorker``: its own copies of the environments (its shard of the run's ``n_envs``)
-  and of the agent; collects an iteration's vector steps with the acting weights it is sent, with
-  ``kitae.loops.host.HostCollector`` (the host loop's own step).
+  and of the agent; collects an iteration's vector steps with the acting weights it is sent: in
+  Gymnasium, EnvPool and PettingZoo environments step by step with
+  ``kitae.loops.host.HostCollector`` (the host loop's own step), in JAX environments (gymnax,
+  Brax, JaxMARL) as one compiled rollout with ``kitae.loops.jax_collect.JaxCollector`` (the
+  compiled loop's own step, scanned).
 - ``GradientWorker``: a copy of the agent's state and of the buffer (the updater sends each
   iteration's new rows); either runs a whole update (one synchronous gradient worker: nothing to
   average) or computes the gradients of one gradient step (``kitae.distributed.AgentAlgorithm``).
@@ -29,7 +32,8 @@ from kitae.envs.make import EnvSpec, make_env
 from kitae.envs.parallel import VecParallelEnv
 from kitae.loops.collect import act_step, compiled_steps
 from kitae.loops.host import HostCollector, check_env
-from kitae.loops.state import mark_episodes_cut
+from kitae.loops.jax_collect import JaxCollector
+from kitae.loops.state import env_reset_key, mark_episodes_cut, reset_seed
 from kitae.types import AlgoType
 
 __all__ = ["CollectionWorker", "GradientWorker", "stack_rows", "shard"]
@@ -60,22 +64,35 @@ class CollectionWorker:
     def __init__(self, agent_factory: Callable[[], Any], env_id: str, n_envs: int, index: int, n_workers: int) -> None:
         use_compilation_cache()  # a worker started again finds its programs compiled
         self.agent = agent_factory()
-        env = check_env(make_env(EnvSpec.parse(env_id), n_envs))
+        self.index, self.n_envs, self.n_workers = index, n_envs, n_workers
+        spec = EnvSpec.parse(env_id)
+        fold = None if n_workers == 1 else index  # several workers: each acts with its own fold of the act key
+        self.jax_collector: JaxCollector | None = None
+        if spec.is_jax:
+            self.jax_collector = JaxCollector(self.agent, make_env(spec, n_envs), fold)
+            return
+        env = check_env(make_env(spec, n_envs))
         self.collector = HostCollector(self.agent, env, isinstance(env, VecParallelEnv))
-        self.index, self.n_envs = index, n_envs
-        if n_workers == 1:
+        if fold is None:
             self.act = compiled_steps(self.agent).act  # the host loop's own compiled act
-        else:  # the loop key advances as in the host loop; each worker acts with its own fold of it
-            self.act = jax.jit(functools.partial(act_step, self.agent, fold=index))
+        else:  # the loop key advances as in the host loop
+            self.act = jax.jit(functools.partial(act_step, self.agent, fold=fold))
 
     def pid(self) -> int:
         """The worker's process id (the fault tests kill it)."""
         return os.getpid()
 
-    def reset(self, seed: int) -> None:
-        """Resets the environments: sub-environment ``i`` of worker ``w`` is seeded
-        ``seed + w * n_envs + i`` (the seeds of one vector environment of all workers' copies)."""
-        self.collector.reset(seed + self.index * self.n_envs)
+    def reset(self, seed: int, step: int) -> None:
+        """Resets the environments for a run of seed ``seed`` that starts or goes on at ``step``:
+        sub-environment ``i`` of worker ``w`` is seeded ``reset_seed(seed, step) + w * n_envs + i``
+        (the seeds of one vector environment of all workers' copies); a JAX environment's copies
+        from ``env_reset_key(seed, step)`` (the compiled loop's key), folded with ``w`` when
+        several workers collect."""
+        if self.jax_collector is not None:
+            key = env_reset_key(seed, step)
+            self.jax_collector.reset(key if self.n_workers == 1 else jax.random.fold_in(key, self.index))
+        else:
+            self.collector.reset(reset_seed(seed, step) + self.index * self.n_envs)
 
     def collect(
         self, acting: Any, key: jax.Array, env_step: int, n_steps: int, total_envs: int, version: int
@@ -91,6 +108,9 @@ class CollectionWorker:
             ``{"rows": leaves (n_steps, E_w, ...), "episodes": [(t, Episodes)], "key": next loop
             key, "version": version}``.
         """
+        if self.jax_collector is not None:
+            rows, episodes, key = self.jax_collector.collect(acting, key, env_step, n_steps, total_envs)
+            return {"rows": rows, "episodes": episodes, "key": np.asarray(key), "version": version}
         rows, episodes = [], []
         for t in range(n_steps):
             experience, ended, key = self.collector.step(

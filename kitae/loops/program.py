@@ -27,9 +27,9 @@ import numpy as np
 from kitae.buffer import buffer_add, buffer_init, buffer_reset
 from kitae.envs.jax_env import VecJaxEnv
 from kitae.loops.collect import act_step, make_experience, update_step
-from kitae.loops.episodes import track_episodes
-from kitae.loops.multi_agent import env_agents, track_team_episodes
-from kitae.loops.state import EnvCarry, LoopState, mark_episodes_cut, strongly_typed
+from kitae.loops.jax_collect import jax_vector_step, reset_env_carry
+from kitae.loops.multi_agent import env_agents
+from kitae.loops.state import LoopState, env_reset_key, mark_episodes_cut, strongly_typed
 
 __all__ = ["IterationMetrics", "make_loop_functions", "loop_state_shape"]
 
@@ -129,22 +129,12 @@ def make_loop_functions(agent: Any, env: VecJaxEnv) -> tuple[Callable, Callable,
         return buffer_init(example, capacity)
 
     def attach(state: LoopState, seed: jax.Array) -> LoopState:
-        base = jax.random.fold_in(jax.random.PRNGKey(seed), 1)
         step = jnp.asarray(state.env_step, jnp.int32)
-        base = jnp.where(step == 0, base, jax.random.fold_in(base, step))
-        env_key, reset_key = jax.random.split(base)
-        observation, env_state = env.reset(reset_key)
+        carry = reset_env_carry(env, agents, env_reset_key(seed, step))
         if state.buffer is None:
-            buffer = empty_buffer(state.agent_state, state.agent_key, observation)
+            buffer = empty_buffer(state.agent_state, state.agent_key, carry.observation)
         else:
             buffer = mark_episodes_cut(state.buffer, step > 0)
-        carry = EnvCarry(
-            key=env_key,
-            state=env_state,
-            observation=observation,
-            episode_return=per_agent(lambda: jnp.zeros((n_envs,), jnp.float32)),
-            episode_length=jnp.zeros((n_envs,), jnp.int32),
-        )
         out = LoopState(
             state.agent_state,
             jnp.asarray(state.agent_key),
@@ -163,47 +153,17 @@ def make_loop_functions(agent: Any, env: VecJaxEnv) -> tuple[Callable, Callable,
 
     def vector_step(carry: tuple, _: Any) -> tuple[tuple, None]:
         state, return_sum, length_sum, episodes, agent_return_sum = carry
-        env_carry = state.env
-        actions, log_probs, agent_key = act_step(
-            agent, agent.acting_params(state.agent_state), state.agent_key, env_carry.observation, state.env_step
+        out = jax_vector_step(
+            agent, env, agents, agent.acting_params(state.agent_state), state.agent_key, state.env, state.env_step
         )
-        env_key, step_key = jax.random.split(env_carry.key)
-        ts = env.step(step_key, env_carry.state, actions)
-        buffer = buffer_add(
-            state.buffer,
-            make_experience(
-                experience_type,
-                observation=env_carry.observation,
-                action=actions,
-                reward=ts.reward,
-                done=ts.terminated,
-                next_observation=ts.next_observation,
-                log_prob=log_probs,
-                truncated=ts.truncated,
-            ),
-        )
-        if agents is None:
-            assert not isinstance(ts.terminated, dict) and not isinstance(ts.truncated, dict)  # one agent: arrays
-            ended = jnp.logical_or(ts.terminated, ts.truncated)
-            running_return, running_length, episode_return, episode_length = track_episodes(
-                jnp, env_carry.episode_return, env_carry.episode_length, ts.reward, ended
-            )
-        else:
-            running_return, running_length, episode_return, episode_length, ended, per_agent_return = (
-                track_team_episodes(env_carry.episode_return, env_carry.episode_length, ts)
-            )
-            agent_return_sum = {
-                a: agent_return_sum[a] + jnp.sum(jnp.where(ended, per_agent_return[a], 0.0)) for a in agents
-            }
-        return_sum = return_sum + jnp.sum(jnp.where(ended, episode_return, 0.0))
-        length_sum = length_sum + jnp.sum(jnp.where(ended, episode_length, 0))
-        episodes = episodes + jnp.sum(ended)
-        state = state._replace(
-            agent_key=agent_key,
-            buffer=buffer,
-            env_step=state.env_step + n_envs,
-            env=EnvCarry(env_key, ts.state, ts.observation, running_return, running_length),
-        )
+        buffer = buffer_add(state.buffer, out.experience)
+        if out.agent_returns is not None:
+            ended_returns = {a: jnp.where(out.ended, r, 0.0) for a, r in out.agent_returns.items()}
+            agent_return_sum = {a: agent_return_sum[a] + jnp.sum(r) for a, r in ended_returns.items()}
+        return_sum = return_sum + jnp.sum(jnp.where(out.ended, out.episode_return, 0.0))
+        length_sum = length_sum + jnp.sum(jnp.where(out.ended, out.episode_length, 0))
+        episodes = episodes + jnp.sum(out.ended)
+        state = state._replace(agent_key=out.agent_key, buffer=buffer, env_step=state.env_step + n_envs, env=out.env)
         return (state, return_sum, length_sum, episodes, agent_return_sum), None
 
     def iteration(state: LoopState, index: jax.Array) -> tuple[LoopState, IterationMetrics]:

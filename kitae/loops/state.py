@@ -32,6 +32,7 @@ __all__ = [
     "mark_episodes_cut",
     "pick_seed",
     "reset_seed",
+    "env_reset_key",
     "strongly_typed",
 ]
 
@@ -159,3 +160,12 @@ def reset_seed(seed: int, step: int) -> int:
     """The seed of the environments' reset when a run goes on at ``step`` without their state
     (``seed`` itself at step 0)."""
     return int(np.random.SeedSequence([seed, step]).generate_state(1)[0]) if step else seed
+
+
+def env_reset_key(seed: Any, step: Any) -> jax.Array:
+    """The key a JAX environment is reset from when a run starts or goes on at ``step`` without
+    the environments' state: ``fold_in(PRNGKey(seed), 1)``, folded with ``step`` past step 0
+    (``seed`` and ``step`` may be traced)."""
+    base = jax.random.fold_in(jax.random.PRNGKey(seed), 1)
+    step = jnp.asarray(step, jnp.int32)
+    return jnp.where(step == 0, base, jax.random.fold_in(base, step))

@@ -39,6 +39,8 @@ def test_the_command_line_trains_resumes_and_evaluates_a_distributed_run(ray_sha
     assert main(["resume", str(run_dir), "--steps", "1024", "--quiet"]) == 0
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 1024 and summary["resumed_from"] == 512
+    assert summary["distributed"]["policy_lag_mean"] == summary["distributed"]["policy_lag_max"] == 0.0  # synchronous
+    assert summary["distributed"]["restarts"] == 0 and summary["distributed"]["startup_seconds"] > 0
     assert main(["eval", str(run_dir), "--episodes", "2"]) == 0
     events = EventAccumulator(str(run_dir / "logs"))
     events.Reload()

@@ -199,8 +199,9 @@ class _Run:
         self.update_steps: list[int] = []
         self.latest_return: float | None = None
         self.timings = {"collect": 0.0, "update": 0.0, "broadcast": 0.0}
-        self.policy_lags: list[float] = []
+        self.policy_lags: list[float] = []  # since the last scalars were logged
         self.gradient_lags: list[float] = []
+        self.lag_totals = {"policy": [0.0, 0, 0.0], "gradient": [0.0, 0, 0.0]}  # sum, count, max over the run
         # asynchronous collection: each worker's own key chain and its batch in flight
         self.worker_keys = [jax.random.fold_in(self.key, 1_000_003 + w) for w in range(workers)]
         self.in_flight: dict[Any, int] = {}
@@ -322,8 +323,13 @@ class _Run:
                 self.found.append(ended)
                 self.latest_return = float(np.mean(ended.return_))
                 self.callbacks.on_episodes(ended)
-            self.policy_lags.append(float(self.n_updates - batch["version"]))
+            self._lag("policy", float(self.n_updates - batch["version"]))
         self.env_step += steps * n_envs
+
+    def _lag(self, kind: str, lag: float) -> None:
+        (self.policy_lags if kind == "policy" else self.gradient_lags).append(lag)
+        total = self.lag_totals[kind]
+        total[0], total[1], total[2] = total[0] + lag, total[1] + 1, max(total[2], lag)
 
     # -- updates ---------------------------------------------------------------------------------
 
@@ -376,7 +382,7 @@ class _Run:
                 ready, _ = ray.wait(list(running), num_returns=1)
                 i = running.pop(ready[0])
                 grads, info, computed_with = ray.get(ready[0])
-                self.gradient_lags.append(float(self.algorithm.n_gradient_steps - computed_with))
+                self._lag("gradient", float(self.algorithm.n_gradient_steps - computed_with))
                 self.algorithm.apply_gradients(grads)
                 infos.append(info)
                 if pending:
@@ -477,6 +483,12 @@ class _Run:
                 "restarts": self.restarts,
                 "first_collect_seconds": self.first_collect_seconds,
                 **{f"{k}_seconds": v for k, v in self.timings.items()},
+                **{
+                    f"{kind}_lag_{name}": value
+                    for kind, (total, count, largest) in self.lag_totals.items()
+                    if count
+                    for name, value in (("mean", total / count), ("max", largest))
+                },
             },
         )
         callbacks.on_end(result)

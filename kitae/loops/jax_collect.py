@@ -134,10 +134,16 @@ class JaxCollector:
 
         def rollout(
             acting: Any, key: jax.Array, carry: EnvCarry, env_step: jax.Array, stride: jax.Array, n_steps: int
-        ) -> tuple[jax.Array, EnvCarry, JaxStep]:
-            def body(c: tuple[jax.Array, EnvCarry], t: jax.Array) -> tuple[tuple[jax.Array, EnvCarry], JaxStep]:
+        ) -> tuple[jax.Array, EnvCarry, tuple]:
+            def body(c: tuple[jax.Array, EnvCarry], t: jax.Array) -> tuple[tuple[jax.Array, EnvCarry], tuple]:
                 out = jax_vector_step(agent, env, agents, acting, c[0], c[1], env_step + t * stride, fold)
-                return (out.agent_key, out.env), out._replace(env=None, agent_key=None)
+                return (out.agent_key, out.env), (
+                    out.experience,
+                    out.ended,
+                    out.episode_return,
+                    out.episode_length,
+                    out.agent_returns,
+                )
 
             (key, carry), steps = jax.lax.scan(body, (key, carry), jnp.arange(n_steps, dtype=jnp.int32))
             return key, carry, steps
@@ -169,23 +175,23 @@ class JaxCollector:
         key, self.carry, steps = self._rollout(
             acting, key, self.carry, jnp.asarray(env_step, jnp.int32), jnp.asarray(stride, jnp.int32), n_steps
         )
-        steps = jax.device_get(steps)
+        experience, ended, episode_return, episode_length, returns_by_agent = jax.device_get(steps)
         episodes = []
-        for t in np.flatnonzero(steps.ended.any(axis=1)):
-            rows = np.flatnonzero(steps.ended[t])
+        for t in np.flatnonzero(ended.any(axis=1)):
+            rows = np.flatnonzero(ended[t])
             agent_returns = None
-            if steps.agent_returns is not None:
-                agent_returns = {a: steps.agent_returns[a][t, rows].astype(np.float64) for a in steps.agent_returns}
+            if returns_by_agent is not None:
+                agent_returns = {a: r[t, rows].astype(np.float64) for a, r in returns_by_agent.items()}
             episodes.append(
                 (
                     int(t),
                     Episodes(
                         np.full(len(rows), env_step + (t + 1) * stride),
-                        steps.episode_return[t, rows].astype(np.float64),
-                        steps.episode_length[t, rows].astype(np.float64),
+                        episode_return[t, rows].astype(np.float64),
+                        episode_length[t, rows].astype(np.float64),
                         np.ones(len(rows), np.int64),
                         agent_returns,
                     ),
                 )
             )
-        return steps.experience, episodes, key
+        return experience, episodes, key

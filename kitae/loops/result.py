@@ -90,7 +90,9 @@ class RunResult:
         train_seconds: time spent training, compilation excluded.
         stopped: the run was stopped early (a callback's ``should_stop``).
         batched: the state has a leading seed axis (seeds trained together in one program).
-        metrics: compiled runs: the per-iteration ``IterationMetrics`` (numpy), else ``None``.
+        metrics: compiled runs: the per-iteration ``IterationMetrics`` (numpy); distributed runs:
+            ``{name: float}`` (start-up and time spent per part in seconds, restarts, the policy
+            and gradient lags' means and maxima over the run); host runs ``None``.
     """
 
     executor: str

@@ -197,9 +197,17 @@ def execute(
         final_return=finals if seeds else finals[0],
         peak_rss_mb=peak_rss_mb(),
         state_fingerprint=fingerprints if seeds else fingerprints[0],
+        **_distributed_summary(trained),
         **(extra_summary or {}),
     )
     return {**summary, "run_dir": str(run_dir)}, results
+
+
+def _distributed_summary(results: list[RunResult]) -> dict:
+    """``{"distributed": the last distributed run's metrics}`` (lags, restarts, where time went),
+    or nothing when no part of the run was distributed."""
+    last = [r.metrics for r in results if r.executor == "distributed" and isinstance(r.metrics, dict)]
+    return {"distributed": {k: float(v) for k, v in last[-1].items()}} if last else {}
 
 
 def _plot(run: ResolvedRun, rows: list[dict]) -> None:

@@ -80,6 +80,34 @@ def test_two_workers_collect_in_multi_agent_environments(ray_shared, tmp_path, e
     assert np.all(episodes.length == length)  # MPE episodes have a fixed length
 
 
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "gymnax:CartPole-v1"])
+def test_a_collection_worker_compiles_its_step_once(tmp_path, env_id):
+    """Acting weights arrive pickled with every batch asked for; the worker's compiled step (the
+    host act, or the JAX rollout) compiles once, not once per batch (which also leaked a loaded
+    executable per batch until the worker ran out of memory maps)."""
+    import pickle
+
+    import cloudpickle
+    import jax
+
+    from kitae.distributed import AgentAlgorithm
+    from kitae.distributed.executor import default_agent_factory
+    from kitae.distributed.workers import CollectionWorker
+
+    agent, env = preset_agent("ppo", env_id, steps=1024, n_envs=8, run_dir=tmp_path / "a")
+    if hasattr(env, "close"):
+        env.close()
+    worker = CollectionWorker(default_agent_factory(agent), env_id, 4, 1, 2)
+    worker.reset(0, 0)
+    weights, key = AgentAlgorithm(agent).get_weights(), jax.random.PRNGKey(0)
+    for i in range(3):
+        batch = worker.collect(pickle.loads(cloudpickle.dumps(weights)), key, i * 32, 4, 8, 0)
+        key = jax.numpy.asarray(batch["key"])  # as the updater sends it
+    compiled = worker.act if worker.jax_collector is None else worker.jax_collector._rollout
+    assert compiled._cache_size() == 1
+    assert jax.tree_util.tree_leaves(batch["rows"])[0].shape[:2] == (4, 4)
+
+
 def test_two_collection_workers_give_the_same_bits_twice(ray_shared, tmp_path):
     config = DistributedConfig(workers=2, gradient_workers=2)
     agent, env, twin = _agents("ppo", 1024, tmp_path, sets=["update_cfg.n_epochs=4"])

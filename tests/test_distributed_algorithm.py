@@ -22,6 +22,7 @@ from kitae.algos.update import epoch_minibatches
 from kitae.buffer import Experience, ReplayBuffer, RolloutBuffer
 from kitae.distributed import AgentAlgorithm, Algorithm
 from kitae.envs.make import make_vec_env
+from kitae.types import AlgoType
 from tests._agents import TinyDQN, TinyDQNParams, make_config
 
 
@@ -189,28 +190,70 @@ def test_weights_round_trip_and_are_checked(dqn_setup):
     agent, _, _ = dqn_setup
     algorithm = AgentAlgorithm(agent)
     weights = algorithm.get_weights()
-    assert all(isinstance(w, np.ndarray) for w in jax.tree_util.tree_leaves(weights))
+    assert isinstance(weights, list) and all(isinstance(w, np.ndarray) for w in weights)
     other = AgentAlgorithm(agent, key=jax.random.PRNGKey(5))
-    changed = jax.tree_util.tree_map(lambda w: w + 1.0, weights)
+    changed = [w + 1.0 for w in weights]
     other.set_weights(changed)
     assert _same_bits(other.get_weights(), changed)
     obs = np.zeros((2, 4), np.float32)
     greedy = other.acting_step(obs, None, np.zeros(2), deterministic=True)[0]
-    q = other.get_weights().qvalue
+    q = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(agent.acting_params(agent.state)), changed).qvalue
     np.testing.assert_array_equal(greedy, np.argmax(q.apply_fn(q.params, obs), -1))
-    with pytest.raises(ValueError, match="structure"):
+    with pytest.raises(ValueError, match="actor_weights has 1 arrays"):
         other.set_weights({"params": np.zeros(3)})
-    bad = jax.tree_util.tree_map(lambda w: np.zeros((1, *np.shape(w))), weights)
-    with pytest.raises(ValueError, match="shape"):
-        other.set_weights(bad)
+    with pytest.raises(ValueError, match=r"actor_weights\[0\] has the shape"):
+        other.set_weights([np.zeros((1, *np.shape(w))) for w in weights])
 
 
 def test_state_round_trips(dqn_setup):
     agent, _, _ = dqn_setup
     a, b = AgentAlgorithm(agent), AgentAlgorithm(agent)
-    b.set_state(jax.tree_util.tree_map(lambda x: x * 0, a.get_state()))
+    b.set_state([x * 0 for x in a.get_state()])
     a.set_state(b.get_state())
     assert _same_bits(a.state, b.state) and _same_bits(a.get_weights(), b.get_weights())
+    with pytest.raises(ValueError, match="state has"):
+        a.set_state(a.get_state()[1:])
+
+
+def _pickled(x):
+    """``x`` as another process receives it (Ray pickles messages with cloudpickle)."""
+    import cloudpickle
+
+    return pickle.loads(cloudpickle.dumps(x))
+
+
+@pytest.mark.parametrize("setup", ["ppo_setup", "dqn_setup", "guide"])
+def test_messages_from_other_processes_compile_nothing_new(request, setup):
+    """Weights, states and gradients arrive pickled in every message; the compiled functions that
+    take them must not see a new structure each time (a compile per message, and a process that
+    loads a new executable per message runs out of memory maps)."""
+    if setup == "guide":
+        env = make_vec_env("CartPole-v1", 2)
+        agent = TinyDQN("x", make_config(env, TinyDQNParams(exploration=0.5)), run_dir="unused")
+        data = ReplayBuffer(200)
+        _collect(AgentAlgorithm(agent), env, data, 20)
+        env.close()
+        data = data.state
+    else:
+        agent, _, data = request.getfixturevalue(setup)
+    sender, receiver = AgentAlgorithm(agent), AgentAlgorithm(agent)
+    on_policy = agent.algo_type is AlgoType.ON_POLICY
+    for i in range(3):
+        receiver.set_state(_pickled(sender.get_state()))
+        receiver.set_weights(_pickled(sender.get_weights()))
+        if on_policy:
+            processed, epoch_keys = sender.process_rollout(data, jax.random.PRNGKey(i))
+            _, batches = epoch_minibatches(epoch_keys[0], processed, sender.mini_batch_size)
+            batch, key = jax.tree_util.tree_map(lambda x: x[0], batches), jax.random.PRNGKey(i)
+        else:
+            batch, key = sender.gradient_batch(jax.random.PRNGKey(i), data)
+        grads, _ = sender.compute_gradients(batch, key=key)
+        sender.apply_gradients(grads)
+        receiver.apply_gradients(_pickled(grads))
+        receiver.acting_step(np.zeros((2, 4), np.float32), None, np.zeros(2))
+    assert receiver._compiled()["apply"]._cache_size() == 1
+    assert receiver._act._cache_size() == 1
+    assert _same_bits(receiver.state, sender.state)
 
 
 def test_a_learning_parameter_changes_without_recompiling(ppo_setup):

@@ -10,8 +10,8 @@ copy of the agent's state and a PRNG key of its own; the agent's pure functions 
 
 Gradients of built-in algorithms are their ``compute_gradients_fn``'s (``kitae.algos.gradients``).
 An agent that only has an ``update_step_fn`` has no separate gradients: its "gradients" are the
-change one update step makes to every leaf of the state (``new - old``), and applying them adds
-that change (averaging several is then averaging updates, as model averaging does).
+change one update step makes to every leaf of the state (``new - old``, a list in ``tree_leaves``
+order), and applying them adds that change (averaging several is then averaging updates, as model averaging does).
 
 Layer: agents (it imports ``kitae.base`` and the core, never the loops).
 """
@@ -239,29 +239,31 @@ class AgentAlgorithm(Algorithm):
         return action, clipped, rhs, {"log_prob": jax.tree_util.tree_map(np.asarray, log_prob)}
 
     def set_weights(self, actor_weights: Any, *args: Any) -> None:
-        """Sets the acting weights; they must have the structure, shapes and dtypes of
-        ``get_weights()``'s."""
+        """Sets the acting weights from what ``get_weights`` returns: their arrays, in order, with
+        the same shapes (any container of them: only the arrays are read)."""
         del args
-        expected = jax.tree_util.tree_structure(self._acting)
-        got = jax.tree_util.tree_structure(actor_weights)
-        if got != expected:  # type: ignore[operator]
-            raise ValueError(f"actor_weights has the structure {got}; expected {expected} (get_weights()'s)")
-        for new, old in zip(jax.tree_util.tree_leaves(actor_weights), jax.tree_util.tree_leaves(self._acting)):
-            if np.shape(new) != np.shape(old):
-                raise ValueError(f"actor_weights has a leaf of shape {np.shape(new)} where {np.shape(old)} is expected")
-        self._acting = jax.tree_util.tree_map(lambda x, old: jnp.asarray(x, old.dtype), actor_weights, self._acting)
+        self._acting = _into(self._acting, actor_weights, "actor_weights", "get_weights")
 
-    def get_weights(self) -> Any:
-        """The acting weights (``agent.acting_params(state)``) as host numpy arrays."""
-        return jax.device_get(self._acting)
+    def get_weights(self) -> list[np.ndarray]:
+        """The acting weights (``agent.acting_params(state)``) as a list of host numpy arrays, in
+        ``jax.tree_util.tree_leaves`` order.
 
-    def get_state(self) -> Any:
-        """The whole state (parameters, optimizer states, targets) as host numpy arrays."""
-        return jax.device_get(self.state)
+        A flat list, not the pytree: the pytree's structure holds the agent's functions (each
+        ``TrainState``'s ``apply_fn`` and optimizer), which a pickled copy would rebuild as new
+        objects in every message, so that the receiver's compiled functions would see a new
+        structure and compile again each time. The receiver puts the arrays into its own structure.
+        """
+        return [np.asarray(x) for x in jax.tree_util.tree_leaves(jax.device_get(self._acting))]
+
+    def get_state(self) -> list[np.ndarray]:
+        """The whole state (parameters, optimizer states, targets) as a list of host numpy arrays
+        (``tree_leaves`` order; see ``get_weights`` for why a list)."""
+        return [np.asarray(x) for x in jax.tree_util.tree_leaves(jax.device_get(self.state))]
 
     def set_state(self, state: Any) -> None:
-        """Sets the whole state (what ``get_state`` returns); the acting weights follow."""
-        self.state = jax.tree_util.tree_map(jnp.asarray, state)
+        """Sets the whole state from what ``get_state`` returns (or a state pytree of the agent's
+        structure); the acting weights follow."""
+        self.state = _into(self.state, state, "state", "get_state")
         self._acting = self.agent.acting_params(self.state)
 
     # -- learning --------------------------------------------------------------------------------
@@ -287,13 +289,20 @@ class AgentAlgorithm(Algorithm):
                 return pipeline, factories[0](config), factories[1](config)
             update_step = agent.update_step_factory(config)
 
+            # the change as a list of arrays (tree_leaves order), not a pytree of the state's
+            # structure: that structure holds the agent's functions, which a pickled copy rebuilds
+            # as new objects, and the receiver's compiled ``apply`` would compile again each time
             def delta(state: Any, key: jax.Array, batch: Any) -> tuple[Any, dict]:
                 old = jax.tree_util.tree_map(lambda x: x, state)  # guide-style steps reassign fields in place
                 new, info = update_step(state, key, batch)
-                return jax.tree_util.tree_map(lambda a, b: a - b, new, old), info
+                changes = jax.tree_util.tree_map(lambda a, b: a - b, new, old)
+                return jax.tree_util.tree_leaves(changes), info
 
-            def add(state: Any, change: Any) -> Any:
-                return jax.tree_util.tree_map(lambda a, d: (a + d).astype(a.dtype), state, change)
+            def add(state: Any, change: list) -> Any:
+                leaves, structure = jax.tree_util.tree_flatten(state)
+                return jax.tree_util.tree_unflatten(
+                    structure, [(a + d).astype(a.dtype) for a, d in zip(leaves, change, strict=True)]
+                )
 
             return pipeline, delta, add
 
@@ -477,3 +486,16 @@ def _batch_size(obs: Any) -> int:
     if not leaves:
         raise ValueError("obs holds no array")
     return int(np.shape(leaves[0])[0])
+
+
+def _into(like: Any, values: Any, name: str, getter: str) -> Any:
+    """The arrays of ``values`` (``tree_leaves`` order) in the structure of ``like``, each as the
+    dtype of the leaf it replaces; a clear error when their number or a shape differs."""
+    leaves, reference = jax.tree_util.tree_leaves(values), jax.tree_util.tree_leaves(like)
+    if len(leaves) != len(reference):
+        raise ValueError(f"{name} has {len(leaves)} arrays; expected {len(reference)} (what {getter}() returns)")
+    for i, (new, old) in enumerate(zip(leaves, reference, strict=True)):
+        if np.shape(new) != np.shape(old):
+            raise ValueError(f"{name}[{i}] has the shape {np.shape(new)}; expected {np.shape(old)} ({getter}()'s)")
+    typed = [jnp.asarray(new, jnp.asarray(old).dtype) for new, old in zip(leaves, reference, strict=True)]
+    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(like), typed)

@@ -65,6 +65,8 @@ class CollectionWorker:
         use_compilation_cache()  # a worker started again finds its programs compiled
         self.agent = agent_factory()
         self.index, self.n_envs, self.n_workers = index, n_envs, n_workers
+        # the acting weights arrive as a list of arrays and go into this agent's own structure
+        self.acting_structure = jax.tree_util.tree_structure(self.agent.acting_params(self.agent.state))
         spec = EnvSpec.parse(env_id)
         fold = None if n_workers == 1 else index  # several workers: each acts with its own fold of the act key
         self.jax_collector: JaxCollector | None = None
@@ -100,6 +102,8 @@ class CollectionWorker:
         """Collects ``n_steps`` vector steps with the acting weights ``acting``.
 
         Args:
+            acting: the acting weights as ``AgentAlgorithm.get_weights`` gives them (a list of
+                arrays);
             key: the loop key at the first step; ``env_step``: the run's transitions before it;
             total_envs: the run's environments over all workers (the steps a vector step counts);
             version: the number of updates behind ``acting`` (returned, for the policy lag).
@@ -108,6 +112,7 @@ class CollectionWorker:
             ``{"rows": leaves (n_steps, E_w, ...), "episodes": [(t, Episodes)], "key": next loop
             key, "version": version}``.
         """
+        acting = jax.tree_util.tree_unflatten(self.acting_structure, acting)
         if self.jax_collector is not None:
             rows, episodes, key = self.jax_collector.collect(acting, key, env_step, n_steps, total_envs)
             return {"rows": rows, "episodes": episodes, "key": np.asarray(key), "version": version}
@@ -151,7 +156,8 @@ class GradientWorker:
         return os.getpid()
 
     def set_state(self, state: Any, version: int) -> None:
-        """Takes the updater's state (``version``: its number of applied gradient steps)."""
+        """Takes the updater's state (``AgentAlgorithm.get_state``'s list of arrays; ``version``:
+        its number of applied gradient steps)."""
         self.algorithm.set_state(state)
         self.version = version
 
@@ -178,10 +184,11 @@ class GradientWorker:
 
     def update(self, key: jax.Array) -> tuple[Any, np.ndarray, dict[str, float]]:
         """One whole update with the loop key (``kitae.loops.collect.update_step``, the host
-        loop's compiled call): returns ``(state, next loop key, info)`` as host arrays."""
+        loop's compiled call): returns ``(state as get_state's list of arrays, next loop key,
+        info)`` as host arrays."""
         state, key, info = self.steps.update(self.algorithm.state, key, self.buffer.state)
         self.algorithm.set_state(state)
-        return jax.device_get(state), np.asarray(key), {k: float(v) for k, v in jax.device_get(info).items()}
+        return self.algorithm.get_state(), np.asarray(key), {k: float(v) for k, v in jax.device_get(info).items()}
 
     def begin_update(self, update_key: jax.Array) -> None:
         """The first part of an update made gradient step by gradient step (on-policy: process the

@@ -20,7 +20,7 @@ from kitae.loops.collect import act_step, make_experience
 from kitae.loops.episodes import track_episodes
 from kitae.loops.multi_agent import env_agents, track_team_episodes
 from kitae.loops.result import Episodes
-from kitae.loops.state import EnvCarry
+from kitae.loops.state import EnvCarry, strongly_typed
 
 __all__ = ["JaxStep", "jax_vector_step", "reset_env_carry", "JaxCollector"]
 
@@ -152,8 +152,9 @@ class JaxCollector:
         self._reset = jax.jit(functools.partial(reset_env_carry, env, agents))
 
     def reset(self, key: jax.Array) -> None:
-        """Resets the environments from ``key`` (``reset_env_carry``)."""
-        self.carry = self._reset(key)
+        """Resets the environments from ``key`` (``reset_env_carry``); strongly typed leaves, so
+        the first rollout compiles the same program as the later ones."""
+        self.carry = strongly_typed(self._reset(key))
 
     def collect(
         self, acting: Any, key: jax.Array, env_step: int, n_steps: int, stride: int

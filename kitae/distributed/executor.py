@@ -6,8 +6,10 @@ update checks) it gathers experience from the collection workers, adds it to its
 the gradient workers' copies, and when the schedule says an update is due, has the gradient
 workers make it:
 
-- one synchronous gradient worker runs the whole update (the host loop's compiled call) on its
-  copy of the state and buffer, which are the updater's; the updater takes the result;
+- one gradient worker runs the whole update (the host loop's compiled call) on its copy of the
+  state and buffer, which are the updater's, and the updater takes the result: with one worker
+  there is nothing to average, and asynchronous gradients would have nothing to overlap with (each
+  step would wait for the one before);
 - otherwise the update runs gradient step by gradient step (the steps of the fused update, in the
   same order with the same keys: ``AgentAlgorithm``): synchronous gradients split each step's
   minibatch between the workers and apply their mean; asynchronous gradients deal the steps to
@@ -348,7 +350,7 @@ class _Run:
 
     def _update_once(self) -> dict[str, float]:
         ray, workers = self.ray, self.gradient_workers
-        if len(workers) == 1 and not self.cfg.async_gradients:
+        if len(workers) == 1:  # nothing to average, nothing to overlap: the fused update, whatever the mode
             state, key, info = ray.get(workers[0].update.remote(self.key))
             self.algorithm.set_state(state)
             self.key = jnp.asarray(key)

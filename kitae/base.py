@@ -177,6 +177,14 @@ class BaseAgent(IAgent):
     learning_params: tuple[str, ...] = ()
     """``algo_params`` fields read only by learning (processing and the update step), which
     ``kitae.distributed.Algorithm.update_algorithm_parameter`` may change during training."""
+    recurrent: bool = False
+    """A recurrent agent acts with a hidden state: it defines ``initial_hidden(n)`` and
+    ``act_recurrent(acting_params, key, observation, hidden, start, env_step, deterministic) ->
+    (actions, log_probs, hidden)``, its experience type adds the fields ``start`` and ``hidden``,
+    and every executor carries its ``kitae.loops.collect.Memory``."""
+
+    RECURRENT_FIELDS = ("start", "hidden")
+    """The experience fields a recurrent agent stores beside ``Experience``'s."""
 
     def __init__(
         self,
@@ -205,12 +213,17 @@ class BaseAgent(IAgent):
             if not callable(factory):
                 raise TypeError(f"{name}={factory!r} is not allowed; allowed: a callable taking the config")
         fields = getattr(experience_type, "_fields", None)
-        if fields is None or not set(fields) <= set(Experience._fields):
+        allowed = Experience._fields + (self.RECURRENT_FIELDS if self.recurrent else ())
+        if fields is None or not set(fields) <= set(allowed):
             raise ValueError(
                 f"experience_type={experience_type!r} is not allowed; allowed: a NamedTuple whose fields "
-                f"are among {Experience._fields}"
+                f"are among {allowed}"
             )
         cls = type(self)
+        if self.recurrent and not (
+            callable(getattr(self, "act_recurrent", None)) and callable(getattr(self, "initial_hidden", None))
+        ):
+            raise TypeError(f"{cls.__name__} is recurrent but defines no act_recurrent and initial_hidden")
         if cls.act is BaseAgent.act and (
             cls.explore is BaseAgent.explore or cls.select_action is BaseAgent.select_action
         ):
@@ -295,6 +308,25 @@ class BaseAgent(IAgent):
             return self.select_action(observation) if deterministic else self.explore(observation)
         finally:
             self.state, self.key, self.env_step, self._pure_keys = saved
+
+    def initial_hidden(self, n: int) -> Any:
+        """A recurrent agent's initial hidden state of ``n`` rows (leaves ``(n, ...)``)."""
+        raise TypeError(f"{type(self).__name__} is feed-forward: it has no hidden state")
+
+    def act_recurrent(
+        self,
+        acting_params: Any,
+        key: jax.Array,
+        observation: Any,
+        hidden: Any,
+        start: jax.Array,
+        env_step: Any,
+        deterministic: bool = False,
+    ) -> tuple[Any, Any, Any]:
+        """A recurrent agent's pure act: ``(actions (E, ...), log_probs (E,), hidden)`` from the
+        observations, the hidden state (leaves ``(E, ...)``) and ``start`` ``(E,)`` (where it
+        holds the observation starts an episode: act from the initial state)."""
+        raise TypeError(f"{type(self).__name__} is feed-forward: it acts with act(), without a hidden state")
 
     def explore(self, observation: Any) -> tuple[jax.Array, jax.Array]:
         """Samples actions to explore with the agent's state at ``self.env_step`` (one compiled
@@ -525,9 +557,15 @@ class OnPolicyAgent(BaseAgent):
     def make_buffer(self) -> RolloutBuffer:
         return RolloutBuffer(self.config.update_cfg.max_buffer_size)
 
+    @property
+    def minibatch_rows(self) -> int:
+        """Rows of the processed experience per minibatch: ``batch_size`` transitions (a recurrent
+        agent's rows are whole sequences: it says how many)."""
+        return self.config.update_cfg.batch_size
+
     def _make_update_fn(self) -> Callable:
         update_step_fn = self.update_step_fn
-        batch_size = self.config.update_cfg.batch_size
+        batch_size = self.minibatch_rows
 
         def update_fn(state: Any, key: jax.Array, rollout: Any) -> tuple[Any, dict]:
             processed, epoch_keys = self.process_rollout(state, key, rollout)

@@ -191,6 +191,8 @@ class AgentAlgorithm(Algorithm):
         self._params: dict[str, Any] = {}  # learning parameters changed during training
         self._functions: dict[tuple[str, ...], Any] = {}  # compiled functions per changed-parameter set
         self._act = jax.jit(agent.act, static_argnames=("deterministic",))
+        if agent.recurrent:
+            self._act_recurrent = jax.jit(agent.act_recurrent, static_argnames=("deterministic",))
 
     # -- building --------------------------------------------------------------------------------
 
@@ -218,24 +220,35 @@ class AgentAlgorithm(Algorithm):
     ) -> tuple[Any, Any, Any, dict[str, Any]]:
         """Acts with the acting weights: ``(key, act_key) = split(key)``, then the agent's pure ``act``.
 
-        ``rhs`` is returned as it came (zeros ``(E, 1)`` if ``None``): kitae's built-in policies
-        are feed-forward. ``done`` is accepted for the interface and not read by them.
+        ``rhs`` is the recurrent hidden state: a recurrent agent (``agent.recurrent``) acts from
+        it (``None``: the initial state, ``agent.initial_hidden(E)``) and returns the state after
+        the step; ``done`` ``(E,)`` says, per row, that the episode of the previous step ended, so
+        ``obs`` is the first observation of a new one: the step starts from the initial state
+        there. Feed-forward agents return ``rhs`` as it came (zeros ``(E, 1)`` if ``None``) and do
+        not read ``done``.
 
         Returns:
             ``(action (E, ...), clipped_action (E, ...), rhs, {"log_prob": (E,)})``; actions are
             numpy arrays; ``clipped_action`` is ``action`` clipped to a ``Box`` action space
             (the same array for other spaces).
         """
-        del args, done
+        del args
         n = _batch_size(obs)
         self.key, act_key = jax.random.split(self.key)
-        action, log_prob = self._act(self._acting, act_key, obs, np.asarray(self.env_step, np.int32), deterministic)
+        step = np.asarray(self.env_step, np.int32)
+        if self.agent.recurrent:
+            hidden = self.agent.initial_hidden(n) if rhs is None else rhs
+            start = np.asarray(done, bool).reshape(n)
+            action, log_prob, rhs = self._act_recurrent(self._acting, act_key, obs, hidden, start, step, deterministic)
+            rhs = jax.tree_util.tree_map(np.asarray, rhs)
+        else:
+            action, log_prob = self._act(self._acting, act_key, obs, step, deterministic)
+            if rhs is None:
+                rhs = np.zeros((n, 1), np.float32)
         self.env_step += n * (self.agent.config.env_cfg.n_agents if self.agent.parallel else 1)
         action = jax.tree_util.tree_map(np.asarray, action)
         space = self.agent.config.env_cfg.action_space
         clipped = np.clip(action, space.low, space.high) if isinstance(space, gym.spaces.Box) else action
-        if rhs is None:
-            rhs = np.zeros((n, 1), np.float32)
         return action, clipped, rhs, {"log_prob": jax.tree_util.tree_map(np.asarray, log_prob)}
 
     def set_weights(self, actor_weights: Any, *args: Any) -> None:

@@ -17,7 +17,6 @@ crosses process boundaries during training.
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Callable
 from typing import Any
@@ -78,7 +77,9 @@ class CollectionWorker:
         if fold is None:
             self.act = compiled_steps(self.agent).act  # the host loop's own compiled act
         else:  # the loop key advances as in the host loop
-            self.act = jax.jit(functools.partial(act_step, self.agent, fold=fold))
+            self.act = jax.jit(
+                lambda params, key, obs, step, memory=None: act_step(self.agent, params, key, obs, step, fold, memory)
+            )
 
     def pid(self) -> int:
         """The worker's process id (the fault tests kill it)."""
@@ -221,9 +222,7 @@ class GradientWorker:
         if self.on_policy:
             if epoch not in self._minibatches:
                 self._minibatches = {
-                    epoch: self._epoch_minibatches(
-                        self._epoch_keys[epoch], self._processed, self.agent.config.update_cfg.batch_size
-                    )
+                    epoch: self._epoch_minibatches(self._epoch_keys[epoch], self._processed, self.agent.minibatch_rows)
                 }
             step_keys, batches = self._minibatches[epoch]
             batch, key = jax.tree_util.tree_map(lambda x: x[j], batches), step_keys[j]

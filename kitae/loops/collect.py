@@ -3,6 +3,13 @@
 The compiled loop traces these functions inside its program; the host loop calls them compiled
 (``compiled_steps(agent)``, one XLA call each). Both therefore split the loop key the same way
 (``kitae.loops.state``), build the same experience and make the same updates.
+
+Recurrent agents (``agent.recurrent``) carry a ``Memory`` per environment from one step to the
+next: the hidden state and the flag ``start`` (the observation about to be acted on is the first
+of an episode). The rule, the same in every executor: a fresh environment starts every row;
+after a step, a row starts again where its episode ended (terminated or truncated alike), and
+the agent's ``act_recurrent`` acts from the initial state where ``start`` holds
+(``kitae.modules.recurrent.reset_hidden``). Feed-forward agents carry ``None``.
 """
 
 from __future__ import annotations
@@ -15,16 +22,61 @@ import jax.numpy as jnp
 
 from kitae.buffer import Experience
 
-__all__ = ["act_step", "update_step", "make_experience", "compiled_steps", "CompiledSteps"]
+__all__ = [
+    "Memory",
+    "initial_memory",
+    "next_memory",
+    "act_step",
+    "update_step",
+    "make_experience",
+    "compiled_steps",
+    "CompiledSteps",
+]
+
+
+class Memory(NamedTuple):
+    """What a recurrent agent carries per environment between two steps.
+
+    Attributes:
+        hidden: the hidden state, leaves ``(E, ...)`` (``agent.initial_hidden(E)``'s structure):
+            the state after the last step, before any reset.
+        start: ``(E,)`` bool: the next observation is the first of an episode.
+    """
+
+    hidden: Any
+    start: jax.Array
+
+
+def initial_memory(agent: Any, n_envs: int) -> Memory | None:
+    """Fresh environments: the initial hidden state, every row starting; ``None`` for a
+    feed-forward agent."""
+    if not getattr(agent, "recurrent", False):
+        return None
+    return Memory(agent.initial_hidden(n_envs), jnp.ones((n_envs,), bool))
+
+
+def next_memory(memory: Memory | None, hidden: Any, ended: Any) -> Memory | None:
+    """The memory after a step: the hidden state ``act_step`` returned, and ``start`` where the
+    step ended an episode (``ended``: ``(E,)`` bool, terminated or truncated)."""
+    if memory is None:
+        return None
+    return Memory(hidden, jnp.asarray(ended, bool))
 
 
 def act_step(
-    agent: Any, acting_params: Any, key: jax.Array, observation: Any, env_step: jax.Array, fold: int | None = None
-) -> tuple[Any, Any, jax.Array]:
-    """One act of a run: ``(key, act_key) = split(key)``, then ``agent.act`` with ``act_key``.
+    agent: Any,
+    acting_params: Any,
+    key: jax.Array,
+    observation: Any,
+    env_step: jax.Array,
+    fold: int | None = None,
+    memory: Memory | None = None,
+) -> tuple[Any, Any, jax.Array, Any]:
+    """One act of a run: ``(key, act_key) = split(key)``, then ``agent.act`` with ``act_key``
+    (a recurrent agent: ``agent.act_recurrent`` with its ``memory``).
 
     Args:
-        agent: the agent (its pure ``act``).
+        agent: the agent (its pure ``act``, or ``act_recurrent``).
         acting_params: ``agent.acting_params(state)``.
         key: the loop key.
         observation: ``(E, *obs_shape)`` (dicts keyed by agent in multi-agent mode).
@@ -32,16 +84,24 @@ def act_step(
         fold: acting with ``fold_in(act_key, fold)`` instead (a distributed collection worker's
             own share of the step, when several collect with the same loop key); the loop key
             advances the same.
+        memory: a recurrent agent's ``Memory`` (``None`` for a feed-forward agent).
 
     Returns:
-        ``(actions, log_probs, next loop key)``; log-probabilities as float32.
+        ``(actions, log_probs, next loop key, hidden)``; log-probabilities as float32; ``hidden``
+        the recurrent agent's state after acting (``None`` for a feed-forward agent).
     """
     key, act_key = jax.random.split(key)
     if fold is not None:
         act_key = jax.random.fold_in(act_key, fold)
-    actions, log_probs = agent.act(acting_params, act_key, observation, env_step)
+    hidden = None
+    if memory is None:
+        actions, log_probs = agent.act(acting_params, act_key, observation, env_step)
+    else:
+        actions, log_probs, hidden = agent.act_recurrent(
+            acting_params, act_key, observation, memory.hidden, memory.start, env_step
+        )
     log_probs = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), log_probs)
-    return actions, log_probs, key
+    return actions, log_probs, key, hidden
 
 
 def update_step(agent: Any, agent_state: Any, key: jax.Array, buffer_state: Any) -> tuple[Any, jax.Array, dict]:
@@ -67,9 +127,11 @@ def make_experience(
     next_observation: Any,
     log_prob: Any,
     truncated: Any,
+    memory: Memory | None = None,
 ) -> Any:
     """One vector step as the agent's experience type (its fields are a subset of
-    ``kitae.buffer.Experience``'s, filled by name). ``done`` is termination; ``truncated`` a cut;
+    ``kitae.buffer.Experience``'s, filled by name; a recurrent agent's type adds ``start`` and
+    ``hidden``, the ``memory`` it acted with). ``done`` is termination; ``truncated`` a cut;
     ``next_observation`` the real next observation (the final one where an episode ended)."""
     fields = {
         "observation": observation,
@@ -80,6 +142,8 @@ def make_experience(
         "log_prob": log_prob,
         "truncated": truncated,
     }
+    if memory is not None:
+        fields.update(start=memory.start, hidden=memory.hidden)
     if experience_type is Experience:
         return Experience(**fields)
     return experience_type(**{name: fields[name] for name in experience_type._fields})
@@ -89,7 +153,7 @@ class CompiledSteps(NamedTuple):
     """``act_step`` and ``update_step`` of one agent, each compiled as one XLA call (the host
     loop's)."""
 
-    act: Callable[[Any, jax.Array, Any, Any], tuple[Any, Any, jax.Array]]
+    act: Callable[..., tuple[Any, Any, jax.Array, Any]]
     update: Callable[[Any, jax.Array, Any], tuple[Any, jax.Array, dict]]
 
 
@@ -99,7 +163,9 @@ def compiled_steps(agent: Any) -> CompiledSteps:
     steps = agent.__dict__.get("_compiled_steps")
     if steps is None:
         steps = CompiledSteps(
-            act=jax.jit(lambda params, key, obs, step: act_step(agent, params, key, obs, step)),
+            act=jax.jit(
+                lambda params, key, obs, step, memory=None: act_step(agent, params, key, obs, step, memory=memory)
+            ),
             update=jax.jit(lambda state, key, buffer: update_step(agent, state, key, buffer)),
         )
         agent.__dict__["_compiled_steps"] = steps

@@ -174,7 +174,14 @@ class CompiledExecutor:
         # The starting state is made by its own small program and handed to the training program:
         # a run in one piece, in segments or resumed then computes the same bits.
         if start is None and batched:
-            state = jax.jit(jax.vmap(fresh))(seed_array)
+            # one small program per seed, stacked: XLA:CPU (jaxlib 0.10.2) never finishes some
+            # vmapped initial-state programs (recurrent PPO's, 3 seeds x 8 envs: every thread
+            # idle, the result never ready); a seed's own state is the same either way
+            one = jax.jit(fresh)
+            states = [one(seed) for seed in seed_array]
+            state = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *states)
+            if sharding is not None:
+                state = jax.device_put(state, sharding)
         elif start is None:
             state = jax.jit(attach)(payload_from_agent(agent).state, seed_array)
         elif start.env is None:

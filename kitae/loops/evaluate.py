@@ -1,4 +1,6 @@
-"""Evaluation: episodes of the deterministic policy (``agent.act(..., deterministic=True)``).
+"""Evaluation: episodes of the deterministic policy (``agent.act(..., deterministic=True)``; a
+recurrent agent's ``act_recurrent``, carrying its memory with the collection rule of
+``kitae.loops.collect``).
 
 Each executor evaluates in its own kind of environment: ``evaluate_host`` steps Gymnasium,
 EnvPool and PettingZoo vector environments from Python, ``evaluate_jax`` runs every episode of a
@@ -14,15 +16,25 @@ import jax.numpy as jnp
 import numpy as np
 
 from kitae.envs.make import EnvSpec, make_jax_env, make_vec_env
+from kitae.loops.collect import Memory, initial_memory, next_memory
 from kitae.loops.multi_agent import evaluate_team_returns
 from kitae.validation import check_positive_int
 
 __all__ = ["evaluate_host", "evaluate_jax"]
 
 
+def _deterministic_step(agent: Any, params: Any, key: jax.Array, obs: Any, memory: Memory | None) -> tuple[Any, Any]:
+    """``(actions, hidden)`` of the deterministic policy (``hidden`` ``None`` for a feed-forward agent)."""
+    step = jnp.zeros((), jnp.int32)
+    if memory is None:
+        return agent.act(params, key, obs, step, True)[0], None
+    actions, _, hidden = agent.act_recurrent(params, key, obs, memory.hidden, memory.start, step, True)
+    return actions, hidden
+
+
 def _deterministic(agent: Any) -> Any:
-    """``(params, key, observations) -> actions`` with the deterministic policy, compiled."""
-    return jax.jit(lambda params, key, obs: agent.act(params, key, obs, jnp.zeros((), jnp.int32), True)[0])
+    """``(params, key, observations, memory) -> (actions, hidden)`` with the deterministic policy, compiled."""
+    return jax.jit(lambda params, key, obs, memory: _deterministic_step(agent, params, key, obs, memory))
 
 
 def evaluate_host(agent: Any, spec: EnvSpec, episodes: int, seed: int = 0) -> np.ndarray:
@@ -49,9 +61,10 @@ def evaluate_host(agent: Any, spec: EnvSpec, episodes: int, seed: int = 0) -> np
         try:
             observations, _ = env.reset(seed=seed + len(returns))
             totals, done = np.zeros(n), np.zeros(n, bool)
+            memory = initial_memory(agent, n)
             while not done.all():
                 key, act_key = jax.random.split(key)
-                actions = act(params, act_key, observations)
+                actions, hidden = act(params, act_key, observations, memory)
                 if isinstance(actions, dict):  # PettingZoo: the team's reward; all agents end together
                     observations, rewards, terminations, truncations, _ = env.step(
                         {name: np.asarray(a) for name, a in actions.items()}
@@ -62,7 +75,9 @@ def evaluate_host(agent: Any, spec: EnvSpec, episodes: int, seed: int = 0) -> np
                 else:
                     observations, rewards, terminations, truncations, _ = env.step(np.asarray(actions))
                 totals += np.where(done, 0.0, rewards)
-                done |= np.logical_or(terminations, truncations)
+                ended = np.logical_or(terminations, truncations)
+                done |= ended
+                memory = next_memory(memory, hidden, ended)
         finally:
             env.close()
         returns.extend(totals.tolist())
@@ -81,10 +96,11 @@ def evaluate_jax(agent: Any, spec: EnvSpec, episodes: int, seed: int = 0) -> np.
     env = make_jax_env(spec, episodes)
     params = agent.acting_params(agent.state)
 
-    def act(key: jax.Array, observation: Any) -> Any:
-        return agent.act(params, key, observation, jnp.zeros((), jnp.int32), True)[0]
-
     if getattr(env, "agents", None) is not None:
+
+        def act(key: jax.Array, observation: Any) -> Any:
+            return agent.act(params, key, observation, jnp.zeros((), jnp.int32), True)[0]
+
         return evaluate_team_returns(env, act, jax.random.PRNGKey(seed))[:, 0]
     limit = int(getattr(env.params, "max_steps_in_episode", getattr(env.params, "episode_length", 100_000))) + 1
 
@@ -97,14 +113,17 @@ def evaluate_jax(agent: Any, spec: EnvSpec, episodes: int, seed: int = 0) -> np.
             return jnp.logical_and(t < limit, jnp.logical_not(jnp.all(done)))
 
         def body(carry: tuple) -> tuple:
-            t, key, observation, env_state, returns, done = carry
+            t, key, observation, env_state, memory, returns, done = carry
             key, act_key, step_key = jax.random.split(key, 3)
-            ts = env.step(step_key, env_state, act(act_key, observation))
+            actions, hidden = _deterministic_step(agent, params, act_key, observation, memory)
+            ts = env.step(step_key, env_state, actions)
             returns = returns + jnp.where(done, 0.0, ts.reward)
-            done = jnp.logical_or(done, jnp.logical_or(ts.terminated, ts.truncated))
-            return t + 1, key, ts.observation, ts.state, returns, done
+            ended = jnp.logical_or(ts.terminated, ts.truncated)
+            done = jnp.logical_or(done, ended)
+            return t + 1, key, ts.observation, ts.state, next_memory(memory, hidden, ended), returns, done
 
-        carry = (0, key, observation, env_state, jnp.zeros(episodes, jnp.float32), jnp.zeros(episodes, bool))
-        return jax.lax.while_loop(cond, body, carry)[4]
+        memory = initial_memory(agent, episodes)
+        zeros = (jnp.zeros(episodes, jnp.float32), jnp.zeros(episodes, bool))
+        return jax.lax.while_loop(cond, body, (0, key, observation, env_state, memory, *zeros))[5]
 
     return np.asarray(jax.jit(evaluate)(jax.random.PRNGKey(seed)), dtype=np.float64)

@@ -29,7 +29,7 @@ from gymnasium.vector import AutoresetMode
 from kitae.compilation_cache import use_compilation_cache
 from kitae.envs.parallel import SyncVecParallelEnv, VecParallelEnv, is_parallel_env
 from kitae.loops.callbacks import Callback, CallbackList, LossMeans, Progress, RunInfo
-from kitae.loops.collect import compiled_steps, make_experience
+from kitae.loops.collect import Memory, compiled_steps, initial_memory, make_experience, next_memory
 from kitae.loops.episodes import track_episodes
 from kitae.loops.multi_agent import AgentEpisodes
 from kitae.loops.result import Episodes, RunResult, concat_episodes
@@ -247,20 +247,24 @@ class HostCollector:
     """
 
     def __init__(self, agent: Any, env: Any, parallel: bool) -> None:
-        self.env, self.parallel = env, parallel
+        self.env, self.parallel, self.agent = env, parallel, agent
         self.experience_type = agent.experience_type
         self.tracker = _Episodes(env, parallel)
         self.observations: Any = None
+        self.memory: Memory | None = None
 
     def reset(self, seed: int) -> None:
-        """Resets the environments (sub-environment ``i`` seeded ``seed + i``)."""
+        """Resets the environments (sub-environment ``i`` seeded ``seed + i``); a recurrent
+        agent's memory starts afresh (``kitae.loops.collect.initial_memory``)."""
         self.observations, _ = self.env.reset(seed=seed)
+        self.memory = initial_memory(self.agent, self.env.num_envs)
 
     def step(
         self, act: Any, acting: Any, key: jax.Array, env_step: int, next_step: int
     ) -> tuple[Any, Episodes | None, jax.Array]:
-        """One vector step: ``act(acting, key, observations, env_step) -> (actions, log_probs,
-        key)`` (``kitae.loops.collect.act_step``, compiled), then the environments' step.
+        """One vector step: ``act(acting, key, observations, env_step, memory) -> (actions,
+        log_probs, key, hidden)`` (``kitae.loops.collect.act_step``, compiled), then the
+        environments' step; a recurrent agent's memory goes on (``next_memory``).
 
         Args:
             env_step: transitions before this step (what acting reads); ``next_step``: after it
@@ -271,7 +275,11 @@ class HostCollector:
             are ``(E, ...)`` numpy arrays (dicts keyed by agent in multi-agent mode).
         """
         observations = self.observations
-        actions, log_probs, key = act(acting, key, observations, np.asarray(env_step, np.int32))
+        memory = self.memory
+        if memory is None:
+            actions, log_probs, key, hidden = act(acting, key, observations, np.asarray(env_step, np.int32))
+        else:
+            actions, log_probs, key, hidden = act(acting, key, observations, np.asarray(env_step, np.int32), memory)
         if self.parallel:
             actions = {name: np.asarray(value) for name, value in actions.items()}
         else:
@@ -285,9 +293,12 @@ class HostCollector:
             action=actions,
             next_observation=real_next,
             log_prob=log_probs,
+            memory=None if memory is None else jax.device_get(memory),
             **_fields(rewards, terminations, truncations, self.parallel),
         )
         self.observations = next_observations
+        if memory is not None:  # single-agent: recurrent agents refuse multi-agent environments
+            self.memory = next_memory(memory, hidden, np.logical_or(terminations, truncations))
         return experience, ended, key
 
 

@@ -9,14 +9,13 @@ updater. Both therefore act, step and count episodes the same way.
 
 from __future__ import annotations
 
-import functools
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kitae.loops.collect import act_step, make_experience
+from kitae.loops.collect import Memory, act_step, initial_memory, make_experience, next_memory
 from kitae.loops.episodes import track_episodes
 from kitae.loops.multi_agent import env_agents, track_team_episodes
 from kitae.loops.result import Episodes
@@ -50,9 +49,10 @@ class JaxStep(NamedTuple):
     agent_returns: dict[str, jax.Array] | None
 
 
-def reset_env_carry(env: Any, agents: tuple[str, ...] | None, key: jax.Array) -> EnvCarry:
+def reset_env_carry(env: Any, agents: tuple[str, ...] | None, key: jax.Array, memory: Memory | None = None) -> EnvCarry:
     """Resets ``env`` with ``split(key)[1]``; the carry's environment key is ``split(key)[0]``,
-    running returns and lengths start at zero."""
+    running returns and lengths start at zero; ``memory``: a recurrent agent's
+    (``kitae.loops.collect.initial_memory``)."""
     env_key, reset_key = jax.random.split(key)
     observation, env_state = env.reset(reset_key)
     n = env.num_envs
@@ -63,6 +63,7 @@ def reset_env_carry(env: Any, agents: tuple[str, ...] | None, key: jax.Array) ->
         observation=observation,
         episode_return=zeros if agents is None else dict.fromkeys(agents, zeros),
         episode_length=jnp.zeros((n,), jnp.int32),
+        memory=memory,
     )
 
 
@@ -89,7 +90,9 @@ def jax_vector_step(
     Returns:
         A ``JaxStep``.
     """
-    actions, log_probs, agent_key = act_step(agent, acting_params, agent_key, carry.observation, env_step, fold)
+    actions, log_probs, agent_key, hidden = act_step(
+        agent, acting_params, agent_key, carry.observation, env_step, fold, carry.memory
+    )
     env_key, step_key = jax.random.split(carry.key)
     ts = env.step(step_key, carry.state, actions)
     experience = make_experience(
@@ -101,6 +104,7 @@ def jax_vector_step(
         next_observation=ts.next_observation,
         log_prob=log_probs,
         truncated=ts.truncated,
+        memory=carry.memory,
     )
     agent_returns = None
     if agents is None:
@@ -112,7 +116,8 @@ def jax_vector_step(
         running_return, running_length, episode_return, episode_length, ended, agent_returns = track_team_episodes(
             carry.episode_return, carry.episode_length, ts
         )
-    env_carry = EnvCarry(env_key, ts.state, ts.observation, running_return, running_length)
+    memory = next_memory(carry.memory, hidden, ended)
+    env_carry = EnvCarry(env_key, ts.state, ts.observation, running_return, running_length, memory)
     return JaxStep(experience, env_carry, agent_key, ended, episode_return, episode_length, agent_returns)
 
 
@@ -149,7 +154,8 @@ class JaxCollector:
             return key, carry, steps
 
         self._rollout = jax.jit(rollout, static_argnums=(5,))
-        self._reset = jax.jit(functools.partial(reset_env_carry, env, agents))
+        memory = initial_memory(agent, env.num_envs)
+        self._reset = jax.jit(lambda key: reset_env_carry(env, agents, key, memory))
 
     def reset(self, key: jax.Array) -> None:
         """Resets the environments from ``key`` (``reset_env_carry``); strongly typed leaves, so

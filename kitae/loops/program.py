@@ -26,7 +26,7 @@ import numpy as np
 
 from kitae.buffer import buffer_add, buffer_init, buffer_reset
 from kitae.envs.jax_env import VecJaxEnv
-from kitae.loops.collect import act_step, make_experience, update_step
+from kitae.loops.collect import act_step, initial_memory, make_experience, update_step
 from kitae.loops.jax_collect import jax_vector_step, reset_env_carry
 from kitae.loops.multi_agent import env_agents
 from kitae.loops.state import LoopState, env_reset_key, mark_episodes_cut, strongly_typed
@@ -110,8 +110,9 @@ def make_loop_functions(agent: Any, env: VecJaxEnv) -> tuple[Callable, Callable,
         return make() if agents is None else {a: make() for a in agents}
 
     def empty_buffer(agent_state: Any, agent_key: jax.Array, observation: Any) -> Any:
-        actions, log_probs, _ = jax.eval_shape(
-            lambda s, k, o: act_step(agent, agent.acting_params(s), k, o, jnp.zeros((), jnp.int32)),
+        memory = initial_memory(agent, n_envs)
+        actions, log_probs, _, _ = jax.eval_shape(
+            lambda s, k, o: act_step(agent, agent.acting_params(s), k, o, jnp.zeros((), jnp.int32), memory=memory),
             agent_state,
             agent_key,
             observation,
@@ -125,12 +126,13 @@ def make_loop_functions(agent: Any, env: VecJaxEnv) -> tuple[Callable, Callable,
             next_observation=observation,
             log_prob=jax.tree_util.tree_map(lambda x: jnp.zeros(x.shape, jnp.float32), log_probs),
             truncated=per_agent(lambda: jnp.zeros((n_envs,), bool)),
+            memory=memory,
         )
         return buffer_init(example, capacity)
 
     def attach(state: LoopState, seed: jax.Array) -> LoopState:
         step = jnp.asarray(state.env_step, jnp.int32)
-        carry = reset_env_carry(env, agents, env_reset_key(seed, step))
+        carry = reset_env_carry(env, agents, env_reset_key(seed, step), initial_memory(agent, n_envs))
         if state.buffer is None:
             buffer = empty_buffer(state.agent_state, state.agent_key, carry.observation)
         else:

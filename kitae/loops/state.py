@@ -47,6 +47,9 @@ class EnvCarry(NamedTuple):
             in multi-agent environments).
         episode_return: each environment's running return ``(E,)`` (``{agent: (E,)}``).
         episode_length: each environment's running episode length ``(E,)``.
+        memory: a recurrent agent's ``kitae.loops.collect.Memory`` (hidden state and episode
+            starts, ``(E, ...)``): saved with the environments, so a resume acts on from the same
+            hidden state; ``None`` for a feed-forward agent.
     """
 
     key: jax.Array
@@ -54,6 +57,7 @@ class EnvCarry(NamedTuple):
     observation: Any
     episode_return: Any
     episode_length: jax.Array
+    memory: Any = None
 
 
 class LoopState(NamedTuple):

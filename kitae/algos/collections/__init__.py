@@ -1,4 +1,5 @@
-"""The built-in algorithms: DQN, PPO, SAC and TD3, each one module built from the four factories.
+"""The built-in algorithms: DQN, PPO, recurrent PPO (``ppo_lstm``), SAC and TD3, each one module built
+from the four factories.
 
 ``ALGORITHMS`` maps a name (what ``kitae train`` takes) to the agent class; ``get_algorithm(name)``
 returns the agent class and its params class; ``algorithm_name(config)`` the name of a config's
@@ -12,6 +13,7 @@ from typing import Any
 
 from kitae.algos.collections.dqn import DQN, DQNParams
 from kitae.algos.collections.ppo import PPO, PPOParams
+from kitae.algos.collections.recurrent_ppo import RecurrentPPO, RecurrentPPOParams
 from kitae.algos.collections.sac import SAC, SACParams
 from kitae.algos.collections.td3 import TD3, TD3Params
 
@@ -20,6 +22,7 @@ __all__ = ["ALGORITHMS", "get_algorithm", "algorithm_name"]
 ALGORITHMS: dict[str, tuple[type, type]] = {
     "dqn": (DQN, DQNParams),
     "ppo": (PPO, PPOParams),
+    "ppo_lstm": (RecurrentPPO, RecurrentPPOParams),
     "sac": (SAC, SACParams),
     "td3": (TD3, TD3Params),
 }

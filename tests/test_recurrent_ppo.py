@@ -1,0 +1,235 @@
+"""Recurrent PPO (``ppo_lstm``) and the hidden state through the executors.
+
+The reset rule is pinned with values in the host loop's step, the compiled loop's step and
+``acting_step``: where an episode ends at step t, the hidden state the core reads at step t + 1 is
+the initial one (and at step t itself, the carried one). The update re-runs the core over stored
+sequences exactly as stepping it one step at a time would; training is deterministic for a seed;
+a compiled run cut by a checkpoint and resumed gives the bits of an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kitae.algos.collections.recurrent_ppo import (
+    RecurrentPPO,
+    RecurrentPPOBatch,
+    RecurrentPPOParams,
+    sequence_outputs,
+)
+from kitae.cli import main
+from kitae.distributed import AgentAlgorithm
+from kitae.envs.make import make_jax_env
+from kitae.loops.collect import compiled_steps
+from kitae.loops.executor import EXECUTORS
+from kitae.loops.host import HostCollector
+from kitae.loops.jax_collect import JaxCollector
+from kitae.loops.state import env_reset_key
+from kitae.runs import preset_agent
+from kitae.runs.rundir import state_fingerprint
+
+SETS = ["update_cfg.max_buffer_size=16", "update_cfg.batch_size=32", "algo_params.sequence_length=8"]
+
+
+def _agent(tmp_path, env_id="CartPoleNoVel-v1", n_envs=4, sets=(), name="a"):
+    return preset_agent("ppo_lstm", env_id, steps=512, n_envs=n_envs, run_dir=tmp_path / name, sets=[*SETS, *sets])
+
+
+def _fresh_hidden(agent, acting, observation):
+    """The hidden state the core gives from the initial state on ``observation`` (no key involved)."""
+    n = observation.shape[0]
+    _, _, hidden = agent.act_recurrent(
+        acting, jax.random.PRNGKey(0), observation, agent.initial_hidden(n), jnp.zeros(n, bool), 0
+    )
+    return hidden
+
+
+def _rows(tree, rows):
+    return [np.asarray(leaf)[rows] for leaf in jax.tree_util.tree_leaves(tree)]
+
+
+def _check_reset_rule(agent, acting, step):
+    """Steps with ``step() -> (observation acted on, experience flags, hidden after acting)`` until
+    an episode has ended, then pins the rule on the next step."""
+    ended_rows, previous_ended = None, None
+    for _ in range(400):
+        observation, ended, hidden = step()
+        if ended_rows is not None and previous_ended is not None:
+            fresh = _fresh_hidden(agent, acting, observation)
+            for got, want in zip(_rows(hidden, ended_rows), _rows(fresh, ended_rows), strict=True):
+                np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+            running = np.flatnonzero(~previous_ended)
+            if running.size:  # rows that did not end carried their memory on
+                assert not all(
+                    np.allclose(g, w) for g, w in zip(_rows(hidden, running), _rows(fresh, running), strict=True)
+                )
+            return
+        if ended.any():
+            ended_rows, previous_ended = np.flatnonzero(ended), ended
+    pytest.fail("no episode ended")
+
+
+def test_the_host_loop_starts_the_next_step_from_the_initial_state(tmp_path):
+    agent, env = _agent(tmp_path)
+    collector = HostCollector(agent, env, False)
+    collector.reset(0)
+    act, acting = compiled_steps(agent).act, agent.acting_params(agent.state)
+    state = {"key": jax.random.PRNGKey(1), "t": 0}
+
+    def step():
+        observation = collector.observations
+        experience, _, state["key"] = collector.step(act, acting, state["key"], state["t"], state["t"] + 4)
+        state["t"] += 4
+        ended = np.logical_or(experience.done, experience.truncated)
+        assert np.array_equal(np.asarray(collector.memory.start), ended)  # the next observation starts one
+        return observation, ended, collector.memory.hidden
+
+    _check_reset_rule(agent, acting, step)
+    env.close()
+
+
+def test_the_compiled_loop_starts_the_next_step_from_the_initial_state(tmp_path):
+    agent, _ = _agent(tmp_path, "gymnax:CartPoleNoVel-v1")
+    collector = JaxCollector(agent, make_jax_env("gymnax:CartPoleNoVel-v1", 4))
+    collector.reset(env_reset_key(0, 0))
+    acting = agent.acting_params(agent.state)
+    state = {"key": jax.random.PRNGKey(1), "t": 0}
+
+    def step():
+        assert collector.carry is not None
+        observation = collector.carry.observation
+        rows, _, state["key"] = collector.collect(acting, state["key"], state["t"], 1, 4)
+        state["t"] += 4
+        ended = np.logical_or(rows.done[0], rows.truncated[0])
+        assert np.array_equal(np.asarray(collector.carry.memory.start), ended)
+        return np.asarray(observation), ended, collector.carry.memory.hidden
+
+    _check_reset_rule(agent, acting, step)
+
+
+def test_acting_step_resets_where_done_says_the_previous_episode_ended(tmp_path):
+    agent, env = _agent(tmp_path)
+    algorithm = AgentAlgorithm(agent)
+    observation, _ = env.reset(seed=0)
+    _, _, rhs, _ = algorithm.acting_step(observation, None, np.ones(4))
+    _, _, rhs, _ = algorithm.acting_step(observation, rhs, np.zeros(4))  # a memory that is not the initial one
+    done = np.array([1.0, 0.0, 0.0, 1.0])
+    action, clipped, after, other = algorithm.acting_step(observation, rhs, done, deterministic=True)
+    fresh = _fresh_hidden(agent, agent.acting_params(agent.state), observation)
+    for got, want in zip(_rows(after, [0, 3]), _rows(fresh, [0, 3]), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    assert not np.allclose(_rows(after, [1])[0], _rows(fresh, [1])[0])
+    assert action.shape == (4,) and other["log_prob"].shape == (4,)
+    assert jax.tree_util.tree_map(np.shape, after) == jax.tree_util.tree_map(np.shape, agent.initial_hidden(4))
+    env.close()
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_the_update_over_sequences_equals_stepping_the_core(tmp_path, shared):
+    """Loss inputs (log-probabilities, entropies, values) from ``sequence_outputs`` equal those of
+    the network stepped one step at a time from the stored state, resetting at the stored starts."""
+    agent, env = _agent(tmp_path, sets=[f"algo_params.shared_core={shared}", "algo_params.core=gru"])
+    collector = HostCollector(agent, env, False)
+    collector.reset(0)
+    act, acting = compiled_steps(agent).act, agent.acting_params(agent.state)
+    key, rows = jax.random.PRNGKey(2), []
+    for t in range(16):
+        experience, _, key = collector.step(act, acting, key, 4 * t, 4 * t + 4)
+        rows.append(experience)
+    rollout = jax.tree_util.tree_map(lambda *xs: np.stack(xs), *rows)  # (T, E, ...)
+    processed, _ = agent.process_rollout(agent.state, jax.random.PRNGKey(3), rollout)
+    assert processed.observation.shape == (4 * 16 // 8, 8, 2)  # whole sequences of 8 steps
+    assert bool(processed.start.any())
+    ac = agent.state.actor_critic
+    log_probs, entropies, values = jax.jit(lambda b: sequence_outputs(ac, ac.params, b))(processed)
+    for s in range(processed.observation.shape[0]):
+        hidden = jax.tree_util.tree_map(lambda h, s=s: h[s][None], processed.hidden)
+        for t in range(8):
+            hidden, dist, value = ac.apply_fn(
+                ac.params, hidden, processed.observation[s, t][None], processed.start[s, t][None], method="step"
+            )
+            np.testing.assert_allclose(values[s, t], value[0], rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(log_probs[s, t], dist.log_prob(processed.action[s, t][None])[0], rtol=1e-5)
+            np.testing.assert_allclose(entropies[s, t], dist.entropy()[0], rtol=1e-5)
+    # the processed values are the acting-time network's (the same parameters): V(obs) of step 0
+    np.testing.assert_allclose(values, processed.value, rtol=1e-5, atol=1e-6)
+    assert isinstance(processed, RecurrentPPOBatch)
+    env.close()
+
+
+def test_recurrent_training_is_deterministic_for_a_seed(tmp_path):
+    prints = []
+    for name in ("a", "b"):
+        agent, env = _agent(tmp_path, name=name)
+        result = EXECUTORS["host"].run(agent, env, 512)
+        prints.append(state_fingerprint(result.state.agent_state))
+        env.close()
+    assert prints[0] == prints[1]
+
+
+def test_a_resumed_compiled_recurrent_run_gives_the_bits_of_an_uninterrupted_one(tmp_path):
+    common = ["ppo_lstm", "gymnax:CartPoleNoVel-v1", "--quiet", "--n-envs", "4"]
+    # a constant learning rate: an annealed one would reach zero at the first run's own end
+    constant = ["update_cfg.learning_rate=0.001", "update_cfg.learning_rate_annealing=false"]
+    common += [arg for s in [*SETS, *constant] for arg in ("--set", s)]
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    assert main(["train", *common, "--steps", "1024", "--run-dir", str(whole)]) == 0
+    assert main(["train", *common, "--steps", "512", "--run-dir", str(cut)]) == 0
+    assert main(["resume", str(cut), "--steps", "1024", "--quiet"]) == 0
+    a, b = (json.loads((d / "summary.json").read_text()) for d in (whole, cut))
+    assert a["steps"] == b["steps"] == 1024
+    assert a["state_fingerprint"] == b["state_fingerprint"]
+
+
+@pytest.mark.parametrize(
+    ("sets", "match"),
+    [
+        (["algo_params.sequence_length=5"], "sequence_length=5 does not divide"),
+        (["algo_params.sequence_length=16", "update_cfg.batch_size=40"], "batch_size=40 is not a multiple"),
+        (["algo_params.core=rnn"], "algo_params.core"),
+        (["algo_params.core_size=0"], "algo_params.core_size"),
+        (["algo_params.normalize_observations=true"], "normalize_observations"),
+    ],
+)
+def test_bad_recurrent_configs_are_refused_clearly(tmp_path, sets, match):
+    with pytest.raises(ValueError, match=match):
+        _agent(tmp_path, sets=sets)
+
+
+def test_a_recurrent_agent_does_not_act_without_its_hidden_state(tmp_path):
+    agent, env = _agent(tmp_path)
+    with pytest.raises(TypeError, match="act_recurrent"):
+        agent.act(agent.state, jax.random.PRNGKey(0), np.zeros((4, 2), np.float32), 0)
+    with pytest.raises(TypeError, match="RecurrentPPOParams"):
+        RecurrentPPO("x", make_vec_env_config(env))
+    env.close()
+
+
+def make_vec_env_config(env):
+    from kitae.algos.collections.ppo import PPOParams
+    from kitae.config import AlgoConfig, EnvConfig, TrainConfig, UpdateConfig
+
+    return AlgoConfig(
+        seed=0,
+        algo_params=PPOParams(),
+        update_cfg=UpdateConfig(max_buffer_size=16, batch_size=32),
+        train_cfg=TrainConfig(n_env_steps=64),
+        env_cfg=EnvConfig("x", env.single_observation_space, env.single_action_space, n_envs=4),
+    )
+
+
+def test_the_params_round_trip_through_yaml(tmp_path):
+    agent, env = _agent(tmp_path, sets=["algo_params.core=gru", "algo_params.shared_core=false"])
+    from kitae.config import AlgoConfig
+
+    path = tmp_path / "config.yaml"
+    agent.config.to_yaml(path)
+    loaded = AlgoConfig.from_yaml(path)
+    assert isinstance(loaded.algo_params, RecurrentPPOParams)
+    assert loaded.algo_params == agent.config.algo_params
+    env.close()

@@ -83,3 +83,18 @@ def test_a_collection_worker_compiles_its_step_once(tmp_path, env_id):
     compiled = worker.act if worker.jax_collector is None else worker.jax_collector._rollout
     assert compiled._cache_size() == 1
     assert jax.tree_util.tree_leaves(batch["rows"])[0].shape[:2] == (4, 4)
+
+
+def test_a_recurrent_agent_gives_the_host_loops_bits_with_one_worker(ray_shared, tmp_path):
+    """The collection workers carry a recurrent agent's hidden state with the host loop's rule."""
+    sets = ["update_cfg.max_buffer_size=16", "update_cfg.batch_size=32", "algo_params.sequence_length=8"]
+    env_id, steps = "CartPoleNoVel-v1", 1024
+    agent, env = preset_agent("ppo_lstm", env_id, steps=steps, n_envs=4, run_dir=tmp_path / "a", sets=sets)
+    twin, twin_env = preset_agent("ppo_lstm", env_id, steps=steps, n_envs=4, run_dir=tmp_path / "b", sets=sets)
+    twin_env.close()
+    host = EXECUTORS["host"].run(agent, env, steps)
+    env.close()
+    distributed = DistributedExecutor(DistributedConfig(workers=1, gradient_workers=1)).run(twin, env_id, steps)
+    assert len(host.update_steps[0]) == steps // 64
+    assert _fingerprint(host) == _fingerprint(distributed)
+    np.testing.assert_array_equal(host.episodes[0].return_, distributed.episodes[0].return_)

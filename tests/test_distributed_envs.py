@@ -98,3 +98,15 @@ def test_a_recurrent_agent_gives_the_host_loops_bits_with_one_worker(ray_shared,
     assert len(host.update_steps[0]) == steps // 64
     assert _fingerprint(host) == _fingerprint(distributed)
     np.testing.assert_array_equal(host.episodes[0].return_, distributed.episodes[0].return_)
+
+
+def test_envpool_ids_collect_in_workers_with_the_host_loops_bits(ray_shared, tmp_path):
+    env_id, steps = "envpool:CartPole-v1", 2048
+    agent, env = preset_agent("ppo", env_id, steps=steps, n_envs=8, run_dir=tmp_path / "a")
+    twin, twin_env = preset_agent("ppo", env_id, steps=steps, n_envs=8, run_dir=tmp_path / "b")
+    twin_env.close()
+    host = EXECUTORS["host"].run(agent, env, steps)
+    env.close()
+    distributed = DistributedExecutor(DistributedConfig(workers=1, gradient_workers=1)).run(twin, env_id, steps)
+    assert len(host.update_steps[0]) > 1
+    assert _fingerprint(host) == _fingerprint(distributed)

@@ -133,6 +133,7 @@ __all__ = [
     "ppo_value_loss",
     "normalize_advantages",
     "approx_kl_and_clip_fraction",
+    "ppo_loss",
     "init_running_statistics",
     "update_running_statistics",
     "normalize_with_statistics",
@@ -703,6 +704,36 @@ def approx_kl_and_clip_fraction(
     return approx_kl, clip_fraction
 
 
+def ppo_loss(
+    p: PPOParams,
+    value_clip: float | None,
+    log_probs: jax.Array,
+    entropies: jax.Array,
+    values: jax.Array,
+    old_log_probs: jax.Array,
+    old_values: jax.Array,
+    returns: jax.Array,
+    advantages: jax.Array,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """PPO's loss on rows ``(B,)`` and its info: ``ppo_policy_loss + value_coef * ppo_value_loss -
+    entropy_coef * mean entropy``; info holds ``loss_policy``, ``loss_value``, ``entropy``,
+    ``loss_total``, ``approx_kl``, ``clip_fraction``. Shared by PPO and recurrent PPO (whose rows
+    are the steps of its sequences)."""
+    policy_loss = ppo_policy_loss(log_probs, old_log_probs, advantages, p.clip_coef)
+    value_loss = ppo_value_loss(values, old_values, returns, value_clip)
+    entropy = jnp.mean(entropies)
+    loss = policy_loss + p.value_coef * value_loss - p.entropy_coef * entropy
+    approx_kl, clip_fraction = approx_kl_and_clip_fraction(jax.lax.stop_gradient(log_probs), old_log_probs, p.clip_coef)
+    return loss, {
+        "loss_policy": policy_loss,
+        "loss_value": value_loss,
+        "entropy": entropy,
+        "loss_total": loss,
+        "approx_kl": approx_kl,
+        "clip_fraction": clip_fraction,
+    }
+
+
 def compute_gradients_factory(config: cfg.AlgoConfig) -> Callable:
     """Makes ``compute_gradients_fn(state, key, batch) -> (grads, info)``.
 
@@ -723,21 +754,9 @@ def compute_gradients_factory(config: cfg.AlgoConfig) -> Callable:
             dist, values = ac.apply_fn(params, batch.observation)
             dist = apply_action_mask(dist, batch.observation)
             log_probs = dist.log_prob(batch.action)
-            policy_loss = ppo_policy_loss(log_probs, batch.log_prob, advantages, p.clip_coef)
-            value_loss = ppo_value_loss(values, batch.value, batch.return_, value_clip)
-            entropy = jnp.mean(dist.entropy())
-            loss = policy_loss + p.value_coef * value_loss - p.entropy_coef * entropy
-            approx_kl, clip_fraction = approx_kl_and_clip_fraction(
-                jax.lax.stop_gradient(log_probs), batch.log_prob, p.clip_coef
+            return ppo_loss(
+                p, value_clip, log_probs, dist.entropy(), values, batch.log_prob, batch.value, batch.return_, advantages
             )
-            return loss, {
-                "loss_policy": policy_loss,
-                "loss_value": value_loss,
-                "entropy": entropy,
-                "loss_total": loss,
-                "approx_kl": approx_kl,
-                "clip_fraction": clip_fraction,
-            }
 
         (_, info), grads = jax.value_and_grad(loss_fn, has_aux=True)(ac.params)
         return grads, info

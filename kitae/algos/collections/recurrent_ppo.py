@@ -48,11 +48,10 @@ from kitae.algos.collections.ppo import (
     PPOParams,
     _action_map,
     apply_action_mask,
-    approx_kl_and_clip_fraction,
+    apply_gradients_factory,
     check_spaces,
     normalize_advantages,
-    ppo_policy_loss,
-    ppo_value_loss,
+    ppo_loss,
 )
 from kitae.algos.gradients import update_step_from_gradients
 from kitae.base import OnPolicyAgent
@@ -451,36 +450,12 @@ def compute_gradients_factory(config: cfg.AlgoConfig) -> Callable:
 
         def loss_fn(params: Params) -> tuple[jax.Array, dict]:
             log_probs, entropies, values = (x.reshape(-1) for x in sequence_outputs(ac, params, batch))
-            policy_loss = ppo_policy_loss(log_probs, old_log_probs, advantages, p.clip_coef)
-            value_loss = ppo_value_loss(values, old_values, returns, value_clip)
-            entropy = jnp.mean(entropies)
-            loss = policy_loss + p.value_coef * value_loss - p.entropy_coef * entropy
-            approx_kl, clip_fraction = approx_kl_and_clip_fraction(
-                jax.lax.stop_gradient(log_probs), old_log_probs, p.clip_coef
-            )
-            return loss, {
-                "loss_policy": policy_loss,
-                "loss_value": value_loss,
-                "entropy": entropy,
-                "loss_total": loss,
-                "approx_kl": approx_kl,
-                "clip_fraction": clip_fraction,
-            }
+            return ppo_loss(p, value_clip, log_probs, entropies, values, old_log_probs, old_values, returns, advantages)
 
         (_, info), grads = jax.value_and_grad(loss_fn, has_aux=True)(ac.params)
         return grads, info
 
     return compute_gradients_fn
-
-
-def apply_gradients_factory(config: cfg.AlgoConfig) -> Callable:
-    """Makes ``apply_gradients_fn(state, grads) -> state``: one optimizer step."""
-    del config
-
-    def apply_gradients_fn(state: RecurrentPPOState, grads: Params) -> RecurrentPPOState:
-        return state.replace(actor_critic=state.actor_critic.apply_gradients(grads=grads))
-
-    return apply_gradients_fn
 
 
 def update_step_factory(config: cfg.AlgoConfig) -> Callable:

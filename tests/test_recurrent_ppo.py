@@ -41,11 +41,16 @@ def _agent(tmp_path, env_id="CartPoleNoVel-v1", n_envs=4, sets=(), name="a"):
 
 
 def _fresh_hidden(agent, acting, observation):
-    """The hidden state the core gives from the initial state on ``observation`` (no key involved)."""
-    n = observation.shape[0]
-    _, _, hidden = agent.act_recurrent(
-        acting, jax.random.PRNGKey(0), observation, agent.initial_hidden(n), jnp.zeros(n, bool), 0
-    )
+    """The hidden state the core gives from the initial state on ``observation`` (no key involved;
+    multi-agent: observations and states are dicts keyed by agent)."""
+    if isinstance(observation, dict):
+        n = next(iter(observation.values())).shape[0]
+        hidden = {a: agent.initial_hidden(n) for a in observation}
+        start = dict.fromkeys(observation, jnp.zeros(n, bool))
+    else:
+        n = observation.shape[0]
+        hidden, start = agent.initial_hidden(n), jnp.zeros(n, bool)
+    _, _, hidden = agent.act_recurrent(acting, jax.random.PRNGKey(0), observation, hidden, start, 0)
     return hidden
 
 
@@ -74,28 +79,55 @@ def _check_reset_rule(agent, acting, step):
     pytest.fail("no episode ended")
 
 
-def test_the_host_loop_starts_the_next_step_from_the_initial_state(tmp_path):
-    agent, env = _agent(tmp_path)
-    collector = HostCollector(agent, env, False)
+def _copy_ended(experience):
+    """``(E,)``: the copy's episode ended (multi-agent: every agent's)."""
+    done, truncated = experience.done, experience.truncated
+    if isinstance(done, dict):
+        return np.all([np.logical_or(done[a], truncated[a]) for a in done], axis=0)
+    return np.logical_or(done, truncated)
+
+
+def _check_start_flags(memory, ended):
+    """The next observation starts an episode where the step ended one (multi-agent: for every
+    agent, each with its own hidden state)."""
+    if isinstance(memory.start, dict):
+        assert set(memory.hidden) == set(memory.start)
+        for flags in memory.start.values():
+            assert np.array_equal(np.asarray(flags), ended)
+    else:
+        assert np.array_equal(np.asarray(memory.start), ended)
+
+
+@pytest.mark.parametrize(
+    ("env_id", "n_envs"), [("CartPoleNoVel-v1", 4), ("pettingzoo:mpe2.simple_spread_v3", 2)], ids=["gym", "pettingzoo"]
+)
+def test_the_host_loop_starts_the_next_step_from_the_initial_state(tmp_path, env_id, n_envs):
+    agent, env = _agent(tmp_path, env_id, n_envs=n_envs)
+    collector = HostCollector(agent, env, agent.parallel)
     collector.reset(0)
     act, acting = compiled_steps(agent).act, agent.acting_params(agent.state)
     state = {"key": jax.random.PRNGKey(1), "t": 0}
 
     def step():
         observation = collector.observations
-        experience, _, state["key"] = collector.step(act, acting, state["key"], state["t"], state["t"] + 4)
-        state["t"] += 4
-        ended = np.logical_or(experience.done, experience.truncated)
-        assert np.array_equal(np.asarray(collector.memory.start), ended)  # the next observation starts one
+        experience, _, state["key"] = collector.step(act, acting, state["key"], state["t"], state["t"] + n_envs)
+        state["t"] += n_envs
+        ended = _copy_ended(experience)
+        _check_start_flags(collector.memory, ended)
         return observation, ended, collector.memory.hidden
 
     _check_reset_rule(agent, acting, step)
     env.close()
 
 
-def test_the_compiled_loop_starts_the_next_step_from_the_initial_state(tmp_path):
-    agent, _ = _agent(tmp_path, "gymnax:CartPoleNoVel-v1")
-    collector = JaxCollector(agent, make_jax_env("gymnax:CartPoleNoVel-v1", 4))
+@pytest.mark.parametrize(
+    ("env_id", "n_envs"),
+    [("gymnax:CartPoleNoVel-v1", 4), ("jaxmarl:MPE_simple_spread_v3", 2)],
+    ids=["gymnax", "jaxmarl"],
+)
+def test_the_compiled_loop_starts_the_next_step_from_the_initial_state(tmp_path, env_id, n_envs):
+    agent, _ = _agent(tmp_path, env_id, n_envs=n_envs)
+    collector = JaxCollector(agent, make_jax_env(env_id, n_envs))
     collector.reset(env_reset_key(0, 0))
     acting = agent.acting_params(agent.state)
     state = {"key": jax.random.PRNGKey(1), "t": 0}
@@ -103,11 +135,11 @@ def test_the_compiled_loop_starts_the_next_step_from_the_initial_state(tmp_path)
     def step():
         assert collector.carry is not None
         observation = collector.carry.observation
-        rows, _, state["key"] = collector.collect(acting, state["key"], state["t"], 1, 4)
-        state["t"] += 4
-        ended = np.logical_or(rows.done[0], rows.truncated[0])
-        assert np.array_equal(np.asarray(collector.carry.memory.start), ended)
-        return np.asarray(observation), ended, collector.carry.memory.hidden
+        rows, _, state["key"] = collector.collect(acting, state["key"], state["t"], 1, n_envs)
+        state["t"] += n_envs
+        ended = _copy_ended(jax.tree_util.tree_map(lambda x: x[0], rows))
+        _check_start_flags(collector.carry.memory, ended)
+        return jax.tree_util.tree_map(np.asarray, observation), ended, collector.carry.memory.hidden
 
     _check_reset_rule(agent, acting, step)
 

@@ -9,7 +9,9 @@ next: the hidden state and the flag ``start`` (the observation about to be acted
 of an episode). The rule, the same in every executor: a fresh environment starts every row;
 after a step, a row starts again where its episode ended (terminated or truncated alike), and
 the agent's ``act_recurrent`` acts from the initial state where ``start`` holds
-(``kitae.modules.recurrent.reset_hidden``). Feed-forward agents carry ``None``.
+(``kitae.modules.recurrent.reset_hidden``). In a multi-agent environment each agent carries its
+own hidden state: both fields are dicts keyed by agent, and an environment's episode ends for all
+its agents at once (the copy resets when every agent is done). Feed-forward agents carry ``None``.
 """
 
 from __future__ import annotations
@@ -39,28 +41,43 @@ class Memory(NamedTuple):
 
     Attributes:
         hidden: the hidden state, leaves ``(E, ...)`` (``agent.initial_hidden(E)``'s structure):
-            the state after the last step, before any reset.
-        start: ``(E,)`` bool: the next observation is the first of an episode.
+            the state after the last step, before any reset; ``{agent: ...}`` in a multi-agent
+            environment.
+        start: ``(E,)`` bool: the next observation is the first of an episode; ``{agent: (E,)}``
+            in a multi-agent environment (the same flags for every agent).
     """
 
     hidden: Any
-    start: jax.Array
+    start: Any
 
 
-def initial_memory(agent: Any, n_envs: int) -> Memory | None:
+def initial_memory(agent: Any, n_envs: int, agents: tuple[str, ...] | None = None) -> Memory | None:
     """Fresh environments: the initial hidden state, every row starting; ``None`` for a
-    feed-forward agent."""
+    feed-forward agent.
+
+    Args:
+        agent: the agent (its ``recurrent`` flag and ``initial_hidden``).
+        n_envs: environments ``E``.
+        agents: a multi-agent environment's agents (each gets its own state), or ``None``.
+    """
     if not getattr(agent, "recurrent", False):
         return None
-    return Memory(agent.initial_hidden(n_envs), jnp.ones((n_envs,), bool))
+    start = jnp.ones((n_envs,), bool)
+    if agents is None:
+        return Memory(agent.initial_hidden(n_envs), start)
+    return Memory({a: agent.initial_hidden(n_envs) for a in agents}, dict.fromkeys(agents, start))
 
 
 def next_memory(memory: Memory | None, hidden: Any, ended: Any) -> Memory | None:
     """The memory after a step: the hidden state ``act_step`` returned, and ``start`` where the
-    step ended an episode (``ended``: ``(E,)`` bool, terminated or truncated)."""
+    step ended an episode (``ended``: ``(E,)`` bool, terminated or truncated; in a multi-agent
+    environment the copy's episode, for all its agents)."""
     if memory is None:
         return None
-    return Memory(hidden, jnp.asarray(ended, bool))
+    ended = jnp.asarray(ended, bool)
+    if isinstance(memory.start, dict):
+        return Memory(hidden, dict.fromkeys(memory.start, ended))
+    return Memory(hidden, ended)
 
 
 def act_step(

@@ -17,7 +17,7 @@ import numpy as np
 
 from kitae.envs.make import EnvSpec, make_jax_env, make_vec_env
 from kitae.loops.collect import Memory, initial_memory, next_memory
-from kitae.loops.multi_agent import evaluate_team_returns
+from kitae.loops.multi_agent import env_agents, evaluate_team_returns
 from kitae.validation import check_positive_int
 
 __all__ = ["evaluate_host", "evaluate_jax"]
@@ -61,7 +61,7 @@ def evaluate_host(agent: Any, spec: EnvSpec, episodes: int, seed: int = 0) -> np
         try:
             observations, _ = env.reset(seed=seed + len(returns))
             totals, done = np.zeros(n), np.zeros(n, bool)
-            memory = initial_memory(agent, n)
+            memory = initial_memory(agent, n, tuple(env.possible_agents) if hasattr(env, "possible_agents") else None)
             while not done.all():
                 key, act_key = jax.random.split(key)
                 actions, hidden = act(params, act_key, observations, memory)
@@ -96,12 +96,15 @@ def evaluate_jax(agent: Any, spec: EnvSpec, episodes: int, seed: int = 0) -> np.
     env = make_jax_env(spec, episodes)
     params = agent.acting_params(agent.state)
 
-    if getattr(env, "agents", None) is not None:
+    agents = env_agents(env)
+    if agents is not None:
+        memory = initial_memory(agent, episodes, agents)
 
-        def act(key: jax.Array, observation: Any) -> Any:
-            return agent.act(params, key, observation, jnp.zeros((), jnp.int32), True)[0]
+        def act(key: jax.Array, observation: Any, memory: Memory | None = None) -> Any:
+            actions, hidden = _deterministic_step(agent, params, key, observation, memory)
+            return actions if memory is None else (actions, hidden)
 
-        return evaluate_team_returns(env, act, jax.random.PRNGKey(seed))[:, 0]
+        return evaluate_team_returns(env, act, jax.random.PRNGKey(seed), memory=memory)[:, 0]
     limit = int(getattr(env.params, "max_steps_in_episode", getattr(env.params, "episode_length", 100_000))) + 1
 
     def evaluate(key: jax.Array) -> jax.Array:

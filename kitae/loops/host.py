@@ -183,6 +183,14 @@ def _check_layout(agent: Any, env: Any) -> bool:
     return parallel
 
 
+def _copy_ended(terminations: Any, truncations: Any) -> np.ndarray:
+    """``(E,)``: the step ended the episode of each copy (terminated or truncated; in a
+    multi-agent environment, every agent: the copy resets then, ``kitae.envs.parallel``)."""
+    if isinstance(terminations, dict):
+        return np.all([np.logical_or(terminations[a], truncations[a]) for a in terminations], axis=0)
+    return np.logical_or(terminations, truncations)
+
+
 class _Episodes:
     """Running episode returns and lengths of the host loop, single- or multi-agent."""
 
@@ -257,7 +265,7 @@ class HostCollector:
         """Resets the environments (sub-environment ``i`` seeded ``seed + i``); a recurrent
         agent's memory starts afresh (``kitae.loops.collect.initial_memory``)."""
         self.observations, _ = self.env.reset(seed=seed)
-        self.memory = initial_memory(self.agent, self.env.num_envs)
+        self.memory = initial_memory(self.agent, self.env.num_envs, self.tracker.agents)
 
     def step(
         self, act: Any, acting: Any, key: jax.Array, env_step: int, next_step: int
@@ -297,8 +305,8 @@ class HostCollector:
             **_fields(rewards, terminations, truncations, self.parallel),
         )
         self.observations = next_observations
-        if memory is not None:  # single-agent: recurrent agents refuse multi-agent environments
-            self.memory = next_memory(memory, hidden, np.logical_or(terminations, truncations))
+        if memory is not None:
+            self.memory = next_memory(memory, hidden, _copy_ended(terminations, truncations))
         return experience, ended, key
 
 

@@ -154,7 +154,7 @@ class JaxCollector:
             return key, carry, steps
 
         self._rollout = jax.jit(rollout, static_argnums=(5,))
-        memory = initial_memory(agent, env.num_envs)
+        memory = initial_memory(agent, env.num_envs, agents)
         self._reset = jax.jit(lambda key: reset_env_carry(env, agents, key, memory))
 
     def reset(self, key: jax.Array) -> None:

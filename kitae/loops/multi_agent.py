@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kitae.loops.collect import next_memory
 from kitae.loops.episodes import track_episodes
 from kitae.validation import check_positive_int
 
@@ -110,7 +111,12 @@ def track_team_episodes(returns: dict[str, jax.Array], lengths: jax.Array, ts: A
 
 
 def evaluate_team_returns(
-    env: Any, act: Callable[[jax.Array, dict], dict], key: jax.Array, episodes: int = 1, max_steps: int = 100_000
+    env: Any,
+    act: Callable[..., Any],
+    key: jax.Array,
+    episodes: int = 1,
+    max_steps: int = 100_000,
+    memory: Any = None,
 ) -> np.ndarray:
     """Team returns of the first ``episodes`` episodes of each of ``env.num_envs`` environments.
 
@@ -121,10 +127,13 @@ def evaluate_team_returns(
 
     Args:
         env: a multi-agent vectorized JAX environment (``VecJaxMARLEnv``).
-        act: ``act(key, observations) -> actions``, dicts keyed by agent, leaves ``(E, ...)``.
+        act: ``act(key, observations) -> actions``, dicts keyed by agent, leaves ``(E, ...)``; with
+            ``memory``: ``act(key, observations, memory) -> (actions, hidden)``.
         key: PRNG key for the resets, the steps and ``act``.
         episodes: episodes per environment (>= 1).
         max_steps: vector steps at most (>= 1); episodes unfinished then count as NaN.
+        memory: a recurrent agent's ``kitae.loops.collect.Memory`` (``initial_memory(agent, E,
+            agents)``), carried from step to step with ``next_memory``; ``None`` otherwise.
 
     Returns:
         ``(E, episodes)`` float array of team returns.
@@ -147,6 +156,7 @@ def evaluate_team_returns(
             key,
             observation,
             env_state,
+            memory,
             {a: jnp.zeros((n_envs,), jnp.float32) for a in agents},
             jnp.zeros((n_envs,), jnp.int32),
             jnp.full((n_envs, episodes), jnp.nan, jnp.float32),
@@ -157,15 +167,21 @@ def evaluate_team_returns(
             return jnp.logical_and(carry[0] < max_steps, jnp.any(carry[-1] < episodes))
 
         def body(carry: tuple) -> tuple:
-            t, key, observation, env_state, returns, lengths, table, done = carry
+            t, key, observation, env_state, memory, returns, lengths, table, done = carry
             key, act_key, step_key = jax.random.split(key, 3)
-            ts = env.step(step_key, env_state, act(act_key, observation))
+            if memory is None:
+                actions, hidden = act(act_key, observation), None
+            else:
+                actions, hidden = act(act_key, observation, memory)
+            ts = env.step(step_key, env_state, actions)
             returns, lengths, team, _, ended, _ = track_team_episodes(returns, lengths, ts)
+            memory = next_memory(memory, hidden, ended)
             rows, slot = jnp.arange(n_envs), jnp.minimum(done, episodes - 1)
             keep = jnp.logical_and(ended, done < episodes)
             table = table.at[rows, slot].set(jnp.where(keep, team, table[rows, slot]))
-            return t + 1, key, ts.observation, ts.state, returns, lengths, table, done + keep.astype(jnp.int32)
+            done = done + keep.astype(jnp.int32)
+            return t + 1, key, ts.observation, ts.state, memory, returns, lengths, table, done
 
-        return jax.lax.while_loop(cond, body, carry)[6]
+        return jax.lax.while_loop(cond, body, carry)[7]
 
     return np.asarray(jax.jit(run)(key), dtype=np.float64)

@@ -110,7 +110,7 @@ def make_loop_functions(agent: Any, env: VecJaxEnv) -> tuple[Callable, Callable,
         return make() if agents is None else {a: make() for a in agents}
 
     def empty_buffer(agent_state: Any, agent_key: jax.Array, observation: Any) -> Any:
-        memory = initial_memory(agent, n_envs)
+        memory = initial_memory(agent, n_envs, agents)
         actions, log_probs, _, _ = jax.eval_shape(
             lambda s, k, o: act_step(agent, agent.acting_params(s), k, o, jnp.zeros((), jnp.int32), memory=memory),
             agent_state,
@@ -132,7 +132,7 @@ def make_loop_functions(agent: Any, env: VecJaxEnv) -> tuple[Callable, Callable,
 
     def attach(state: LoopState, seed: jax.Array) -> LoopState:
         step = jnp.asarray(state.env_step, jnp.int32)
-        carry = reset_env_carry(env, agents, env_reset_key(seed, step), initial_memory(agent, n_envs))
+        carry = reset_env_carry(env, agents, env_reset_key(seed, step), initial_memory(agent, n_envs, agents))
         if state.buffer is None:
             buffer = empty_buffer(state.agent_state, state.agent_key, carry.observation)
         else:

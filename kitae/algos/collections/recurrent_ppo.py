@@ -28,8 +28,12 @@ observation encoder and the policy and value heads, for partially observed tasks
   over sequences, never over single steps); the core is re-run over each sequence from its stored
   state, with the resets at the stored starts; PPO's clipped losses on every step.
 
-Observation and reward normalisation (``PPOParams.normalize_*``) and multi-agent environments are
-not available for the recurrent agent; asking for them is an error naming the field.
+* **Multi-agent environments** (shared parameters, ``env_cfg.n_agents > 1``): each agent carries its
+  own hidden state (``Memory`` holds dicts keyed by agent); the functions above are written for one
+  agent in one environment and lifted over agents like PPO's.
+
+Observation and reward normalisation (``PPOParams.normalize_*``) are not available for the
+recurrent agent; asking for them is an error naming the field.
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ from kitae.algos.collections.ppo import (
     ppo_loss,
 )
 from kitae.algos.gradients import update_step_from_gradients
-from kitae.base import OnPolicyAgent
+from kitae.base import OnPolicyAgent, agent_keys
 from kitae.config import register_algo_params
 from kitae.modules.encoders import MLP, encoder_factory, space_input_shape
 from kitae.modules.optimizer import optimizer_from_config
@@ -138,11 +142,6 @@ def check_config(config: cfg.AlgoConfig) -> None:
         ValueError: naming the field, its value and what is allowed.
     """
     check_spaces(config)
-    if config.env_cfg.n_agents != 1:
-        raise ValueError(
-            f"env_cfg.n_agents={config.env_cfg.n_agents} is not allowed for recurrent PPO; allowed: 1 (a "
-            "single-agent environment)"
-        )
     length, rollout, batch = sequence_length(config), config.update_cfg.max_buffer_size, config.update_cfg.batch_size
     if rollout % length:
         raise ValueError(
@@ -477,8 +476,8 @@ class RecurrentPPO(OnPolicyAgent):
 
     Raises:
         TypeError: if ``config.algo_params`` is not a ``RecurrentPPOParams``.
-        ValueError: for spaces PPO does not accept, a multi-agent environment, or a sequence length
-            that does not divide the rollout and the minibatch (``check_config``).
+        ValueError: for spaces PPO does not accept, or a sequence length that does not divide the
+            rollout and the minibatch (``check_config``).
     """
 
     recurrent = True
@@ -541,9 +540,12 @@ class RecurrentPPO(OnPolicyAgent):
     ) -> tuple[jax.Array, jax.Array, Any]:
         """Acts as a pure function: ``(actions (E, ...), log_probs (E,), hidden)`` from the
         observations ``(E, ...)``, the hidden state and the ``start`` flags ``(E,)`` (where one
-        holds, the step starts from the initial state). ``env_step`` is not used."""
+        holds, the step starts from the initial state). ``env_step`` is not used. Multi-agent:
+        observations, hidden states, flags and outputs are dicts keyed by agent, ``key`` is split
+        per agent (``kitae.base.agent_keys``)."""
         del env_step
-        return self.explore_fn(acting_params, key, observation, hidden, start, deterministic=deterministic)
+        keys = agent_keys(key, observation, self.parallel)
+        return self.explore_fn(acting_params, keys, observation, hidden, start, deterministic=deterministic)
 
     def act(
         self, acting_params: Any, key: jax.Array, observation: Any, env_step: Any, deterministic: bool = False

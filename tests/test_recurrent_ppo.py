@@ -1,10 +1,11 @@
 """Recurrent PPO (``ppo_lstm``) and the hidden state through the executors.
 
 The reset rule is pinned with values in the host loop's step, the compiled loop's step (each
-single- and multi-agent, one hidden state per agent) and ``acting_step``: where an episode ends at step t, the hidden state the core reads at step t + 1 is
-the initial one (and at step t itself, the carried one). The update re-runs the core over stored
-sequences exactly as stepping it one step at a time would; training is deterministic for a seed;
-a compiled run cut by a checkpoint and resumed gives the bits of an uninterrupted one.
+single- and multi-agent, one hidden state per agent) and ``acting_step``: where an episode ends at
+step t, the hidden state the core reads at step t + 1 is the initial one (and at step t itself,
+the carried one). The update re-runs the core over stored sequences exactly as stepping it one
+step at a time would; training is deterministic for a seed; a compiled run cut by a checkpoint and
+resumed gives the bits of an uninterrupted one.
 """
 
 from __future__ import annotations

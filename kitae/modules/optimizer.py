@@ -27,7 +27,7 @@ def n_gradient_steps(config: AlgoConfig, algo_type: AlgoType) -> int:
 
 
 def optimizer_factory(
-    learning_rate: float,
+    learning_rate: float | optax.Schedule,
     *,
     max_grad_norm: float | None = None,
     annealing_steps: int | None = None,
@@ -35,7 +35,8 @@ def optimizer_factory(
     """Adam, preceded by global-norm clipping when ``max_grad_norm`` is set.
 
     Args:
-        learning_rate: the step size (> 0).
+        learning_rate: the step size (> 0), or an optax schedule ``count -> rate`` (not with
+            ``annealing_steps``).
         max_grad_norm: clip gradients to this global norm, or ``None``.
         annealing_steps: if set, the learning rate decays linearly to 0 over this many updates.
 

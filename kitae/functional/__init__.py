@@ -1,0 +1,14 @@
+"""The stateless functional agent API of seed 002 (``kitae.functional``).
+
+Agents that are nothing but pure functions over explicit parameters, policy state and optimizer
+state, for users who write their own loop: ``init_params(rng)``, ``init_policy(rng)``,
+``init_optimizer(params, rng)``, ``predict(params, policy_state, obs, key, evaluation)``,
+``update(params, optimizer_state, data)`` and ``jit()``. Each is a thin layer over the
+collection's algorithm (``kitae.algos.collections``): one implementation, two faces. Guide:
+``docs/functional.md``.
+"""
+
+from kitae.functional.base import BaseAgent, Network, OptimState, make_network
+from kitae.functional.dqn import DQN
+
+__all__ = ["BaseAgent", "OptimState", "Network", "make_network", "DQN"]

@@ -1,0 +1,261 @@
+"""The stateless agent API of seed 002: ``BaseAgent``, ``OptimState`` and the network adapters.
+
+A functional agent is made once from a network creator, an environment (for its spaces) and a
+learning rate; after that it holds nothing that changes. Everything that does change is passed in
+and handed back: the parameters (``init_params``), the policy state (``init_policy``: what acting
+carries, such as a step count) and the optimizer state (``init_optimizer``). So ``predict`` and
+``update`` are pure functions of their arguments: they work under ``jax.jit`` and ``jax.vmap``
+(many agents in one call), and a user's own loop decides everything else.
+
+Each algorithm (``kitae.functional.DQN``, ``PPO``, ``SAC``, ``TD3``) is a thin layer over the
+collection's factories (``kitae.algos.collections``): the same explore, processing and
+``compute_gradients`` / ``apply_gradients`` functions the executors run, so there is one
+implementation of each algorithm with two faces.
+
+Networks come from any JAX library, as a creator ``network(action_space) -> net``:
+
+- a Haiku ``hk.Transformed`` (``hk.transform(f)`` or ``hk.without_apply_rng(hk.transform(f))``),
+  applied without an rng (the network must be deterministic);
+- a Flax ``flax.linen.Module`` (``module.init`` / ``module.apply``).
+
+``rng`` arguments take a JAX PRNG key or a Haiku ``hk.PRNGSequence`` (its next key is used).
+"""
+
+from __future__ import annotations
+
+import abc
+import functools
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import gymnasium as gym
+import haiku as hk
+import jax
+import jax.numpy as jnp
+import optax
+
+__all__ = ["BaseAgent", "OptimState", "Network", "make_network", "as_key", "env_spaces", "check_learning_rate"]
+
+
+class Network(NamedTuple):
+    """A network as two pure functions, whatever library made it.
+
+    Attributes:
+        init: ``init(key, observations (B, ...)) -> params``.
+        apply: ``apply(params, observations (B, ...)) -> outputs (B, ...)``.
+    """
+
+    init: Callable[[jax.Array, Any], Any]
+    apply: Callable[[Any, Any], Any]
+
+
+NETWORKS_ALLOWED = (
+    "a Haiku hk.Transformed (hk.transform(f) or hk.without_apply_rng(hk.transform(f))) or a flax.linen.Module"
+)
+
+
+def make_network(creator: Any, action_space: gym.Space) -> Network:
+    """Calls the network creator with the action space and adapts what it returns.
+
+    Args:
+        creator: ``creator(action_space) -> net``, ``net`` a Haiku ``hk.Transformed`` or a Flax
+            ``flax.linen.Module``.
+        action_space: the environment's (single) action space.
+
+    Returns:
+        The ``Network``.
+
+    Raises:
+        TypeError: if ``creator`` is not callable, or returns anything else (a Haiku
+            ``TransformedWithState`` included: network state is not supported).
+    """
+    if not callable(creator):
+        raise TypeError(
+            f"network={creator!r} is not allowed; allowed: a callable network(action_space) returning "
+            f"{NETWORKS_ALLOWED}"
+        )
+    net = creator(action_space)
+    if isinstance(net, hk.Transformed):
+        if "rng" not in inspect.signature(net.apply).parameters:  # hk.without_apply_rng(...)
+            return Network(net.init, net.apply)
+
+        def apply_haiku(params: Any, observations: Any) -> Any:
+            return net.apply(params, None, observations)
+
+        return Network(net.init, apply_haiku)
+    if isinstance(net, nn.Module):
+        return Network(net.init, net.apply)
+    raise TypeError(
+        f"network(action_space) returned {type(net).__name__}, which is not allowed; allowed: {NETWORKS_ALLOWED}"
+    )
+
+
+def as_key(rng: Any) -> jax.Array:
+    """The PRNG key to use from ``rng``: a JAX key as is, a Haiku ``hk.PRNGSequence``'s next key.
+
+    Raises:
+        TypeError: for anything else.
+    """
+    if isinstance(rng, hk.PRNGSequence):
+        return next(rng)
+    if isinstance(rng, jax.Array) and (jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key) or rng.shape[-1:] == (2,)):
+        return rng
+    raise TypeError(f"rng={rng!r} is not allowed; allowed: a JAX PRNG key or a haiku.PRNGSequence")
+
+
+def env_spaces(env: Any) -> tuple[gym.Space, gym.Space]:
+    """``(observation_space, action_space)`` of one environment: a vector environment's
+    ``single_*`` spaces, else the environment's own.
+
+    Raises:
+        TypeError: if ``env`` has no Gymnasium spaces.
+    """
+    observation_space = getattr(env, "single_observation_space", None) or getattr(env, "observation_space", None)
+    action_space = getattr(env, "single_action_space", None) or getattr(env, "action_space", None)
+    if not isinstance(observation_space, gym.Space) or not isinstance(action_space, gym.Space):
+        raise TypeError(
+            f"env={env!r} is not allowed; allowed: a Gymnasium environment or vector environment (with spaces)"
+        )
+    return observation_space, action_space
+
+
+def check_learning_rate(learning_rate: Any) -> None:
+    """Raises ``ValueError`` naming ``learning_rate`` unless it is a float > 0 or a schedule
+    (a callable ``count -> rate``)."""
+    if callable(learning_rate):
+        return
+    if isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float)) or not learning_rate > 0:
+        raise ValueError(
+            f"learning_rate={learning_rate!r} is not allowed; allowed: a float > 0 or an optax schedule (count -> rate)"
+        )
+
+
+def dummy_observation(observation_space: gym.Space) -> Any:
+    """A batch of one zero observation ``(1, *shape)`` (dicts of them for ``Dict`` spaces)."""
+    return jax.tree_util.tree_map(
+        lambda space: jnp.zeros((1, *space.shape), space.dtype if space.dtype is not None else jnp.float32),
+        observation_space,
+        is_leaf=lambda x: isinstance(x, gym.Space) and not isinstance(x, gym.spaces.Dict),
+    )
+
+
+def data_fields(data: Mapping[str, Any], keys: tuple[str, ...], algo: str) -> tuple[Any, ...]:
+    """The arrays of ``data`` under ``keys``, in that order.
+
+    Raises:
+        KeyError: naming the missing keys and the ones ``update`` reads.
+    """
+    if not isinstance(data, Mapping):
+        raise TypeError(f"data={type(data).__name__} is not allowed; allowed: a mapping with keys {list(keys)}")
+    missing = [k for k in keys if k not in data]
+    if missing:
+        raise KeyError(f"{algo}.update: data lacks {missing}; it reads {list(keys)}")
+    return tuple(data[k] for k in keys)
+
+
+class BaseAgent(abc.ABC):
+    """A stateless agent: pure functions over explicit parameters, policy and optimizer state.
+
+    Args:
+        network: ``network(action_space) -> net``, a Haiku ``hk.Transformed`` or a Flax
+            ``flax.linen.Module`` (``make_network``).
+        env: a Gymnasium environment or vector environment, read for its spaces only.
+        learning_rate: a float > 0 or an optax schedule ``count -> rate``.
+
+    Raises:
+        TypeError: for a network creator or environment that is not allowed.
+        ValueError: for a learning rate that is not allowed, or an action space the algorithm
+            cannot handle (subclasses).
+    """
+
+    class OptimState(NamedTuple):
+        """The optimizer state an agent's ``update`` takes and returns.
+
+        Attributes:
+            count: gradient steps so far, an int32 scalar (what periodic rules such as DQN's target
+                update count).
+            opt_state: the optax optimizer state.
+        """
+
+        count: jax.Array  # type: ignore[assignment]  # the seed's field name shadows tuple.count
+        opt_state: Any
+
+    def __init__(self, network: Callable[[gym.Space], Any], env: Any, learning_rate: float | optax.Schedule) -> None:
+        check_learning_rate(learning_rate)
+        self.observation_space, self.action_space = env_spaces(env)
+        self.check_action_space(self.action_space)
+        self.network = make_network(network, self.action_space)
+        self.learning_rate = learning_rate
+        self._jitted = False
+
+    def check_action_space(self, action_space: gym.Space) -> None:  # noqa: B027  (optional hook)
+        """Raises ``ValueError`` for an action space the algorithm cannot handle (default: none)."""
+
+    @abc.abstractmethod
+    def init_params(self, rng: Any) -> Any:
+        """The initial parameters, from a PRNG key or an ``hk.PRNGSequence``."""
+
+    @abc.abstractmethod
+    def init_policy(self, rng: Any) -> Any:
+        """The initial policy state."""
+
+    @abc.abstractmethod
+    def init_optimizer(self, params: Any, rng: Any) -> OptimState:
+        """The initial optimizer state for ``params``."""
+
+    @abc.abstractmethod
+    def _predict(self, params: Any, policy_state: Any, obs: Any, key: jax.Array, evaluation: bool) -> tuple[Any, Any]:
+        """The pure act: ``(PolicyOutput, PolicyState)`` for observations ``(B, ...)``."""
+
+    @abc.abstractmethod
+    def _update(self, params: Any, optimizer_state: OptimState, data: Mapping[str, Any]) -> tuple[Any, Any, OptimState]:
+        """The pure update: ``(OptimOutput, Params, OptimState)``."""
+
+    def predict(self, params: Any, policy_state: Any, obs: Any, key: Any, evaluation: bool = False) -> tuple[Any, Any]:
+        """Acts on a batch of observations ``(B, ...)``; ``key`` a JAX key or an
+        ``hk.PRNGSequence``.
+
+        Returns:
+            ``(PolicyOutput, PolicyState)`` (the algorithm's types).
+        """
+        return self._compiled_predict(params, policy_state, obs, as_key(key), evaluation)
+
+    def update(self, params: Any, optimizer_state: OptimState, data: Mapping[str, Any]) -> tuple[Any, Any, OptimState]:
+        """Trains on ``data`` (a mapping of arrays, the algorithm's ``DATA_KEYS``).
+
+        Returns:
+            ``(OptimOutput, Params, OptimState)`` (the algorithm's types).
+        """
+        return self._compiled_update(params, optimizer_state, data)
+
+    @functools.cached_property
+    def _compiled_predict(self) -> Callable[..., tuple[Any, Any]]:
+        return jax.jit(self._predict, static_argnames=("evaluation",))
+
+    @functools.cached_property
+    def _compiled_update(self) -> Callable[..., tuple[Any, Any, OptimState]]:
+        return jax.jit(self._update)
+
+    def jit(self) -> None:
+        """Compiles ``predict`` (``evaluation`` static) and ``update`` in place: each is then
+        one XLA call. Calling it again changes nothing.
+
+        ``predict`` and ``update`` run the same compiled programs before and after (each call
+        already goes through ``jax.jit``; ``jit()`` drops the Python wrapper in front), so
+        ``jit()`` changes no result: bits are the same (tested).
+        """
+        if self._jitted:
+            return
+        compiled_predict, compiled_update = self._compiled_predict, self._compiled_update
+
+        def predict(params: Any, policy_state: Any, obs: Any, key: Any, evaluation: bool = False) -> tuple[Any, Any]:
+            return compiled_predict(params, policy_state, obs, as_key(key), evaluation)
+
+        self.predict = predict  # type: ignore[method-assign]
+        self.update = compiled_update  # type: ignore[method-assign]
+        self._jitted = True
+
+
+OptimState = BaseAgent.OptimState

@@ -1,0 +1,285 @@
+"""The stateless functional agents of seed 002 (``kitae.functional``).
+
+One implementation, two faces: the functional DQN's ``update`` gives the collection DQN's new
+parameters bit for bit on the same parameters and batch. Pure: ``jit()`` changes no result, 8
+agents in one ``vmap`` call equal 8 calls, the same inputs give the same outputs. Networks from
+Haiku and Flax; every rejected input raises an error that names it.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import gymnasium as gym
+import haiku as hk
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import kitae.config as cfg
+from kitae.algos.collections import dqn as collection
+from kitae.buffer import Experience
+from kitae.functional import DQN, OptimState
+from kitae.functional.dqn import Params, PolicyState
+from kitae.modules.qvalue import qvalue_factory
+
+ENV = gym.make("CartPole-v1")
+OBS_SPACE, ACTION_SPACE = ENV.observation_space, ENV.action_space
+
+
+def haiku_network(action_space):
+    return hk.transform(lambda x: hk.nets.MLP([32, int(action_space.n)])(x))
+
+
+class FlaxQ(nn.Module):
+    n: int
+
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(self.n)(nn.relu(nn.Dense(32)(x)))
+
+
+def flax_network(action_space):
+    return FlaxQ(int(action_space.n))
+
+
+def batch(key, n=16):
+    k1, k2, k3, k4 = jax.random.split(key, 4)
+    return {
+        "obs": jax.random.normal(k1, (n, 4)),
+        "action": jax.random.randint(k2, (n,), 0, 2),
+        "reward": jax.random.normal(k3, (n,)),
+        "terminated": jax.random.bernoulli(k4, 0.2, (n,)),
+        "next_obs": jax.random.normal(k4, (n, 4)),
+    }
+
+
+def same(a, b):
+    return all(
+        bool(jnp.array_equal(x, y))
+        for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True)
+    )
+
+
+def fresh(agent, seed=0):
+    params = agent.init_params(jax.random.PRNGKey(seed))
+    return params, agent.init_policy(jax.random.PRNGKey(1)), agent.init_optimizer(params, jax.random.PRNGKey(2))
+
+
+# ---- one implementation ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("double", "count"), [(False, 0), (True, 49)], ids=["dqn", "double-dqn-at-target-copy"])
+def test_the_functional_update_gives_the_collection_updates_bits(double, count):
+    config = cfg.AlgoConfig(
+        seed=0,
+        algo_params=collection.DQNParams(gamma=0.97, target_update_interval=50, double_dqn=double, hidden=(32,)),
+        update_cfg=cfg.UpdateConfig(learning_rate=1e-2, max_grad_norm=1.0),
+        train_cfg=cfg.TrainConfig(),
+        env_cfg=cfg.EnvConfig("CartPole-v1", OBS_SPACE, ACTION_SPACE),
+    )
+    state = collection.train_state_dqn_factory(jax.random.PRNGKey(0), config)
+    # a target that differs from the online network, and a step count where the copy is (not) due
+    qvalue = state.qvalue.replace(
+        step=jnp.asarray(count, jnp.int32),
+        target_params=jax.tree_util.tree_map(lambda p: p * 0.5 + 0.1, state.qvalue.params),
+    )
+    state = state.replace(qvalue=qvalue)
+    data = batch(jax.random.PRNGKey(3))
+    experience = Experience(
+        observation=data["obs"],
+        action=data["action"],
+        reward=data["reward"],
+        done=data["terminated"],
+        next_observation=data["next_obs"],
+        log_prob=None,
+        truncated=None,
+    )
+    key = jax.random.PRNGKey(4)
+    process, update_step = collection.process_experience_factory(config), collection.update_step_factory(config)
+    want, _ = jax.jit(lambda s, k, e: update_step(s, k, process(s, k, e)))(state, key, experience)
+
+    def network(action_space):
+        return qvalue_factory(OBS_SPACE, action_space, hidden=(32,), activation="relu")
+
+    agent = DQN(
+        network, ENV, 1e-2, discount_factor=0.97, target_update_interval=50, double_dqn=double, max_grad_norm=1.0
+    )
+    output, params, optimizer_state = agent.update(
+        Params(qvalue.params, qvalue.target_params), OptimState(qvalue.step, qvalue.opt_state), data
+    )
+    assert same(params.policy, want.qvalue.params)
+    assert same(params.target, want.qvalue.target_params)
+    assert same(optimizer_state.opt_state, want.qvalue.opt_state)
+    assert int(optimizer_state.count) == count + 1
+    # the copy is due exactly when count + 1 is a multiple of the interval
+    assert same(params.target, params.policy) == (count + 1 == 50)
+    assert np.isfinite(float(output.loss))
+
+
+# ---- the seed's DQN --------------------------------------------------------------------------
+
+
+def test_the_epsilon_schedule_counts_the_policy_state():
+    agent = DQN(haiku_network, ENV, 1e-3)  # seed 002's default: 0.9 -> 0.05 over 50,000 steps
+    params, _, _ = fresh(agent)
+    obs = jnp.zeros((3, 4))
+    output, policy_state = agent.predict(params, PolicyState(jnp.int32(25_000)), obs, jax.random.PRNGKey(0))
+    np.testing.assert_allclose(float(output.epsilon), 0.9 - 0.85 * 0.5, rtol=1e-6)  # 0.475, by hand
+    assert int(policy_state.count) == 25_001
+    assert output.actions.shape == (3,) and output.q_values.shape == (3, 2)
+    output, after = agent.predict(params, PolicyState(jnp.int32(60_000)), obs, jax.random.PRNGKey(0))
+    np.testing.assert_allclose(float(output.epsilon), 0.05, rtol=1e-6)
+    greedy, unchanged = agent.predict(params, after, obs, jax.random.PRNGKey(0), evaluation=True)
+    assert float(greedy.epsilon) == 0.0 and int(unchanged.count) == int(after.count)
+    assert np.array_equal(greedy.actions, jnp.argmax(greedy.q_values, axis=-1))
+
+
+def test_the_target_is_copied_every_target_update_interval_gradient_steps():
+    agent = DQN(flax_network, ENV, 1e-2, target_update_interval=3)
+    params, _, optimizer_state = fresh(agent)
+    initial = params.target
+    data = batch(jax.random.PRNGKey(5))
+    for expected_copy in (False, False, True):
+        _, params, optimizer_state = agent.update(params, optimizer_state, data)
+        assert same(params.target, params.policy) == expected_copy
+        if not expected_copy:
+            assert same(params.target, initial)
+    assert int(optimizer_state.count) == 3
+
+
+@pytest.mark.parametrize("network", [haiku_network, flax_network], ids=["haiku", "flax"])
+def test_haiku_and_flax_networks_give_agents_that_learn_a_fixed_batch(network):
+    agent = DQN(network, ENV, 1e-2, discount_factor=0.0)  # targets = rewards: a regression
+    params, policy_state, optimizer_state = fresh(agent)
+    data = batch(jax.random.PRNGKey(6))
+    first, params, optimizer_state = agent.update(params, optimizer_state, data)
+    for _ in range(200):
+        last, params, optimizer_state = agent.update(params, optimizer_state, data)
+    assert float(last.loss) < 0.5 * float(first.loss)
+    output, _ = agent.predict(params, policy_state, data["obs"], jax.random.PRNGKey(0), evaluation=True)
+    assert output.actions.shape == (16,) and output.actions.dtype == jnp.int32
+
+
+def test_a_haiku_prng_sequence_is_accepted_as_rng():
+    agent = DQN(haiku_network, ENV, 1e-3)
+    sequence, keys = hk.PRNGSequence(7), hk.PRNGSequence(7)
+    assert same(agent.init_params(sequence), agent.init_params(next(keys)))
+    params = agent.init_params(jax.random.PRNGKey(0))
+    a, _ = agent.predict(params, agent.init_policy(None), jnp.ones((2, 4)), hk.PRNGSequence(1))
+    b, _ = agent.predict(params, agent.init_policy(None), jnp.ones((2, 4)), next(hk.PRNGSequence(1)))
+    assert same(a, b)
+
+
+# ---- pure ------------------------------------------------------------------------------------
+
+
+def test_jit_changes_no_result_and_is_safe_twice():
+    plain, jitted = DQN(haiku_network, ENV, 1e-3), DQN(haiku_network, ENV, 1e-3)
+    jitted.jit()
+    jitted.jit()
+    data, key = batch(jax.random.PRNGKey(8)), jax.random.PRNGKey(9)
+    results = []
+    for agent in (plain, jitted):
+        params, policy_state, optimizer_state = fresh(agent)
+        out = agent.predict(params, policy_state, data["obs"], key, evaluation=False)
+        for _ in range(3):
+            _, params, optimizer_state = agent.update(params, optimizer_state, data)
+        results.append((out, params, optimizer_state))
+    assert same(results[0], results[1])
+
+
+def test_the_same_inputs_give_the_same_outputs():
+    agent = DQN(flax_network, ENV, 1e-3)
+    params, policy_state, optimizer_state = fresh(agent)
+    data, key = batch(jax.random.PRNGKey(10)), jax.random.PRNGKey(11)
+    assert same(
+        agent.predict(params, policy_state, data["obs"], key), agent.predict(params, policy_state, data["obs"], key)
+    )
+    assert same(agent.update(params, optimizer_state, data), agent.update(params, optimizer_state, data))
+    assert not same(agent.init_params(jax.random.PRNGKey(0)), agent.init_params(jax.random.PRNGKey(1)))
+
+
+def test_eight_agents_in_one_vmap_call_equal_eight_calls():
+    agent = DQN(haiku_network, ENV, 1e-3)
+    keys = jax.random.split(jax.random.PRNGKey(12), 8)
+    data = jax.vmap(batch)(jax.random.split(jax.random.PRNGKey(13), 8))
+    params = jax.vmap(agent.init_params)(keys)
+    optimizer_state = jax.vmap(agent.init_optimizer)(params, keys)
+    _, new_params, new_optimizer_state = jax.jit(jax.vmap(agent.update))(params, optimizer_state, data)
+    for i in range(8):
+        one_params = agent.init_params(keys[i])
+        assert same(one_params, jax.tree_util.tree_map(lambda x, i=i: x[i], params))
+        one_data = jax.tree_util.tree_map(lambda x, i=i: x[i], data)
+        _, p, o = agent.update(one_params, agent.init_optimizer(one_params, keys[i]), one_data)
+        for got, want in zip(
+            jax.tree_util.tree_leaves((new_params, new_optimizer_state)), jax.tree_util.tree_leaves((p, o)), strict=True
+        ):
+            # equal up to float rounding: a batched matmul may sum in another order (1e-10 here)
+            np.testing.assert_allclose(np.asarray(got[i]), np.asarray(want), rtol=1e-6, atol=1e-8)
+
+
+# ---- rejected inputs -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "match"),
+    [
+        (lambda: DQN("mlp", ENV, 1e-3), TypeError, r"network='mlp' is not allowed; allowed: a callable"),
+        (
+            lambda: DQN(lambda space: object(), ENV, 1e-3),
+            TypeError,
+            r"returned object.*allowed: a Haiku hk.Transformed",
+        ),
+        (
+            lambda: DQN(lambda space: hk.transform_with_state(lambda x: x), ENV, 1e-3),
+            TypeError,
+            r"returned TransformedWithState",
+        ),
+        (
+            lambda: DQN(haiku_network, gym.make("Pendulum-v1"), 1e-3),
+            ValueError,
+            r"action_space=Box.*not allowed for DQN",
+        ),
+        (lambda: DQN(haiku_network, ENV, 0.0), ValueError, r"learning_rate=0.0 is not allowed"),
+        (lambda: DQN(haiku_network, ENV, -1e-3), ValueError, r"learning_rate=-0.001 is not allowed"),
+        (lambda: DQN(haiku_network, "CartPole-v1", 1e-3), TypeError, r"env='CartPole-v1' is not allowed"),
+        (lambda: DQN(haiku_network, ENV, 1e-3, discount_factor=1.5), ValueError, r"gamma"),
+        (lambda: DQN(haiku_network, ENV, 1e-3, target_update_interval=0), ValueError, r"target_update_interval"),
+        (lambda: DQN(haiku_network, ENV, 1e-3, epsilon_schedule=0.1), ValueError, r"epsilon_schedule=0.1"),
+    ],
+    ids=[
+        "network-not-callable",
+        "creator-returns-other",
+        "haiku-with-state",
+        "box-actions",
+        "zero-lr",
+        "negative-lr",
+        "env-without-spaces",
+        "discount",
+        "target-interval",
+        "epsilon-not-callable",
+    ],
+)
+def test_rejected_inputs_name_what_is_wrong(make, error, match):
+    with pytest.raises(error, match=match):
+        make()
+
+
+def test_a_learning_rate_schedule_is_accepted():
+    agent = DQN(haiku_network, ENV, optax.linear_schedule(1e-3, 0.0, 10))
+    params, _, optimizer_state = fresh(agent)
+    _, new, _ = agent.update(params, optimizer_state, batch(jax.random.PRNGKey(0)))
+    assert not same(new.policy, params.policy)
+
+
+def test_update_names_missing_data_keys_and_bad_rng():
+    agent = DQN(haiku_network, ENV, 1e-3)
+    params, _, optimizer_state = fresh(agent)
+    data = batch(jax.random.PRNGKey(0))
+    del data["next_obs"]
+    with pytest.raises(KeyError, match=r"lacks \['next_obs'\]"):
+        agent.update(params, optimizer_state, data)
+    with pytest.raises(TypeError, match="rng=3 is not allowed"):
+        agent.init_params(3)

@@ -13,7 +13,11 @@ Cases (``--only NAME``):
   ``--repeats`` times: compile and train seconds (medians) and the ratio of train seconds measured
   in each round. Target: recurrent within 3x of feed-forward.
 
-The return is ``summary.json``'s ``final_return`` (mean of the last 10 training episodes).
+Per seed: ``final_return`` (``summary.json``: the mean of the last 10 training episodes at the end),
+and from ``metrics.jsonl`` the running mean of the last 10 training episodes along the run: the
+first step it reaches 475 and its maximum. The issue's words are "reaches >= 475 within" the
+budget (the first step at 475 is within it) and "stays below 250" (the maximum of the running
+mean is below 250): those decide ``met``; final returns are reported beside them.
 
 Run::
 
@@ -46,10 +50,33 @@ def kitae_train(argv: list[str], run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
+def running_means(run_dir: Path, seed: int, window: int = 10) -> list[tuple[int, float]]:
+    """``(step, mean of the last `window` training episodes)`` along a run, from ``metrics.jsonl``
+    (a row holds the mean return of ``episodes`` episodes that ended at ``step``)."""
+    returns: list[float] = []
+    out = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if row.get("seed", seed) != seed or "episodic_return" not in row:
+            continue
+        returns.extend([row["episodic_return"]] * int(row.get("episodes", 1)))
+        if len(returns) >= window:
+            out.append((row["step"], statistics.fmean(returns[-window:])))
+    return out
+
+
+def curve_figures(run_dir: Path, seed: int, threshold: float = 475.0) -> dict:
+    means = running_means(run_dir, seed)
+    first = next((step for step, mean in means if mean >= threshold), None)
+    return {"first_step_at_475": first, "max_running_mean": max((m for _, m in means), default=None)}
+
+
 def learning(name: str, argv: list[str], seeds: list[int], tmp: Path, together: bool) -> dict:
+    curves = []
     if together:
         summary = kitae_train([*argv, "--seeds", str(len(seeds))], tmp / name)
         finals = list(summary["final_return"])
+        curves = [curve_figures(tmp / name, i) for i in range(len(seeds))]
         runs = [
             {"seeds": seeds, "compile_seconds": summary["compile_seconds"], "train_seconds": summary["train_seconds"]}
         ]
@@ -59,12 +86,13 @@ def learning(name: str, argv: list[str], seeds: list[int], tmp: Path, together: 
         for seed in seeds:
             summary = kitae_train([*argv, "--seed", str(seed)], tmp / f"{name}-{seed}")
             finals.append(summary["final_return"])
+            curves.append(curve_figures(tmp / f"{name}-{seed}", seed))
             runs.append(
                 {"seed": seed, "compile_seconds": summary["compile_seconds"], "train_seconds": summary["train_seconds"]}
             )
         command = "kitae train " + " ".join(argv) + " --seed S"
-    print(json.dumps({"case": name, "final_returns": finals}), flush=True)
-    return {"command": command, "final_returns": finals, "runs": runs}
+    print(json.dumps({"case": name, "final_returns": finals, "curves": curves}), flush=True)
+    return {"command": command, "final_returns": finals, "curves": curves, "runs": runs}
 
 
 def speed(steps: int, repeats: int, tmp: Path) -> dict:
@@ -119,16 +147,20 @@ def main() -> None:
         for case in args.only or cases:
             if case == "host":
                 report[case] = learning(case, ["ppo_lstm", "CartPoleNoVel-v1"], args.seeds, tmp, False)
-                report[case]["target"], report[case]["met"] = ">= 475", min(report[case]["final_returns"]) >= 475
+                report[case]["target"] = "reaches >= 475 (running mean of 10 episodes) within the budget"
+                report[case]["met"] = all(c["first_step_at_475"] is not None for c in report[case]["curves"])
             elif case == "compiled":
                 report[case] = learning(case, ["ppo_lstm", "gymnax:CartPoleNoVel-v1"], args.seeds, tmp, True)
-                report[case]["target"], report[case]["met"] = ">= 475", min(report[case]["final_returns"]) >= 475
+                report[case]["target"] = "reaches >= 475 (running mean of 10 episodes) within the budget"
+                report[case]["met"] = all(c["first_step_at_475"] is not None for c in report[case]["curves"])
             elif case == "ff_host":
                 report[case] = learning(case, ["ppo", "CartPoleNoVel-v1"], args.seeds, tmp, False)
-                report[case]["target"], report[case]["met"] = "< 250", max(report[case]["final_returns"]) < 250
+                report[case]["target"] = "stays < 250 (running mean of 10 episodes) over the whole run"
+                report[case]["met"] = all(c["max_running_mean"] < 250 for c in report[case]["curves"])
             elif case == "ff_compiled":
                 report[case] = learning(case, ["ppo", "gymnax:CartPoleNoVel-v1"], args.seeds, tmp, True)
-                report[case]["target"], report[case]["met"] = "< 250", max(report[case]["final_returns"]) < 250
+                report[case]["target"] = "stays < 250 (running mean of 10 episodes) over the whole run"
+                report[case]["met"] = all(c["max_running_mean"] < 250 for c in report[case]["curves"])
             else:
                 report[case] = speed(args.speed_steps, args.repeats, tmp)
             report[case]["machine"] = f"{platform.machine()}, {os.cpu_count()} cores"

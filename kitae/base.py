@@ -51,7 +51,7 @@ import numpy as np
 
 from kitae.algos.experience import ExperiencePipeline
 from kitae.algos.factory import explore_general_factory
-from kitae.algos.update import batchify, update_epoch
+from kitae.algos.update import mean_over_steps, on_policy_update, process_rollout
 from kitae.buffer import BufferState, Experience, ReplayBuffer, RolloutBuffer, buffer_rollout, buffer_sample
 from kitae.config import AlgoConfig, DistributedConfig
 from kitae.run_service import RunService, install_run_service, run_service
@@ -481,10 +481,6 @@ class BaseAgent(IAgent):
         return run_service().load(agent_cls, run_dir, seed_index)
 
 
-def _mean_over_steps(infos: dict[str, jax.Array]) -> dict[str, jax.Array]:
-    return jax.tree_util.tree_map(lambda x: jnp.mean(x, axis=0), infos)
-
-
 class OffPolicyAgent(BaseAgent):
     """An agent that learns from a replay buffer.
 
@@ -514,7 +510,7 @@ class OffPolicyAgent(BaseAgent):
                 return update_step_fn(state, update_key, batch)
 
             state, infos = jax.lax.scan(gradient_step, state, self.gradient_step_keys(key))
-            return state, _mean_over_steps(infos)
+            return state, mean_over_steps(infos)
 
         return update_fn
 
@@ -564,27 +560,13 @@ class OnPolicyAgent(BaseAgent):
         return self.config.update_cfg.batch_size
 
     def _make_update_fn(self) -> Callable:
-        update_step_fn = self.update_step_fn
-        batch_size = self.minibatch_rows
-
-        def update_fn(state: Any, key: jax.Array, rollout: Any) -> tuple[Any, dict]:
-            processed, epoch_keys = self.process_rollout(state, key, rollout)
-            epoch = partial(
-                update_epoch,
-                experience=processed,
-                batchify_fn=batchify,
-                update_batch_fn=update_step_fn,
-                experience_type=type(processed),
-                batch_size=batch_size,
-            )
-
-            def one_epoch(state: Any, key: jax.Array) -> tuple[Any, dict]:
-                return epoch(key, state)
-
-            state, infos = jax.lax.scan(one_epoch, state, epoch_keys)
-            return state, _mean_over_steps(infos)
-
-        return update_fn
+        return partial(
+            on_policy_update,
+            self.process_experience_pipeline,
+            self.update_step_fn,
+            n_epochs=self.config.update_cfg.n_epochs,
+            batch_size=self.minibatch_rows,
+        )
 
     def process_rollout(
         self, state: Any, key: jax.Array, rollout: Any, pipeline: ExperiencePipeline | None = None
@@ -598,10 +580,8 @@ class OnPolicyAgent(BaseAgent):
             per epoch, ``(n_epochs, 2)`` (each epoch's minibatches:
             ``kitae.algos.update.epoch_minibatches``).
         """
-        process_key, epochs_key = jax.random.split(key)
         pipeline = self.process_experience_pipeline if pipeline is None else pipeline
-        processed = pipeline.run(state, process_key, rollout)
-        return processed, jax.random.split(epochs_key, self.config.update_cfg.n_epochs)
+        return process_rollout(pipeline, state, key, rollout, self.config.update_cfg.n_epochs)
 
     def update_data(self, buffer_state: BufferState) -> Any:
         """The rollout in time order, leaves ``(T, E, ...)``."""

@@ -283,3 +283,126 @@ def test_update_names_missing_data_keys_and_bad_rng():
         agent.update(params, optimizer_state, data)
     with pytest.raises(TypeError, match="rng=3 is not allowed"):
         agent.init_params(3)
+
+
+# ---- PPO ---------------------------------------------------------------------------------------
+
+
+def ppo_network(action_space):
+    def f(x):
+        if isinstance(action_space, gym.spaces.Discrete):
+            policy = hk.nets.MLP([32, int(action_space.n)])(x)
+        else:
+            policy = (
+                hk.nets.MLP([32, action_space.shape[0]])(x),
+                hk.get_parameter("log_std", (action_space.shape[0],), init=jnp.zeros),
+            )
+        return policy, hk.nets.MLP([32, 1])(x)
+
+    return hk.without_apply_rng(hk.transform(f))
+
+
+def rollout(env, key, t=8, e=4):
+    obs_dim = env.observation_space.shape[0]
+    keys = jax.random.split(key, 6)
+    if isinstance(env.action_space, gym.spaces.Discrete):
+        action = jax.random.randint(keys[1], (t, e), 0, int(env.action_space.n))
+    else:
+        action = jax.random.uniform(keys[1], (t, e, env.action_space.shape[0]), minval=-2.0, maxval=2.0)
+    return {
+        "obs": jax.random.normal(keys[0], (t, e, obs_dim)),
+        "action": action,
+        "log_prob": -jax.random.uniform(keys[2], (t, e)),
+        "reward": jax.random.normal(keys[3], (t, e)),
+        "terminated": jax.random.bernoulli(keys[4], 0.1, (t, e)),
+        "truncated": jax.random.bernoulli(keys[5], 0.05, (t, e)),
+        "next_obs": jax.random.normal(keys[5], (t, e, obs_dim)),
+    }
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_the_functional_ppo_update_gives_the_collection_agents_bits(tmp_path, env_id):
+    from kitae.algos.collections import ppo
+    from kitae.functional import PPO
+
+    env = gym.make(env_id)
+    config = cfg.AlgoConfig(
+        seed=3,
+        algo_params=ppo.PPOParams(hidden_sizes=(32,)),
+        update_cfg=cfg.UpdateConfig(learning_rate=1e-3, n_epochs=2, batch_size=16, max_grad_norm=0.5),
+        train_cfg=cfg.TrainConfig(),
+        env_cfg=cfg.EnvConfig(env_id, env.observation_space, env.action_space, n_envs=4),
+    )
+    agent = ppo.PPO("functional-check", config, run_dir=str(tmp_path))
+    state = agent.state
+    data = rollout(env, jax.random.PRNGKey(4))
+    key = jax.random.fold_in(jax.random.PRNGKey(0), 0)  # the functional default at count 0
+    experience = Experience(
+        observation=data["obs"],
+        action=data["action"],
+        reward=data["reward"],
+        done=data["terminated"],
+        next_observation=data["next_obs"],
+        log_prob=data["log_prob"],
+        truncated=data["truncated"],
+    )
+    want, _ = jax.jit(agent.update_fn)(state, key, experience)
+
+    functional = PPO(
+        lambda space: ppo._actor_critic_module(config, None), env, 1e-3, n_epochs=2, batch_size=16, max_grad_norm=0.5
+    )
+    ac = state.actor_critic
+    _, params, optimizer_state = functional.update(
+        functional.Params(ac.params), OptimState(ac.step, ac.opt_state), data
+    )
+    assert same(params.network, want.actor_critic.params)
+    assert same(optimizer_state.opt_state, want.actor_critic.opt_state)
+    assert int(optimizer_state.count) == 2 * (8 * 4 // 16)  # epochs x minibatches
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_functional_ppo_acts_and_updates_purely_under_jit_and_vmap(env_id):
+    from kitae.functional import PPO
+
+    env = gym.make(env_id)
+    plain, jitted = PPO(ppo_network, env, 1e-3, batch_size=16), PPO(ppo_network, env, 1e-3, batch_size=16)
+    jitted.jit()
+    data = rollout(env, jax.random.PRNGKey(5))
+    results = []
+    for agent in (plain, jitted):
+        params, policy_state, optimizer_state = fresh(agent)
+        out, _ = agent.predict(params, policy_state, data["obs"][0], jax.random.PRNGKey(6))
+        _, params, optimizer_state = agent.update(params, optimizer_state, data)
+        results.append((out, params, optimizer_state))
+    assert same(results[0], results[1])
+    out = results[0][0]
+    assert out.log_probs.shape == (4,) and out.actions.shape[0] == 4
+    keys = jax.random.split(jax.random.PRNGKey(7), 3)
+    params = jax.vmap(plain.init_params)(keys)
+    optimizer_state = jax.vmap(plain.init_optimizer)(params, keys)
+    data3 = jax.tree_util.tree_map(lambda x: jnp.stack([x] * 3), data)
+    _, vmapped, _ = jax.vmap(plain.update)(params, optimizer_state, data3)
+    one = plain.init_params(keys[1])
+    _, alone, _ = plain.update(one, plain.init_optimizer(one, keys[1]), data)
+    for got, want in zip(jax.tree_util.tree_leaves(vmapped), jax.tree_util.tree_leaves(alone), strict=True):
+        np.testing.assert_allclose(np.asarray(got[1]), np.asarray(want), rtol=1e-5, atol=1e-6)
+
+
+def test_functional_ppo_refuses_what_it_cannot_handle():
+    from kitae.functional import PPO
+
+    with pytest.raises(ValueError, match="action_space=MultiBinary.*not allowed for PPO"):
+        PPO(ppo_network, _Spaces(gym.spaces.Box(-1, 1, (3,)), gym.spaces.MultiBinary(2)), 1e-3)
+    with pytest.raises(ValueError, match="batch_size=0 is not allowed"):
+        PPO(ppo_network, ENV, 1e-3, batch_size=0)
+    with pytest.raises(ValueError, match="clip_coef"):
+        PPO(ppo_network, ENV, 1e-3, clip_coef=-0.1)
+    agent = PPO(lambda space: hk.without_apply_rng(hk.transform(lambda x: hk.Linear(2)(x))), ENV, 1e-3)
+    params = agent.init_params(jax.random.PRNGKey(0))
+    with pytest.raises(TypeError, match=r"must return \(policy, value\)"):
+        agent.predict(params, agent.init_policy(None), jnp.zeros((2, 4)), jax.random.PRNGKey(0))
+
+
+class _Spaces:
+    def __init__(self, observation_space, action_space):
+        self.observation_space, self.action_space = observation_space, action_space

@@ -1,7 +1,9 @@
 """Minibatch epochs as one ``jax.lax.scan``: shuffle, cut into minibatches, one update step each.
 
-Used by ``OnPolicyAgent``'s update (``kitae.base``); also importable as ``kitae.loops.update``
-(the path seed 001 documents).
+``on_policy_update`` is the whole on-policy update (process the rollout, then ``n_epochs`` epochs
+of minibatches), written once: ``OnPolicyAgent``'s update (``kitae.base``) and the functional
+agents (``kitae.functional``) run it. Also importable as ``kitae.loops.update`` (the path seed 001
+documents).
 """
 
 from __future__ import annotations
@@ -106,3 +108,60 @@ def epoch_minibatches(
     batches = batchify_fn(shuffled, batch_size)
     n_batches = jax.tree_util.tree_leaves(batches)[0].shape[0]
     return jax.random.split(steps_key, n_batches), batches
+
+
+def mean_over_steps(infos: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    """The mean of each entry of a scan's stacked infos over its leading (step) axis."""
+    return jax.tree_util.tree_map(lambda x: jnp.mean(x, axis=0), infos)
+
+
+def process_rollout(pipeline: Any, state: Any, key: jax.Array, rollout: Any, n_epochs: int) -> tuple[Any, jax.Array]:
+    """The first part of an on-policy update (pure): ``(process_key, epochs_key) = split(key)``;
+    the rollout (leaves ``(T, E, ...)``) goes through ``pipeline.run(state, process_key, ...)``
+    (an ``ExperiencePipeline``).
+
+    Returns:
+        ``(processed, epoch_keys)``: the processed experience (leaves ``(N, ...)``) and one key per
+        epoch ``(n_epochs, 2)`` (each epoch's minibatches: ``epoch_minibatches``).
+    """
+    process_key, epochs_key = jax.random.split(key)
+    return pipeline.run(state, process_key, rollout), jax.random.split(epochs_key, n_epochs)
+
+
+def on_policy_update(
+    pipeline: Any,
+    update_step_fn: Callable,
+    state: Any,
+    key: jax.Array,
+    rollout: Any,
+    *,
+    n_epochs: int,
+    batch_size: int,
+) -> tuple[Any, dict[str, jax.Array]]:
+    """One whole on-policy update: ``process_rollout``, then ``n_epochs`` epochs of shuffled
+    minibatches of ``batch_size`` rows (``update_epoch``), all one ``jax.lax.scan``.
+
+    Args:
+        pipeline: the ``ExperiencePipeline`` of the agent's processing.
+        update_step_fn: one gradient step ``(state, key, minibatch) -> (state, info)``.
+        state: the agent's state; key: a PRNG key; rollout: leaves ``(T, E, ...)``.
+        n_epochs, batch_size: static.
+
+    Returns:
+        ``(state, info)``, info the mean of each entry over every gradient step.
+    """
+    processed, epoch_keys = process_rollout(pipeline, state, key, rollout, n_epochs)
+
+    def one_epoch(state: Any, epoch_key: jax.Array) -> tuple[Any, dict]:
+        return update_epoch(
+            epoch_key,
+            state,
+            processed,
+            batchify,
+            update_step_fn,
+            experience_type=type(processed),
+            batch_size=batch_size,
+        )
+
+    state, infos = jax.lax.scan(one_epoch, state, epoch_keys)
+    return state, mean_over_steps(infos)

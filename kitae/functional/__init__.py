@@ -10,5 +10,6 @@ collection's algorithm (``kitae.algos.collections``): one implementation, two fa
 
 from kitae.functional.base import BaseAgent, Network, OptimState, make_network
 from kitae.functional.dqn import DQN
+from kitae.functional.ppo import PPO
 
-__all__ = ["BaseAgent", "OptimState", "Network", "make_network", "DQN"]
+__all__ = ["BaseAgent", "OptimState", "Network", "make_network", "DQN", "PPO"]

@@ -1,0 +1,265 @@
+"""The functional PPO: seed 002's stateless API over the collection's PPO
+(``kitae.algos.collections.ppo``).
+
+``predict`` is the collection's ``explore`` (a sample of the policy, or its mode in evaluation);
+``update`` is the collection's whole on-policy update (``kitae.algos.update.on_policy_update``):
+GAE over the rollout with the collection's processing, then ``n_epochs`` epochs of shuffled
+minibatches, each one ``compute_gradients`` + ``apply_gradients`` step. Nothing else.
+
+The network: ``network(action_space) -> net`` whose ``apply(params, obs (B, ...))`` returns
+``(policy, value)``: ``value`` ``(B,)`` (or ``(B, 1)``), and ``policy`` the logits ``(B, n)`` for
+a ``Discrete`` space, ``(loc, log_std)`` for a 1-D ``Box`` (``log_std`` ``(B, d)`` or ``(d,)``;
+the Gaussian lives in the policy's units, mapped to the box as the collection does: ``center +
+half_range * u``), or a kitae distribution (``kitae.distributions.Categorical`` / ``DiagNormal``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+import gymnasium as gym
+import jax
+import jax.numpy as jnp
+import optax
+
+import kitae.config as cfg
+from kitae.algos.collections import ppo as collection
+from kitae.algos.experience import ExperiencePipeline
+from kitae.algos.update import on_policy_update
+from kitae.buffer import Experience
+from kitae.distributions import Categorical, DiagNormal
+from kitae.functional.base import BaseAgent, Network, OptimState, as_key, data_fields, dummy_observation
+from kitae.modules.optimizer import optimizer_factory
+from kitae.modules.pytree import TrainState
+
+__all__ = ["PPO", "Params", "PolicyState", "PolicyOutput", "OptimOutput", "DATA_KEYS"]
+
+DATA_KEYS = ("obs", "action", "log_prob", "reward", "terminated", "truncated", "next_obs")
+"""What ``PPO.update``'s ``data`` holds: a rollout, leaves ``(T, E, ...)`` (time, environments):
+``obs`` and ``next_obs`` ``(T, E, *obs_shape)`` (``next_obs`` the real next observation, the final
+one where an episode ended), ``action`` ``(T, E)`` or ``(T, E, d)`` in the environment's units,
+``log_prob`` ``(T, E)`` (``predict``'s), ``reward``, ``terminated``, ``truncated`` ``(T, E)``.
+Optionally ``key``: the PRNG key of the minibatch shuffles (default ``fold_in(PRNGKey(seed),
+OptimState.count)``)."""
+
+
+def _distribution(policy: Any, discrete: bool) -> Any:
+    if isinstance(policy, (Categorical, DiagNormal)):
+        return policy
+    if discrete:
+        return Categorical(jnp.asarray(policy, jnp.float32))
+    if not (isinstance(policy, tuple) and len(policy) == 2):
+        raise TypeError(
+            f"the network's policy output is {type(policy).__name__}; allowed for a Box action space: (loc, log_std) "
+            "or a kitae.distributions.DiagNormal"
+        )
+    loc, log_std = policy
+    return DiagNormal(loc, jnp.exp(jnp.broadcast_to(log_std, jnp.shape(loc))))
+
+
+def actor_critic_apply(network: Network, discrete: bool) -> Callable[..., Any]:
+    """The collection's actor-critic ``apply_fn(params, obs, method=None)`` over a user network
+    returning ``(policy, value)``: ``method="policy"`` gives the distribution, ``"value"`` the
+    values ``(B,)``, ``None`` both."""
+
+    def apply(params: Any, observations: Any, method: str | None = None) -> Any:
+        out = network.apply(params, observations)
+        if not (isinstance(out, tuple) and len(out) == 2):
+            raise TypeError(f"PPO's network must return (policy, value); it returned {type(out).__name__}")
+        policy, value = out
+        value = jnp.asarray(value)
+        value = value[..., 0] if value.ndim == 2 and value.shape[-1] == 1 else value
+        dist = _distribution(policy, discrete)
+        if method == "policy":
+            return dist
+        if method == "value":
+            return value
+        return dist, value
+
+    return apply
+
+
+class PPO(BaseAgent):
+    """Proximal Policy Optimization as pure functions (seed 002's API).
+
+    Args:
+        network: ``network(action_space) -> net``, ``net.apply(params, obs)`` returning
+            ``(policy, value)`` (see the module docstring); Haiku or Flax.
+        env: a Gymnasium environment or vector environment (``Discrete`` or 1-D ``Box`` actions).
+        learning_rate: Adam's, a float > 0 or an optax schedule (counted in gradient steps).
+        discount_factor, gae_lambda, clip_coef, entropy_coef, value_coef, clip_value_loss,
+        normalize_advantages: as ``kitae.algos.collections.ppo.PPOParams``'s ``gamma``,
+            ``gae_lambda``, ...; validated there (an error names the field).
+        n_epochs: epochs over each rollout (>= 1).
+        batch_size: rows per minibatch (>= 1; a rollout of ``T * E`` rows makes
+            ``T * E // batch_size`` minibatches per epoch).
+        max_grad_norm: global-norm clipping (``None``: none).
+        seed: the default shuffle keys are ``fold_in(PRNGKey(seed), OptimState.count)``.
+
+    Raises:
+        TypeError: for a network creator or environment that is not allowed.
+        ValueError: for an action space PPO cannot act in, or a hyperparameter out of range.
+    """
+
+    class Params(NamedTuple):
+        """PPO's parameters: the actor-critic network's."""
+
+        network: Any
+
+    class PolicyState(NamedTuple):
+        """What acting carries: ``count``, the ``predict`` calls in training mode (PPO reads none)."""
+
+        count: jax.Array  # type: ignore[assignment]  # the seed's field name shadows tuple.count
+
+    class PolicyOutput(NamedTuple):
+        """``predict``'s output: ``actions`` ``(B,)`` / ``(B, d)`` in the environment's units and
+        their ``log_probs`` ``(B,)`` under the policy (what ``update``'s ``log_prob`` wants)."""
+
+        actions: jax.Array
+        log_probs: jax.Array
+
+    class OptimOutput(NamedTuple):
+        """``update``'s losses, means over its gradient steps: ``loss`` (total), ``policy_loss``,
+        ``value_loss``, ``entropy``, ``approx_kl``, ``clip_fraction``."""
+
+        loss: jax.Array
+        policy_loss: jax.Array
+        value_loss: jax.Array
+        entropy: jax.Array
+        approx_kl: jax.Array
+        clip_fraction: jax.Array
+
+    def __init__(
+        self,
+        network: Callable[[gym.Space], Any],
+        env: Any,
+        learning_rate: float | optax.Schedule,
+        discount_factor: float = 0.99,
+        gae_lambda: float = 0.95,
+        clip_coef: float = 0.2,
+        entropy_coef: float = 0.01,
+        value_coef: float = 0.5,
+        clip_value_loss: bool = True,
+        normalize_advantages: bool = True,
+        n_epochs: int = 4,
+        batch_size: int = 64,
+        max_grad_norm: float | None = 0.5,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(network, env, learning_rate)
+        for name, value in (("n_epochs", n_epochs), ("batch_size", batch_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r} is not allowed; allowed: an int >= 1")
+        if max_grad_norm is not None and not max_grad_norm > 0:
+            raise ValueError(f"max_grad_norm={max_grad_norm!r} is not allowed; allowed: a float > 0 or None")
+        params = collection.PPOParams(
+            gamma=discount_factor,
+            gae_lambda=gae_lambda,
+            clip_coef=clip_coef,
+            entropy_coef=entropy_coef,
+            value_coef=value_coef,
+            clip_value_loss=clip_value_loss,
+            normalize_advantages=normalize_advantages,
+        )
+        config = cfg.AlgoConfig(
+            seed=seed,
+            algo_params=params,
+            update_cfg=cfg.UpdateConfig(n_epochs=n_epochs, batch_size=batch_size, max_grad_norm=max_grad_norm),
+            train_cfg=cfg.TrainConfig(),
+            env_cfg=cfg.EnvConfig("functional", self.observation_space, self.action_space),
+        )
+        collection.check_spaces(config)
+        self.seed, self.n_epochs, self.batch_size = seed, n_epochs, batch_size
+        self._apply = actor_critic_apply(self.network, isinstance(self.action_space, gym.spaces.Discrete))
+        self._explore = collection.explore_factory(config)
+        self._pipeline = ExperiencePipeline([collection.process_experience_factory(config)], vectorized=True)
+        self._update_step = collection.update_step_factory(config)
+        self.tx = optimizer_factory(learning_rate, max_grad_norm=max_grad_norm)
+
+    def check_action_space(self, action_space: gym.Space) -> None:
+        ok = isinstance(action_space, gym.spaces.Discrete) or (
+            isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1
+        )
+        if not ok:
+            raise ValueError(f"action_space={action_space} is not allowed for PPO; allowed: Discrete or a 1-D Box")
+
+    # -- state -----------------------------------------------------------------------------------
+
+    def init_params(self, rng: Any) -> Params:
+        """``Params(network)``: the network initialised on a dummy observation."""
+        return PPO.Params(self.network.init(as_key(rng), dummy_observation(self.observation_space)))
+
+    def init_policy(self, rng: Any) -> PolicyState:
+        """``PolicyState(count=0)``; ``rng`` is not used."""
+        del rng
+        return PPO.PolicyState(jnp.zeros((), jnp.int32))
+
+    def init_optimizer(self, params: Params, rng: Any) -> OptimState:
+        """``OptimState(count=0, opt_state)``; ``rng`` is not used."""
+        del rng
+        return OptimState(jnp.zeros((), jnp.int32), self.tx.init(params.network))
+
+    def collection_state(self, params: Params, optimizer_state: OptimState | None = None) -> collection.PPOState:
+        """The collection's ``PPOState`` for these explicit parts (made on every call, never kept)."""
+        return collection.PPOState(
+            actor_critic=TrainState(
+                step=jnp.zeros((), jnp.int32) if optimizer_state is None else optimizer_state.count,
+                apply_fn=self._apply,
+                params=params.network,
+                tx=self.tx,
+                opt_state=None if optimizer_state is None else optimizer_state.opt_state,
+            ),
+            observation_statistics=collection.init_running_statistics(()),
+            return_statistics=collection.init_running_statistics(()),
+            discounted_returns=jnp.zeros((1,), jnp.float32),
+        )
+
+    # -- acting and learning ----------------------------------------------------------------------
+
+    def _predict(
+        self, params: Params, policy_state: PolicyState, obs: Any, key: jax.Array, evaluation: bool = False
+    ) -> tuple[PolicyOutput, PolicyState]:
+        actions, log_probs = self._explore(self.collection_state(params), key, obs, deterministic=evaluation)
+        count = policy_state.count if evaluation else policy_state.count + 1
+        return PPO.PolicyOutput(actions, log_probs), PPO.PolicyState(count)
+
+    def _update(
+        self, params: Params, optimizer_state: OptimState, data: Mapping[str, Any]
+    ) -> tuple[OptimOutput, Params, OptimState]:
+        obs, action, log_prob, reward, terminated, truncated, next_obs = data_fields(data, DATA_KEYS, "PPO")
+        rollout = Experience(
+            observation=obs,
+            action=action,
+            reward=reward,
+            done=terminated,
+            next_observation=next_obs,
+            log_prob=log_prob,
+            truncated=truncated,
+        )
+        key = data["key"] if "key" in data else jax.random.fold_in(jax.random.PRNGKey(self.seed), optimizer_state.count)
+        state, info = on_policy_update(
+            self._pipeline,
+            self._update_step,
+            self.collection_state(params, optimizer_state),
+            key,
+            rollout,
+            n_epochs=self.n_epochs,
+            batch_size=self.batch_size,
+        )
+        ac = state.actor_critic
+        output = PPO.OptimOutput(
+            info["loss_total"],
+            info["loss_policy"],
+            info["loss_value"],
+            info["entropy"],
+            info["approx_kl"],
+            info["clip_fraction"],
+        )
+        return output, PPO.Params(ac.params), OptimState(ac.step, ac.opt_state)
+
+
+Params = PPO.Params
+PolicyState = PPO.PolicyState
+PolicyOutput = PPO.PolicyOutput
+OptimOutput = PPO.OptimOutput

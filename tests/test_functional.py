@@ -406,3 +406,144 @@ def test_functional_ppo_refuses_what_it_cannot_handle():
 class _Spaces:
     def __init__(self, observation_space, action_space):
         self.observation_space, self.action_space = observation_space, action_space
+
+
+# ---- SAC and TD3 -------------------------------------------------------------------------------
+
+
+def actor_critic_network(kind):
+    def creator(space):
+        d = space.shape[0]
+
+        def actor(x):
+            h = hk.nets.MLP([32], activate_final=True)(x)
+            if kind == "sac":
+                return hk.Linear(d)(h), jnp.clip(hk.Linear(d)(h), -5.0, 2.0)
+            return jnp.tanh(hk.Linear(d)(h))
+
+        def critic(x, a):
+            return hk.nets.MLP([32, 1])(jnp.concatenate([x, a], -1))
+
+        return hk.without_apply_rng(hk.transform(actor)), hk.without_apply_rng(hk.transform(critic))
+
+    return creator
+
+
+def off_policy_batch(key, n=16):
+    keys = jax.random.split(key, 4)
+    return {
+        "obs": jax.random.normal(keys[0], (n, 3)),
+        "action": jax.random.uniform(keys[1], (n, 1), minval=-2.0, maxval=2.0),
+        "reward": jax.random.normal(keys[2], (n,)),
+        "terminated": jax.random.bernoulli(keys[3], 0.1, (n,)),
+        "next_obs": jax.random.normal(keys[3], (n, 3)),
+    }
+
+
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+def test_the_functional_sac_and_td3_updates_give_the_collections_bits(algo):
+    from kitae.algos.collections import sac, td3
+    from kitae.functional import SAC, TD3
+    from kitae.modules.policy import policy_factory
+
+    env = gym.make("Pendulum-v1")
+    module = sac if algo == "sac" else td3
+    params_cls = (
+        sac.SACParams(policy_hidden=(32,), q_hidden=(32,))
+        if algo == "sac"
+        else td3.TD3Params(actor_hidden=(32,), critic_hidden=(32,), policy_delay=1)
+    )
+    config = cfg.AlgoConfig(
+        seed=0,
+        algo_params=params_cls,
+        update_cfg=cfg.UpdateConfig(learning_rate=3e-3, max_grad_norm=None),
+        train_cfg=cfg.TrainConfig(),
+        env_cfg=cfg.EnvConfig("Pendulum-v1", env.observation_space, env.action_space),
+    )
+    factory = sac.train_state_sac_factory if algo == "sac" else td3.train_state_td3_factory
+    state = factory(jax.random.PRNGKey(1), config)
+    data = off_policy_batch(jax.random.PRNGKey(2))
+    experience = Experience(
+        observation=data["obs"],
+        action=data["action"],
+        reward=data["reward"],
+        done=data["terminated"],
+        next_observation=data["next_obs"],
+        log_prob=None,
+        truncated=None,
+    )
+    process_key, step_key = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(0), 0))
+    process, update_step = module.process_experience_factory(config), module.update_step_factory(config)
+    # arguments, not closed-over constants: XLA folds constants and may round otherwise
+    want, _ = jax.jit(lambda s, pk, sk, e: update_step(s, sk, process(s, pk, e)))(
+        state, process_key, step_key, experience
+    )
+
+    def networks(space):  # the collection's own modules: the same parameters fit both faces
+        kind = "tanh_normal" if algo == "sac" else "deterministic"
+        actor = policy_factory(env.observation_space, space, hidden=(32,), kind=kind, activation="relu")
+        return actor, qvalue_factory(env.observation_space, space, hidden=(32,), n_critics=2)
+
+    if algo == "sac":
+        agent = SAC(networks, env, 3e-3, n_critics=1)
+        params = SAC.Params(state.policy.params, state.qvalue.params, state.qvalue.target_params, state.alpha.params)
+        opt = {"policy": state.policy.opt_state, "qvalue": state.qvalue.opt_state, "alpha": state.alpha.opt_state}
+        _, new, optimizer_state = agent.update(params, OptimState(state.qvalue.step, opt), data)
+        assert same(new.policy, want.policy.params) and same(new.alpha, want.alpha.params)
+        assert same(new.qvalue, want.qvalue.params) and same(new.qvalue_target, want.qvalue.target_params)
+    else:
+        agent = TD3(networks, env, 3e-3, policy_delay=1, critic_copies=1)
+        params = TD3.Params(
+            state.actor.params, state.critic.params, state.actor.target_params, state.critic.target_params
+        )
+        opt = {"actor": state.actor.opt_state, "critic": state.critic.opt_state}
+        _, new, optimizer_state = agent.update(params, OptimState(state.critic.step, opt), data)
+        assert same(new.actor, want.actor.params) and same(new.critic, want.critic.params)
+        assert same(new.actor_target, want.actor.target_params) and same(new.critic_target, want.critic.target_params)
+    assert int(optimizer_state.count) == 1
+
+
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+def test_functional_sac_and_td3_are_pure_under_jit_and_vmap(algo):
+    from kitae.functional import SAC, TD3
+
+    env = gym.make("Pendulum-v1")
+    cls = SAC if algo == "sac" else TD3
+    plain, jitted = cls(actor_critic_network(algo), env, 1e-3), cls(actor_critic_network(algo), env, 1e-3)
+    jitted.jit()
+    jitted.jit()
+    data = off_policy_batch(jax.random.PRNGKey(3))
+    results = []
+    for agent in (plain, jitted):
+        params, policy_state, optimizer_state = fresh(agent)
+        out, _ = agent.predict(params, policy_state, data["obs"], jax.random.PRNGKey(4))
+        for _ in range(2):
+            _, params, optimizer_state = agent.update(params, optimizer_state, data)
+        results.append((out, params, optimizer_state))
+    assert same(results[0], results[1])
+    assert results[0][0].actions.shape == (16, 1)
+    assert np.all(np.abs(np.asarray(results[0][0].actions)) <= 2.0)  # Pendulum's bounds
+    keys = jax.random.split(jax.random.PRNGKey(5), 3)
+    params = jax.vmap(plain.init_params)(keys)
+    _, vmapped, _ = jax.vmap(plain.update)(
+        params, jax.vmap(plain.init_optimizer)(params, keys), jax.vmap(off_policy_batch)(keys)
+    )
+    one = plain.init_params(keys[2])
+    _, alone, _ = plain.update(one, plain.init_optimizer(one, keys[2]), off_policy_batch(keys[2]))
+    for got, want in zip(jax.tree_util.tree_leaves(vmapped), jax.tree_util.tree_leaves(alone), strict=True):
+        np.testing.assert_allclose(np.asarray(got[2]), np.asarray(want), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+def test_functional_sac_and_td3_refuse_what_they_cannot_handle(algo):
+    from kitae.functional import SAC, TD3
+
+    cls = SAC if algo == "sac" else TD3
+    with pytest.raises(ValueError, match=f"action_space=Discrete.*not allowed for {algo.upper()}"):
+        cls(actor_critic_network(algo), ENV, 1e-3)
+    with pytest.raises(TypeError, match=r"allowed: a pair \(actor, critic\)"):
+        cls(haiku_network, gym.make("Pendulum-v1"), 1e-3)
+    with pytest.raises(ValueError, match="learning_rate=0 is not allowed"):
+        cls(actor_critic_network(algo), gym.make("Pendulum-v1"), 0)
+    with pytest.raises(ValueError, match="tau"):
+        cls(actor_critic_network(algo), gym.make("Pendulum-v1"), 1e-3, tau=0.0)

@@ -11,5 +11,7 @@ collection's algorithm (``kitae.algos.collections``): one implementation, two fa
 from kitae.functional.base import BaseAgent, Network, OptimState, make_network
 from kitae.functional.dqn import DQN
 from kitae.functional.ppo import PPO
+from kitae.functional.sac import SAC
+from kitae.functional.td3 import TD3
 
-__all__ = ["BaseAgent", "OptimState", "Network", "make_network", "DQN", "PPO"]
+__all__ = ["BaseAgent", "OptimState", "Network", "make_network", "DQN", "PPO", "SAC", "TD3"]

@@ -36,6 +36,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
+import kitae.config as cfg
+from kitae.buffer import Experience
+from kitae.modules.optimizer import optimizer_factory
+
 __all__ = ["BaseAgent", "OptimState", "Network", "make_network", "as_key", "env_spaces", "check_learning_rate"]
 
 
@@ -43,17 +47,44 @@ class Network(NamedTuple):
     """A network as two pure functions, whatever library made it.
 
     Attributes:
-        init: ``init(key, observations (B, ...)) -> params``.
-        apply: ``apply(params, observations (B, ...)) -> outputs (B, ...)``.
+        init: ``init(key, *inputs) -> params`` (inputs with a batch axis ``(B, ...)``).
+        apply: ``apply(params, *inputs) -> outputs`` (``(B, ...)`` leading).
     """
 
-    init: Callable[[jax.Array, Any], Any]
-    apply: Callable[[Any, Any], Any]
+    init: Callable[..., Any]
+    apply: Callable[..., Any]
 
 
 NETWORKS_ALLOWED = (
     "a Haiku hk.Transformed (hk.transform(f) or hk.without_apply_rng(hk.transform(f))) or a flax.linen.Module"
 )
+
+
+def adapt_network(net: Any, what: str = "network(action_space)") -> Network:
+    """A Haiku ``hk.Transformed`` or a Flax ``linen.Module`` as a ``Network``.
+
+    Raises:
+        TypeError: for anything else (a Haiku ``TransformedWithState`` included: network state is
+            not supported), naming what is accepted.
+    """
+    if isinstance(net, hk.Transformed):
+        if "rng" not in inspect.signature(net.apply).parameters:  # hk.without_apply_rng(...)
+            return Network(net.init, net.apply)
+
+        def apply_haiku(params: Any, *inputs: Any) -> Any:
+            return net.apply(params, None, *inputs)
+
+        return Network(net.init, apply_haiku)
+    if isinstance(net, nn.Module):
+        return Network(net.init, net.apply)
+    raise TypeError(f"{what} returned {type(net).__name__}, which is not allowed; allowed: {NETWORKS_ALLOWED}")
+
+
+def _check_creator(creator: Any, returns: str) -> None:
+    if not callable(creator):
+        raise TypeError(
+            f"network={creator!r} is not allowed; allowed: a callable network(action_space) returning {returns}"
+        )
 
 
 def make_network(creator: Any, action_space: gym.Space) -> Network:
@@ -71,25 +102,56 @@ def make_network(creator: Any, action_space: gym.Space) -> Network:
         TypeError: if ``creator`` is not callable, or returns anything else (a Haiku
             ``TransformedWithState`` included: network state is not supported).
     """
-    if not callable(creator):
+    _check_creator(creator, NETWORKS_ALLOWED)
+    return adapt_network(creator(action_space))
+
+
+def make_actor_critic(creator: Any, action_space: gym.Space) -> tuple[Network, Network]:
+    """For actor-critic agents (SAC, TD3): ``creator(action_space) -> (actor, critic)``, each a
+    Haiku ``hk.Transformed`` or a Flax module; ``actor.apply(params, obs)``,
+    ``critic.apply(params, obs, action)``.
+
+    Raises:
+        TypeError: if ``creator`` is not callable or does not return such a pair.
+    """
+    returns = f"a pair (actor, critic), each {NETWORKS_ALLOWED}"
+    _check_creator(creator, returns)
+    nets = creator(action_space)
+    if isinstance(nets, hk.Transformed) or not (isinstance(nets, tuple) and len(nets) == 2):  # Transformed: a pair too
         raise TypeError(
-            f"network={creator!r} is not allowed; allowed: a callable network(action_space) returning "
-            f"{NETWORKS_ALLOWED}"
+            f"network(action_space) returned {type(nets).__name__}, which is not allowed; allowed: {returns}"
         )
-    net = creator(action_space)
-    if isinstance(net, hk.Transformed):
-        if "rng" not in inspect.signature(net.apply).parameters:  # hk.without_apply_rng(...)
-            return Network(net.init, net.apply)
-
-        def apply_haiku(params: Any, observations: Any) -> Any:
-            return net.apply(params, None, observations)
-
-        return Network(net.init, apply_haiku)
-    if isinstance(net, nn.Module):
-        return Network(net.init, net.apply)
-    raise TypeError(
-        f"network(action_space) returned {type(net).__name__}, which is not allowed; allowed: {NETWORKS_ALLOWED}"
+    return adapt_network(nets[0], "network(action_space)[0] (the actor)"), adapt_network(
+        nets[1], "network(action_space)[1] (the critic)"
     )
+
+
+def critic_ensemble(critic: Network, copies: int) -> Network:
+    """``copies`` independently initialised copies of a critic, applied together.
+
+    ``init(key, obs, action)``: one parameter set (``copies == 1``) or ``copies`` stacked ones (a
+    ``jax.vmap`` of ``critic.init`` over ``split(key, copies)``). ``apply(params, obs, action) ->
+    (n, B)``: each copy's Q-values ``(B,)`` or ``(B, 1)``, stacked; a copy that is itself an
+    ensemble ``(k, B)`` adds its ``k`` rows.
+    """
+
+    def rows(q: jax.Array) -> jax.Array:
+        q = jnp.asarray(q)
+        if q.ndim >= 2 and q.shape[-1] == 1:
+            q = q[..., 0]
+        return q[None] if q.ndim == 1 else q
+
+    if copies == 1:
+        return Network(critic.init, lambda params, obs, action: rows(critic.apply(params, obs, action)))
+
+    def init(key: jax.Array, obs: Any, action: Any) -> Any:
+        return jax.vmap(lambda k: critic.init(k, obs, action))(jax.random.split(key, copies))
+
+    def apply(params: Any, obs: Any, action: Any) -> jax.Array:
+        q = jax.vmap(lambda p: rows(critic.apply(p, obs, action)))(params)  # (copies, k, B)
+        return q.reshape(-1, q.shape[-1])
+
+    return Network(init, apply)
 
 
 def as_key(rng: Any) -> jax.Array:
@@ -155,6 +217,33 @@ def data_fields(data: Mapping[str, Any], keys: tuple[str, ...], algo: str) -> tu
     return tuple(data[k] for k in keys)
 
 
+OFF_POLICY_DATA_KEYS = ("obs", "action", "reward", "terminated", "next_obs")
+"""What an off-policy agent's ``update`` reads from ``data`` (DQN, SAC, TD3), leaves ``(B, ...)``:
+``obs`` and ``next_obs`` ``(B, *obs_shape)`` (``next_obs`` the real next observation, also where
+an episode was truncated), ``action`` ``(B,)`` or ``(B, d)`` in the environment's units,
+``reward`` ``(B,)``, ``terminated`` ``(B,)`` (bootstrapping stops only there). Optionally
+``key``: the PRNG key of the update (default ``fold_in(PRNGKey(seed), OptimState.count)``)."""
+
+
+def off_policy_experience(data: Mapping[str, Any], algo: str) -> Experience:
+    """``data`` (``OFF_POLICY_DATA_KEYS``) as the collection's ``Experience``."""
+    obs, action, reward, terminated, next_obs = data_fields(data, OFF_POLICY_DATA_KEYS, algo)
+    return Experience(
+        observation=obs,
+        action=action,
+        reward=reward,
+        done=terminated,
+        next_observation=next_obs,
+        log_prob=None,
+        truncated=None,
+    )
+
+
+def update_key(data: Mapping[str, Any], seed: int, count: jax.Array) -> jax.Array:
+    """``data["key"]``, or ``fold_in(PRNGKey(seed), count)``: a pure function of explicit state."""
+    return data["key"] if "key" in data else jax.random.fold_in(jax.random.PRNGKey(seed), count)
+
+
 class BaseAgent(abc.ABC):
     """A stateless agent: pure functions over explicit parameters, policy and optimizer state.
 
@@ -186,9 +275,53 @@ class BaseAgent(abc.ABC):
         check_learning_rate(learning_rate)
         self.observation_space, self.action_space = env_spaces(env)
         self.check_action_space(self.action_space)
-        self.network = make_network(network, self.action_space)
+        self.network = self.make_networks(network, self.action_space)
         self.learning_rate = learning_rate
         self._jitted = False
+
+    def collection_config(
+        self, algo_params: Any, max_grad_norm: float | None, seed: int = 0, **update: Any
+    ) -> cfg.AlgoConfig:
+        """The ``AlgoConfig`` the collection's factories are made from: ``algo_params`` (the
+        collection's params dataclass, which validates and names each field), this agent's spaces,
+        ``UpdateConfig(max_grad_norm=..., **update)``.
+
+        Raises:
+            ValueError: for a ``max_grad_norm`` that is not a float > 0 or ``None``.
+        """
+        if max_grad_norm is not None and not max_grad_norm > 0:
+            raise ValueError(f"max_grad_norm={max_grad_norm!r} is not allowed; allowed: a float > 0 or None")
+        return cfg.AlgoConfig(
+            seed=seed,
+            algo_params=algo_params,
+            update_cfg=cfg.UpdateConfig(max_grad_norm=max_grad_norm, **update),
+            train_cfg=cfg.TrainConfig(),
+            env_cfg=cfg.EnvConfig("functional", self.observation_space, self.action_space),
+        )
+
+    def use_collection(
+        self, module: Any, config: cfg.AlgoConfig, learning_rate: Any, max_grad_norm: float | None
+    ) -> None:
+        """Takes the collection algorithm's functions (``module``: e.g.
+        ``kitae.algos.collections.dqn``) for ``config``: its explore, processing and update step,
+        and its optimizer (Adam after optional clipping; a schedule is read at the count)."""
+        self.seed = config.seed
+        self._explore = module.explore_factory(config)
+        self._process = module.process_experience_factory(config)
+        self._update_step = module.update_step_factory(config)
+        self.tx = optimizer_factory(learning_rate, max_grad_norm=max_grad_norm)
+
+    def off_policy_update(self, state: Any, data: Mapping[str, Any], count: jax.Array) -> tuple[Any, dict]:
+        """The collection's processing then one update step on a batch (``OFF_POLICY_DATA_KEYS``),
+        with ``(process_key, step_key) = split(update_key(data, seed, count))``."""
+        experience = off_policy_experience(data, type(self).__name__)
+        process_key, step_key = jax.random.split(update_key(data, self.seed, count))
+        return self._update_step(state, step_key, self._process(state, process_key, experience))
+
+    def make_networks(self, creator: Any, action_space: gym.Space) -> Any:
+        """The agent's networks from the creator (default ``make_network``: one ``Network``;
+        actor-critic agents: ``make_actor_critic``)."""
+        return make_network(creator, action_space)
 
     def check_action_space(self, action_space: gym.Space) -> None:  # noqa: B027  (optional hook)
         """Raises ``ValueError`` for an action space the algorithm cannot handle (default: none)."""

@@ -34,16 +34,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
-import kitae.config as cfg
 from kitae.algos.collections import dqn as collection
-from kitae.buffer import Experience
-from kitae.functional.base import BaseAgent, OptimState, as_key, data_fields, dummy_observation
-from kitae.modules.optimizer import optimizer_factory
+from kitae.functional.base import OFF_POLICY_DATA_KEYS, BaseAgent, OptimState, as_key, dummy_observation
 from kitae.modules.pytree import TrainState
 
 __all__ = ["DQN", "Params", "PolicyState", "PolicyOutput", "OptimOutput", "DATA_KEYS"]
 
-DATA_KEYS = ("obs", "action", "reward", "terminated", "next_obs")
+DATA_KEYS = OFF_POLICY_DATA_KEYS
 """What ``DQN.update``'s ``data`` holds, each with a leading batch axis ``B``: ``obs`` and
 ``next_obs`` ``(B, *obs_shape)`` (``next_obs`` the real next observation, also where an episode
 was truncated), ``action`` ``(B,)``, ``reward`` ``(B,)``, ``terminated`` ``(B,)`` (bootstrapping
@@ -123,8 +120,6 @@ class DQN(BaseAgent):
             raise ValueError(
                 f"epsilon_schedule={epsilon_schedule!r} is not allowed; allowed: a callable count -> epsilon"
             )
-        if max_grad_norm is not None and not max_grad_norm > 0:
-            raise ValueError(f"max_grad_norm={max_grad_norm!r} is not allowed; allowed: a float > 0 or None")
         self.epsilon_schedule = default_epsilon_schedule() if epsilon_schedule is None else epsilon_schedule
         # The collection's DQNParams validate the rest and name the field (gamma, interval, loss).
         params = collection.DQNParams(
@@ -134,19 +129,7 @@ class DQN(BaseAgent):
             double_dqn=double_dqn,
             loss=loss,
         )
-        config = cfg.AlgoConfig(
-            seed=0,
-            algo_params=params,
-            update_cfg=cfg.UpdateConfig(max_grad_norm=max_grad_norm),
-            train_cfg=cfg.TrainConfig(),
-            env_cfg=cfg.EnvConfig("functional", self.observation_space, self.action_space),
-        )
-        self._explore = collection.explore_factory(config)
-        self._process = collection.process_experience_factory(config)
-        self._gradients = collection.compute_gradients_factory(config)
-        self._apply = collection.apply_gradients_factory(config)
-        # The collection's optimizer (Adam after optional clipping); a schedule is read at the count.
-        self.tx = optimizer_factory(learning_rate, max_grad_norm=max_grad_norm)
+        self.use_collection(collection, self.collection_config(params, max_grad_norm), learning_rate, max_grad_norm)
 
     def check_action_space(self, action_space: gym.Space) -> None:
         if not isinstance(action_space, gym.spaces.Discrete):
@@ -216,21 +199,8 @@ class DQN(BaseAgent):
         Returns:
             ``(OptimOutput(loss, q_values), Params, OptimState(count + 1, opt_state))``.
         """
-        obs, action, reward, terminated, next_obs = data_fields(data, DATA_KEYS, "DQN")
-        experience = Experience(
-            observation=obs,
-            action=action,
-            reward=reward,
-            done=terminated,
-            next_observation=next_obs,
-            log_prob=None,
-            truncated=None,
-        )
-        state = self._train_state(params, optimizer_state)
-        key = jax.random.PRNGKey(0)  # DQN's processing and gradients use no randomness
-        batch = self._process(state, key, experience)
-        grads, info = self._gradients(state, key, batch)
-        state = self._apply(state, grads)
+        # DQN's processing and gradients use no randomness: the update key is never read
+        state, info = self.off_policy_update(self._train_state(params, optimizer_state), data, optimizer_state.count)
         qvalue = state.qvalue
         return (
             OptimOutput(info["loss_qvalue"], info["q_values"]),

@@ -23,14 +23,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
-import kitae.config as cfg
 from kitae.algos.collections import ppo as collection
 from kitae.algos.experience import ExperiencePipeline
 from kitae.algos.update import on_policy_update
 from kitae.buffer import Experience
 from kitae.distributions import Categorical, DiagNormal
-from kitae.functional.base import BaseAgent, Network, OptimState, as_key, data_fields, dummy_observation
-from kitae.modules.optimizer import optimizer_factory
+from kitae.functional.base import BaseAgent, Network, OptimState, as_key, data_fields, dummy_observation, update_key
 from kitae.modules.pytree import TrainState
 
 __all__ = ["PPO", "Params", "PolicyState", "PolicyOutput", "OptimOutput", "DATA_KEYS"]
@@ -151,8 +149,6 @@ class PPO(BaseAgent):
         for name, value in (("n_epochs", n_epochs), ("batch_size", batch_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r} is not allowed; allowed: an int >= 1")
-        if max_grad_norm is not None and not max_grad_norm > 0:
-            raise ValueError(f"max_grad_norm={max_grad_norm!r} is not allowed; allowed: a float > 0 or None")
         params = collection.PPOParams(
             gamma=discount_factor,
             gae_lambda=gae_lambda,
@@ -162,20 +158,12 @@ class PPO(BaseAgent):
             clip_value_loss=clip_value_loss,
             normalize_advantages=normalize_advantages,
         )
-        config = cfg.AlgoConfig(
-            seed=seed,
-            algo_params=params,
-            update_cfg=cfg.UpdateConfig(n_epochs=n_epochs, batch_size=batch_size, max_grad_norm=max_grad_norm),
-            train_cfg=cfg.TrainConfig(),
-            env_cfg=cfg.EnvConfig("functional", self.observation_space, self.action_space),
-        )
+        config = self.collection_config(params, max_grad_norm, seed=seed, n_epochs=n_epochs, batch_size=batch_size)
         collection.check_spaces(config)
-        self.seed, self.n_epochs, self.batch_size = seed, n_epochs, batch_size
+        self.n_epochs, self.batch_size = n_epochs, batch_size
         self._apply = actor_critic_apply(self.network, isinstance(self.action_space, gym.spaces.Discrete))
-        self._explore = collection.explore_factory(config)
-        self._pipeline = ExperiencePipeline([collection.process_experience_factory(config)], vectorized=True)
-        self._update_step = collection.update_step_factory(config)
-        self.tx = optimizer_factory(learning_rate, max_grad_norm=max_grad_norm)
+        self.use_collection(collection, config, learning_rate, max_grad_norm)
+        self._pipeline = ExperiencePipeline([self._process], vectorized=True)
 
     def check_action_space(self, action_space: gym.Space) -> None:
         ok = isinstance(action_space, gym.spaces.Discrete) or (
@@ -237,7 +225,7 @@ class PPO(BaseAgent):
             log_prob=log_prob,
             truncated=truncated,
         )
-        key = data["key"] if "key" in data else jax.random.fold_in(jax.random.PRNGKey(self.seed), optimizer_state.count)
+        key = update_key(data, self.seed, optimizer_state.count)
         state, info = on_policy_update(
             self._pipeline,
             self._update_step,

@@ -1,0 +1,38 @@
+"""What the functional SAC and TD3 share: an actor and a critic network from one creator, a
+continuous action space with finite bounds, and dummy inputs to initialise them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import jax
+import jax.numpy as jnp
+
+from kitae.functional.base import BaseAgent, as_key, dummy_observation, make_actor_critic
+
+__all__ = ["ActorCriticAgent"]
+
+
+class ActorCriticAgent(BaseAgent):
+    """A ``BaseAgent`` whose creator returns ``(actor, critic)`` (``make_actor_critic``) and whose
+    action space is a 1-D ``Box`` with finite bounds (the collection module's
+    ``check_action_space`` decides; ``collection_module`` is that module)."""
+
+    collection_module: Any = None
+
+    def make_networks(self, creator: Any, action_space: gym.Space) -> Any:
+        return make_actor_critic(creator, action_space)
+
+    def check_action_space(self, action_space: gym.Space) -> None:
+        try:
+            self.collection_module.check_action_space(action_space)
+        except ValueError as error:
+            raise ValueError(f"action_space={action_space} is not allowed for {type(self).__name__}; {error}") from None
+
+    def dummy_inputs(self, rng: Any) -> tuple[jax.Array, jax.Array, Any, jax.Array]:
+        """``(actor_key, critic_key, observations (1, ...), actions (1, d))`` to initialise the
+        networks, the keys split from ``rng``."""
+        actor_key, critic_key = jax.random.split(as_key(rng))
+        action = jnp.zeros((1, *(self.action_space.shape or ())), jnp.float32)
+        return actor_key, critic_key, dummy_observation(self.observation_space), action

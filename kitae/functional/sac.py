@@ -1,0 +1,210 @@
+"""The functional SAC: seed 002's stateless API over the collection's SAC
+(``kitae.algos.collections.sac``).
+
+``predict`` is the collection's ``explore`` (a sample of the tanh-Gaussian policy, uniform actions
+for the first ``start_step`` training calls, the mean action in evaluation); ``update`` is the
+collection's processing and one ``compute_gradients`` + ``apply_gradients`` step (twin critics
+against Polyak-averaged targets, the actor, the learned temperature). Nothing else.
+
+The network: ``network(action_space) -> (actor, critic)`` (Haiku or Flax each):
+``actor.apply(params, obs (B, ...))`` returns ``(loc, log_std)`` ``(B, d)`` of the pre-tanh
+Gaussian (bound ``log_std`` yourself; ``[-5, 2]`` is usual) or a
+``kitae.distributions.TanhNormal``; ``critic.apply(params, obs, action (B, d))`` returns Q-values
+``(B,)`` or ``(B, 1)``, actions in ``[-1, 1]``. ``n_critics`` copies of the critic are initialised
+independently (a critic that is already an ensemble ``(k, B)`` takes ``n_critics=1``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+import gymnasium as gym
+import jax
+import jax.numpy as jnp
+import optax
+
+from kitae.algos.collections import sac as collection
+from kitae.distributions import TanhNormal
+from kitae.functional.actor_critic import ActorCriticAgent
+from kitae.functional.base import OFF_POLICY_DATA_KEYS, Network, OptimState, critic_ensemble
+from kitae.modules.pytree import TrainState
+
+__all__ = ["SAC", "DATA_KEYS"]
+
+DATA_KEYS = OFF_POLICY_DATA_KEYS
+"""What ``SAC.update``'s ``data`` holds: ``kitae.functional.base.OFF_POLICY_DATA_KEYS``
+(``obs``, ``action`` in the environment's units, ``reward``, ``terminated``, ``next_obs``;
+optionally ``key``)."""
+
+
+def _tanh_normal(network: Network) -> Callable[[Any, Any], TanhNormal]:
+    def apply(params: Any, observations: Any) -> TanhNormal:
+        out = network.apply(params, observations)
+        if isinstance(out, TanhNormal):
+            return out
+        if not (isinstance(out, tuple) and len(out) == 2):
+            raise TypeError(
+                f"SAC's actor must return (loc, log_std) or a kitae.distributions.TanhNormal; it returned "
+                f"{type(out).__name__}"
+            )
+        loc, log_std = out
+        return TanhNormal(loc, jnp.exp(jnp.broadcast_to(log_std, jnp.shape(loc))))
+
+    return apply
+
+
+def _alpha_apply(params: Any) -> jax.Array:
+    return jnp.exp(params["log_alpha"])
+
+
+class SAC(ActorCriticAgent):
+    """Soft Actor-Critic as pure functions (seed 002's API), for 1-D ``Box`` actions with finite
+    bounds.
+
+    Args:
+        network: ``network(action_space) -> (actor, critic)`` (see the module docstring).
+        env: a Gymnasium environment or vector environment.
+        learning_rate: Adam's, for the actor, the critics and the temperature; a float > 0 or an
+            optax schedule.
+        discount_factor, tau, alpha, autotune, target_entropy, n_critics, policy_frequency,
+        start_step: as ``kitae.algos.collections.sac.SACParams``'s ``gamma``, ``tau``, ...
+            (validated there); ``start_step`` counts ``predict`` calls in training mode
+            (``PolicyState.count``; default 0: the policy acts from the first call).
+        max_grad_norm: global-norm clipping (``None``: none).
+        seed: the default update keys are ``fold_in(PRNGKey(seed), OptimState.count)``.
+    """
+
+    collection_module = collection
+
+    class Params(NamedTuple):
+        """SAC's parameters: the actor's, the critics' (stacked when ``n_critics`` copies), their
+        targets', and the temperature's ``{"log_alpha": ()}``."""
+
+        policy: Any
+        qvalue: Any
+        qvalue_target: Any
+        alpha: Any
+
+    class PolicyState(NamedTuple):
+        """``count``: ``predict`` calls in training mode (random actions while below ``start_step``)."""
+
+        count: jax.Array  # type: ignore[assignment]  # the seed's field name shadows tuple.count
+
+    class PolicyOutput(NamedTuple):
+        """``actions`` ``(B, d)`` in the environment's units, ``log_probs`` ``(B,)`` (zeros in
+        evaluation)."""
+
+        actions: jax.Array
+        log_probs: jax.Array
+
+    class OptimOutput(NamedTuple):
+        """``update``'s losses before the step: critics', actor's, temperature's, and ``alpha``."""
+
+        critic_loss: jax.Array
+        actor_loss: jax.Array
+        alpha_loss: jax.Array
+        alpha: jax.Array
+
+    def __init__(
+        self,
+        network: Callable[[gym.Space], Any],
+        env: Any,
+        learning_rate: float | optax.Schedule,
+        discount_factor: float = 0.99,
+        tau: float = 0.005,
+        alpha: float = 1.0,
+        autotune: bool = True,
+        target_entropy: float | None = None,
+        n_critics: int = 2,
+        policy_frequency: int = 1,
+        start_step: int = 0,
+        max_grad_norm: float | None = None,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(network, env, learning_rate)
+        params = collection.SACParams(
+            gamma=discount_factor,
+            tau=tau,
+            alpha=alpha,
+            autotune=autotune,
+            target_entropy=target_entropy,
+            n_critics=n_critics,
+            policy_frequency=policy_frequency,
+            start_step=start_step,
+        )
+        config = self.collection_config(params, max_grad_norm, seed=seed)
+        self.initial_alpha = alpha
+        actor, critic = self.network
+        self.actor = Network(actor.init, _tanh_normal(actor))
+        self.critic = critic_ensemble(critic, n_critics)
+        self.use_collection(collection, config, learning_rate, max_grad_norm)
+
+    # -- state -----------------------------------------------------------------------------------
+
+    def init_params(self, rng: Any) -> Params:
+        """Actor and critics initialised on dummy inputs (the targets a copy), ``log_alpha`` from
+        ``alpha``."""
+        actor_key, critic_key, obs, action = self.dummy_inputs(rng)
+        qvalue = self.critic.init(critic_key, obs, action)
+        return SAC.Params(
+            self.actor.init(actor_key, obs),
+            qvalue,
+            jax.tree_util.tree_map(jnp.copy, qvalue),
+            {"log_alpha": jnp.asarray(math.log(self.initial_alpha), jnp.float32)},
+        )
+
+    def init_policy(self, rng: Any) -> PolicyState:
+        """``PolicyState(count=0)``; ``rng`` is not used."""
+        del rng
+        return SAC.PolicyState(jnp.zeros((), jnp.int32))
+
+    def init_optimizer(self, params: Params, rng: Any) -> OptimState:
+        """``OptimState(count=0, {"policy", "qvalue", "alpha"} optimizer states)``; ``rng`` not used."""
+        del rng
+        opt_state = {
+            "policy": self.tx.init(params.policy),
+            "qvalue": self.tx.init(params.qvalue),
+            "alpha": self.tx.init(params.alpha),
+        }
+        return OptimState(jnp.zeros((), jnp.int32), opt_state)
+
+    def collection_state(self, params: Params, optimizer_state: OptimState | None = None) -> collection.SACState:
+        """The collection's ``SACState`` for these explicit parts (made on every call)."""
+        step = jnp.zeros((), jnp.int32) if optimizer_state is None else optimizer_state.count
+        opt = {} if optimizer_state is None else optimizer_state.opt_state
+
+        def train_state(apply_fn: Callable, name: str, params: Any, target: Any = None) -> TrainState:
+            return TrainState(
+                step=step, apply_fn=apply_fn, params=params, tx=self.tx, opt_state=opt.get(name), target_params=target
+            )
+
+        return collection.SACState(
+            policy=train_state(self.actor.apply, "policy", params.policy),
+            qvalue=train_state(self.critic.apply, "qvalue", params.qvalue, params.qvalue_target),
+            alpha=train_state(_alpha_apply, "alpha", params.alpha),
+        )
+
+    # -- acting and learning ----------------------------------------------------------------------
+
+    def _predict(
+        self, params: Params, policy_state: PolicyState, obs: Any, key: jax.Array, evaluation: bool = False
+    ) -> tuple[PolicyOutput, PolicyState]:
+        state = self.collection_state(params)
+        actions, log_probs = self._explore(state, key, obs, policy_state.count, evaluation)
+        count = policy_state.count if evaluation else policy_state.count + 1
+        return SAC.PolicyOutput(actions, log_probs), SAC.PolicyState(count)
+
+    def _update(
+        self, params: Params, optimizer_state: OptimState, data: Mapping[str, Any]
+    ) -> tuple[OptimOutput, Params, OptimState]:
+        state, info = self.off_policy_update(
+            self.collection_state(params, optimizer_state), data, optimizer_state.count
+        )
+        qvalue = state.qvalue
+        assert qvalue is not None and state.alpha is not None  # a full state
+        output = SAC.OptimOutput(info["loss_critic"], info["loss_actor"], info["loss_alpha"], info["alpha"])
+        new = SAC.Params(state.policy.params, qvalue.params, qvalue.target_params, state.alpha.params)
+        opt_state = {"policy": state.policy.opt_state, "qvalue": qvalue.opt_state, "alpha": state.alpha.opt_state}
+        return output, new, OptimState(qvalue.step, opt_state)

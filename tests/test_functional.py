@@ -360,7 +360,7 @@ def test_the_functional_ppo_update_gives_the_collection_agents_bits(tmp_path, en
     assert int(optimizer_state.count) == 2 * (8 * 4 // 16)  # epochs x minibatches
 
 
-@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+@pytest.mark.parametrize("env_id", ["CartPole-v1"])  # Box actions: the bit-equality test above
 def test_functional_ppo_acts_and_updates_purely_under_jit_and_vmap(env_id):
     from kitae.functional import PPO
 

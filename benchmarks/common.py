@@ -10,6 +10,9 @@ import argparse
 import json
 import platform
 import resource
+import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -111,3 +114,37 @@ def seeds_argument(default: tuple[int, ...] = (0, 1, 2)) -> list[int]:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", type=int, nargs="+", default=list(default))
     return parser.parse_args().seeds
+
+
+# ---- whole `kitae train` processes ----------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def kitae_train(argv: list[str], run_dir: Path) -> dict:
+    command = [sys.executable, "-m", "kitae.cli", "train", *argv, "--run-dir", str(run_dir), "--quiet"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr[-2000:]}")
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def running_means(run_dir: Path, seed: int, window: int = 10) -> list[tuple[int, float]]:
+    """``(step, mean of the last `window` training episodes)`` along a run, from ``metrics.jsonl``
+    (a row holds the mean return of ``episodes`` episodes that ended at ``step``)."""
+    returns: list[float] = []
+    out = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if row.get("seed", seed) != seed or "episodic_return" not in row:
+            continue
+        returns.extend([row["episodic_return"]] * int(row.get("episodes", 1)))
+        if len(returns) >= window:
+            out.append((row["step"], statistics.fmean(returns[-window:])))
+    return out
+
+
+def curve_figures(run_dir: Path, seed: int, threshold: float = 475.0) -> dict:
+    means = running_means(run_dir, seed)
+    first = next((step for step, mean in means if mean >= threshold), None)
+    return {"first_step_at_475": first, "max_running_mean": max((m for _, m in means), default=None)}

@@ -26,26 +26,47 @@ def n_gradient_steps(config: AlgoConfig, algo_type: AlgoType) -> int:
     return Schedule.from_config(config, algo_type).n_gradient_steps(config.train_cfg.n_env_steps)
 
 
+OPTIMIZERS = ("adam", "rmsprop")
+"""The optimizers ``optimizer_factory`` makes."""
+
+
 def optimizer_factory(
     learning_rate: float | optax.Schedule,
     *,
     max_grad_norm: float | None = None,
     annealing_steps: int | None = None,
+    optimizer: str = "adam",
+    rms_decay: float = 0.99,
+    rms_eps: float = 1e-5,
 ) -> optax.GradientTransformation:
-    """Adam, preceded by global-norm clipping when ``max_grad_norm`` is set.
+    """Adam (or RMSprop), preceded by global-norm clipping when ``max_grad_norm`` is set.
 
     Args:
         learning_rate: the step size (> 0), or an optax schedule ``count -> rate`` (not with
             ``annealing_steps``).
         max_grad_norm: clip gradients to this global norm, or ``None``.
         annealing_steps: if set, the learning rate decays linearly to 0 over this many updates.
+        optimizer: ``"adam"`` (optax's defaults) or ``"rmsprop"``: PyTorch's RMSprop, as
+            Stable-Baselines3's A2C uses it (``v <- decay * v + (1 - decay) * g**2`` from 0,
+            step ``lr * g / (sqrt(v) + eps)``: ``optax.rmsprop`` with ``eps_in_sqrt=False``).
+        rms_decay, rms_eps: RMSprop's ``decay`` (PyTorch's ``alpha``) and ``eps``.
 
     Returns:
         An optax transformation whose state holds the current rate (``learning_rate(state)``).
+
+    Raises:
+        ValueError: for an unknown ``optimizer``.
     """
     lr = optax.linear_schedule(learning_rate, 0.0, annealing_steps) if annealing_steps else learning_rate
-    adam = optax.inject_hyperparams(optax.adam)(learning_rate=lr)
-    return optax.chain(optax.clip_by_global_norm(max_grad_norm), adam) if max_grad_norm else adam
+    if optimizer == "adam":
+        tx = optax.inject_hyperparams(optax.adam)(learning_rate=lr)
+    elif optimizer == "rmsprop":
+        tx = optax.inject_hyperparams(optax.rmsprop, static_args=("eps_in_sqrt",))(
+            learning_rate=lr, decay=rms_decay, eps=rms_eps, eps_in_sqrt=False
+        )
+    else:
+        raise ValueError(f"optimizer={optimizer!r} is not allowed; allowed: one of {', '.join(OPTIMIZERS)}")
+    return optax.chain(optax.clip_by_global_norm(max_grad_norm), tx) if max_grad_norm else tx
 
 
 def optimizer_from_config(

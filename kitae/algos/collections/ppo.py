@@ -217,8 +217,7 @@ class PPOParams(AlgoParams):
 
     def __post_init__(self) -> None:
         validate_types(self, "algo_params.")
-        _require(0.0 <= self.gamma <= 1.0, "gamma", self.gamma, "a float in [0, 1]")
-        _require(0.0 <= self.gae_lambda <= 1.0, "gae_lambda", self.gae_lambda, "a float in [0, 1]")
+        check_actor_critic_params(self)
         _require(0.0 < self.clip_coef < math.inf, "clip_coef", self.clip_coef, "a finite float > 0")
         _require(
             self.value_clip_coef is None or 0.0 < self.value_clip_coef < math.inf,
@@ -226,26 +225,38 @@ class PPOParams(AlgoParams):
             self.value_clip_coef,
             "a finite float > 0, or None to use clip_coef",
         )
-        _require(0.0 <= self.entropy_coef < math.inf, "entropy_coef", self.entropy_coef, "a finite float >= 0")
-        _require(0.0 <= self.value_coef < math.inf, "value_coef", self.value_coef, "a finite float >= 0")
-        _require(self.observation_clip > 0.0, "observation_clip", self.observation_clip, "a float > 0")
-        _require(self.reward_clip > 0.0, "reward_clip", self.reward_clip, "a float > 0")
+
+
+def check_actor_critic_params(p: Any) -> None:
+    """Checks the fields PPO shares with the algorithms built on its network and processing (A2C):
+    ``gamma``, ``gae_lambda``, ``entropy_coef``, ``value_coef``, ``observation_clip``,
+    ``reward_clip``, ``hidden_sizes``, ``activation``, ``log_std_init``.
+
+    Raises:
+        ValueError: naming the field, its value and what is allowed.
+    """
+    _require(0.0 <= p.gamma <= 1.0, "gamma", p.gamma, "a float in [0, 1]")
+    _require(0.0 <= p.gae_lambda <= 1.0, "gae_lambda", p.gae_lambda, "a float in [0, 1]")
+    _require(0.0 <= p.entropy_coef < math.inf, "entropy_coef", p.entropy_coef, "a finite float >= 0")
+    _require(0.0 <= p.value_coef < math.inf, "value_coef", p.value_coef, "a finite float >= 0")
+    _require(p.observation_clip > 0.0, "observation_clip", p.observation_clip, "a float > 0")
+    _require(p.reward_clip > 0.0, "reward_clip", p.reward_clip, "a float > 0")
+    _require(
+        all(isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in p.hidden_sizes),
+        "hidden_sizes",
+        p.hidden_sizes,
+        "a tuple of ints >= 1 (possibly empty)",
+    )
+    try:
+        get_activation(p.activation)
+    except ValueError:
         _require(
-            all(isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in self.hidden_sizes),
-            "hidden_sizes",
-            self.hidden_sizes,
-            "a tuple of ints >= 1 (possibly empty)",
+            False,
+            "activation",
+            p.activation,
+            "one of 'tanh', 'relu', 'gelu', 'elu', 'silu', 'swish', 'leaky_relu', 'sigmoid', 'identity'",
         )
-        try:
-            get_activation(self.activation)
-        except ValueError:
-            _require(
-                False,
-                "activation",
-                self.activation,
-                "one of 'tanh', 'relu', 'gelu', 'elu', 'silu', 'swish', 'leaky_relu', 'sigmoid', 'identity'",
-            )
-        _require(-20.0 <= self.log_std_init <= 2.0, "log_std_init", self.log_std_init, "a float in [-20, 2]")
+    _require(-20.0 <= p.log_std_init <= 2.0, "log_std_init", p.log_std_init, "a float in [-20, 2]")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -253,8 +264,9 @@ class PPOParams(AlgoParams):
 # ---------------------------------------------------------------------------------------------
 
 
-def check_spaces(config: cfg.AlgoConfig) -> None:
-    """Refuses spaces PPO cannot handle, when the agent is made.
+def check_spaces(config: cfg.AlgoConfig, name: str = "PPO") -> None:
+    """Refuses spaces PPO (or ``name``, an algorithm built on PPO's network: A2C) cannot handle,
+    when the agent is made.
 
     Accepted action spaces: ``Discrete(n)`` (categorical policy) and ``Box`` of shape ``(D,)``
     (diagonal Gaussian). Observation spaces: those ``kitae.modules.encoders.encoder_factory``
@@ -268,20 +280,20 @@ def check_spaces(config: cfg.AlgoConfig) -> None:
     box = isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1
     if not (discrete or box):
         raise ValueError(
-            f"PPO cannot act in the action space {action_space!r}; PPO accepts Discrete(n) "
+            f"{name} cannot act in the action space {action_space!r}; {name} accepts Discrete(n) "
             "(categorical policy) or a one-dimensional Box of shape (D,) (diagonal Gaussian policy)"
         )
     observation_space = config.env_cfg.observation_space
-    check_action_mask_space(observation_space, action_space, "PPO")
+    check_action_mask_space(observation_space, action_space, name)
     try:
         encoder_factory(observation_space, hidden=())
     except ValueError as error:
-        raise ValueError(f"PPO cannot encode the observation space {observation_space!r}: {error}") from None
+        raise ValueError(f"{name} cannot encode the observation space {observation_space!r}: {error}") from None
     if getattr(config.algo_params, "normalize_observations", False) and not isinstance(
         observation_space, gym.spaces.Box
     ):
         raise ValueError(
-            f"PPO: algo_params.normalize_observations=True needs a Box observation space, got "
+            f"{name}: algo_params.normalize_observations=True needs a Box observation space, got "
             f"{observation_space!r}; set algo_params.normalize_observations=False"
         )
 
@@ -884,7 +896,14 @@ class PPO(OnPolicyAgent):
             observation space.
     """
 
-    learning_params = ("gamma", "gae_lambda", "clip_coef", "value_clip_coef", "entropy_coef", "value_coef")
+    learning_params: tuple[str, ...] = (
+        "gamma",
+        "gae_lambda",
+        "clip_coef",
+        "value_clip_coef",
+        "entropy_coef",
+        "value_coef",
+    )
     """``algo_params`` fields that only learning reads (``kitae.distributed.Algorithm``'s
     ``update_algorithm_parameter`` changes them during training)."""
 
@@ -916,7 +935,7 @@ class PPO(OnPolicyAgent):
             experience_type=Experience,
             run_dir=run_dir,
         )
-        self.algo_params = config.algo_params
+        self.algo_params: Any = config.algo_params
         self.compute_gradients_fn = compute_gradients_factory(config)
         self.gradient_factories = (compute_gradients_factory, apply_gradients_factory)
         self.apply_gradients_fn = apply_gradients_factory(config)

@@ -147,4 +147,4 @@ def running_means(run_dir: Path, seed: int, window: int = 10) -> list[tuple[int,
 def curve_figures(run_dir: Path, seed: int, threshold: float = 475.0) -> dict:
     means = running_means(run_dir, seed)
     first = next((step for step, mean in means if mean >= threshold), None)
-    return {"first_step_at_475": first, "max_running_mean": max((m for _, m in means), default=None)}
+    return {f"first_step_at_{threshold:g}": first, "max_running_mean": max((m for _, m in means), default=None)}

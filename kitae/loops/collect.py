@@ -22,8 +22,6 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from kitae.buffer import Experience
-
 __all__ = [
     "Memory",
     "initial_memory",
@@ -159,10 +157,8 @@ def make_experience(
         "log_prob": log_prob,
         "truncated": truncated,
     }
-    if memory is not None:
+    if memory is not None:  # stored only where the type has the fields (a recurrent PPO's, not DDPG's noise)
         fields.update(start=memory.start, hidden=memory.hidden)
-    if experience_type is Experience:
-        return Experience(**fields)
     return experience_type(**{name: fields[name] for name in experience_type._fields})
 
 

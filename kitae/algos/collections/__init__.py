@@ -1,5 +1,5 @@
-"""The built-in algorithms: A2C, DQN, PPO, recurrent PPO (``ppo_lstm``), SAC and TD3, each one module
-built from the four factories.
+"""The built-in algorithms: A2C, DDPG, DQN, PPO, recurrent PPO (``ppo_lstm``), SAC and TD3, each one
+module built from the four factories.
 
 ``ALGORITHMS`` maps a name (what ``kitae train`` takes) to the agent class; ``get_algorithm(name)``
 returns the agent class and its params class; ``algorithm_name(config)`` the name of a config's
@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from kitae.algos.collections.a2c import A2C, A2CParams
+from kitae.algos.collections.ddpg import DDPG, DDPGParams
 from kitae.algos.collections.dqn import DQN, DQNParams
 from kitae.algos.collections.ppo import PPO, PPOParams
 from kitae.algos.collections.recurrent_ppo import RecurrentPPO, RecurrentPPOParams
@@ -22,6 +23,7 @@ __all__ = ["ALGORITHMS", "get_algorithm", "algorithm_name"]
 
 ALGORITHMS: dict[str, tuple[type, type]] = {
     "a2c": (A2C, A2CParams),
+    "ddpg": (DDPG, DDPGParams),
     "dqn": (DQN, DQNParams),
     "ppo": (PPO, PPOParams),
     "ppo_lstm": (RecurrentPPO, RecurrentPPOParams),

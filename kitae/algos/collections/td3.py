@@ -158,6 +158,11 @@ class TD3Params(AlgoParams):
     actor_hidden: tuple[int, ...] = (256, 256)
     critic_hidden: tuple[int, ...] = (256, 256)
 
+    @property
+    def n_critics(self) -> int:
+        """TD3's twin critics (``N_CRITICS``; DDPG, built on these factories, has one)."""
+        return N_CRITICS
+
     def __post_init__(self) -> None:
         validate_types(self, "algo_params.")
         _require(0.0 <= self.gamma <= 1.0, "gamma", self.gamma, "a float in [0, 1]")
@@ -203,8 +208,9 @@ class TD3State(AgentPyTree):
 # ---------------------------------------------------------------------------------------------
 
 
-def check_action_space(action_space: gym.Space) -> gym.spaces.Box:
-    """Raises ``ValueError`` unless ``action_space`` is a ``Box`` of shape ``(D,)`` with finite bounds."""
+def check_action_space(action_space: gym.Space, name: str = "TD3") -> gym.spaces.Box:
+    """Raises ``ValueError`` (naming ``name``, the algorithm) unless ``action_space`` is a ``Box`` of
+    shape ``(D,)`` with finite bounds."""
     ok = (
         isinstance(action_space, gym.spaces.Box)
         and len(action_space.shape) == 1
@@ -219,7 +225,7 @@ def check_action_space(action_space: gym.Space) -> gym.spaces.Box:
                 "EnvConfig from the environment's own bounded action space)"
             )
         raise ValueError(
-            f"TD3 cannot act in action space {action_space}: TD3 accepts only continuous actions, "
+            f"{name} cannot act in action space {action_space}: {name} accepts only continuous actions, "
             f"a gymnasium.spaces.Box of shape (D,) with finite low and high bounds{hint}"
         )
     assert isinstance(action_space, gym.spaces.Box)  # ok above
@@ -277,7 +283,7 @@ def train_state_td3_factory(
     actor: nn.Module = policy_factory(
         observation_space, action_space, hidden=p.actor_hidden, kind="deterministic", activation="relu"
     )
-    critic = qvalue_factory(observation_space, action_space, hidden=p.critic_hidden, n_critics=N_CRITICS)
+    critic = qvalue_factory(observation_space, action_space, hidden=p.critic_hidden, n_critics=p.n_critics)
     if preprocess_fn is not None:
         actor, critic = _Preprocessed(actor, preprocess_fn), _Preprocessed(critic, preprocess_fn)
 
@@ -293,10 +299,17 @@ def train_state_td3_factory(
     actor_tx = optimizer_factory(u.learning_rate, max_grad_norm=u.max_grad_norm, annealing_steps=actor_annealing)
     critic_tx = optimizer_from_config(config, AlgoType.OFF_POLICY)
 
+    critic_apply: Callable = critic.apply
+    if p.n_critics == 1:  # DDPG: one critic's (B,) as the ensemble layout (1, B) the losses take
+
+        def critic_apply(params: Params, observations: Any, actions: jax.Array) -> jax.Array:
+            q: jax.Array = critic.apply(params, observations, actions)  # type: ignore[assignment]
+            return q[None]
+
     return TD3State(
         actor=TrainState.create(apply_fn=actor.apply, params=actor_params, tx=actor_tx, target_params=actor_params),
         critic=TrainState.create(
-            apply_fn=critic.apply, params=critic_params, tx=critic_tx, target_params=critic_params
+            apply_fn=critic_apply, params=critic_params, tx=critic_tx, target_params=critic_params
         ),
     )
 

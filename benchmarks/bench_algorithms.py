@@ -10,6 +10,7 @@ final returns (that mean at the end) are reported beside it.
 | --- | --- | --- | --- | --- |
 | a2c | CartPole-v1 | gymnax:CartPole-v1 | >= 475 | 500k |
 | ddpg | Pendulum-v1 | gymnax:Pendulum-v1 | >= -200 | 20k |
+| sac (discrete) | CartPole-v1 | gymnax:CartPole-v1 | >= 450 | 200k |
 
 Run::
 
@@ -36,6 +37,7 @@ from common import curve_figures, kitae_train  # noqa: E402
 CASES = {
     "a2c": ("CartPole-v1", "gymnax:CartPole-v1", 475.0),
     "ddpg": ("Pendulum-v1", "gymnax:Pendulum-v1", -200.0),
+    "sac": ("CartPole-v1", "gymnax:CartPole-v1", 450.0),  # a Discrete space: discrete SAC
 }
 
 

@@ -358,8 +358,7 @@ def test_select_action_is_deterministic_and_explore_is_not(agent):
 @pytest.mark.parametrize(
     "space, name",
     [
-        (gym.spaces.Discrete(3), "Discrete"),
-        (gym.spaces.MultiDiscrete([2, 3]), "MultiDiscrete"),
+        (gym.spaces.MultiDiscrete([2, 3]), "MultiDiscrete"),  # Discrete: discrete SAC (test_sac_discrete.py)
         (gym.spaces.Box(-np.inf, np.inf, (2,), np.float32), "Box"),
         (gym.spaces.Box(-1.0, 1.0, (2, 2), np.float32), "Box"),
     ],

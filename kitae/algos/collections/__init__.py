@@ -1,5 +1,5 @@
-"""The built-in algorithms: A2C, DDPG, DQN, PPO, recurrent PPO (``ppo_lstm``), SAC and TD3, each one
-module built from the four factories.
+"""The built-in algorithms: A2C, DDPG, DQN, PPO, recurrent PPO (``ppo_lstm``), SAC (discrete SAC on a
+``Discrete`` space) and TD3, each one module built from the four factories.
 
 ``ALGORITHMS`` maps a name (what ``kitae train`` takes) to the agent class; ``get_algorithm(name)``
 returns the agent class and its params class; ``algorithm_name(config)`` the name of a config's
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kitae.algos.collections import sac_discrete  # noqa: F401  (registers discrete SAC with SAC)
 from kitae.algos.collections.a2c import A2C, A2CParams
 from kitae.algos.collections.ddpg import DDPG, DDPGParams
 from kitae.algos.collections.dqn import DQN, DQNParams

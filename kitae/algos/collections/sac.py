@@ -133,6 +133,8 @@ class SACParams(AlgoParams):
         policy_hidden: hidden layer sizes of the actor's MLP (ReLU).
         q_hidden: hidden layer sizes of each critic's MLP (ReLU).
         n_critics: number of critics in the ensemble (the target takes their minimum), >= 1.
+        target_entropy_scale: discrete SAC's default target entropy, this fraction of the maximum
+            entropy ``log(n)`` of ``n`` actions, in ``(0, 1]`` (CleanRL's 0.89; unused for ``Box``).
     """
 
     gamma: float = 0.99
@@ -149,6 +151,7 @@ class SACParams(AlgoParams):
     policy_hidden: tuple = (256, 256)
     q_hidden: tuple = (256, 256)
     n_critics: int = 2
+    target_entropy_scale: float = 0.89
 
     def __post_init__(self) -> None:
         validate_types(self, "algo_params.")
@@ -176,6 +179,8 @@ class SACParams(AlgoParams):
                 raise _bad(name, value, "a non-empty tuple of ints >= 1 (hidden layer sizes)")
         if self.n_critics < 1:
             raise _bad("n_critics", self.n_critics, "an int >= 1")
+        if not 0.0 < self.target_entropy_scale <= 1.0:
+            raise _bad("target_entropy_scale", self.target_entropy_scale, "a float in (0, 1]")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -331,6 +336,13 @@ def sac_temperature_loss(log_alpha: jax.Array, log_probs: jax.Array, target_entr
 # ---------------------------------------------------------------------------------------------
 # Factories
 # ---------------------------------------------------------------------------------------------
+
+
+DISCRETE_FACTORIES: dict[str, Callable] = {}
+"""Discrete SAC's factories (``train_state``, ``explore``, ``process``, ``compute_gradients``),
+which ``kitae.algos.collections.sac_discrete`` registers when imported (it builds on this module,
+so this module cannot import it; importing ``kitae.algos.collections`` imports both). ``SAC``
+takes them for a ``Discrete`` action space."""
 
 
 def _accepts() -> str:
@@ -619,7 +631,8 @@ def update_step_factory(config: cfg.AlgoConfig) -> Callable:
 
 
 class SAC(OffPolicyAgent):
-    """Soft Actor-Critic agent for continuous (``Box``) action spaces.
+    """Soft Actor-Critic agent for continuous (``Box``) action spaces, and for ``Discrete`` ones
+    (discrete SAC, ``kitae.algos.collections.sac_discrete``).
 
     Args:
         run_name: name of the run (logs go to ``runs/<run_name>`` unless ``run_dir`` is given).
@@ -630,9 +643,11 @@ class SAC(OffPolicyAgent):
 
     Raises:
         TypeError: if ``config.algo_params`` is not a ``SACParams``.
-        ValueError: for an action space other than a bounded ``Box`` of shape ``(D,)``.
+        ValueError: for an action space other than a bounded ``Box`` of shape ``(D,)`` or a
+            ``Discrete`` one.
 
     Attributes:
+        discrete: whether the action space is ``Discrete`` (discrete SAC).
         compute_gradients_fn: ``(state, key, batch) -> (grads, info)`` (pure).
         apply_gradients_fn: ``(state, grads) -> state`` (pure).
     """
@@ -650,28 +665,44 @@ class SAC(OffPolicyAgent):
         tabulate: bool = False,
         run_dir: Any = None,
     ) -> None:
-        if isinstance(config, cfg.AlgoConfig):
-            if not isinstance(config.algo_params, SACParams):
-                raise TypeError(
-                    f"algo_params={type(config.algo_params).__name__} is not allowed; allowed: a "
-                    "kitae.algos.collections.sac.SACParams"
-                )
-            check_action_space(config.env_cfg.action_space)
+        if not isinstance(config, cfg.AlgoConfig):
+            raise TypeError(f"config={type(config).__name__} is not allowed; allowed: a kitae.config.AlgoConfig")
+        if not isinstance(config.algo_params, SACParams):
+            raise TypeError(
+                f"algo_params={type(config.algo_params).__name__} is not allowed; allowed: a "
+                "kitae.algos.collections.sac.SACParams"
+            )
+        self.discrete = isinstance(config.env_cfg.action_space, gym.spaces.Discrete)
+        if self.discrete:
+            factories = DISCRETE_FACTORIES
+            train_state, explore, process = factories["train_state"], factories["explore"], factories["process"]
+            compute_gradients = factories["compute_gradients"]
+        else:
+            try:
+                check_action_space(config.env_cfg.action_space)
+            except ValueError as error:
+                raise ValueError(f"{error}, or a Discrete one (discrete SAC)") from None
+            train_state, explore, process = train_state_sac_factory, explore_factory, process_experience_factory
+            compute_gradients = compute_gradients_factory
+
+        def update_step(config: cfg.AlgoConfig) -> Callable:
+            return update_step_from_gradients(compute_gradients(config), apply_gradients_factory(config))
+
         super().__init__(
             run_name,
             config,
-            train_state_sac_factory,
-            explore_factory,
-            process_experience_factory,
-            update_step_factory,
+            train_state,
+            explore,
+            process,
+            update_step,
             preprocess_fn=preprocess_fn,
             tabulate=tabulate,
             experience_type=SACExperience,
             run_dir=run_dir,
         )
         self.algo_params: SACParams = self.config.algo_params
-        self.compute_gradients_fn = compute_gradients_factory(self.config)
-        self.gradient_factories = (compute_gradients_factory, apply_gradients_factory)
+        self.compute_gradients_fn = compute_gradients(self.config)
+        self.gradient_factories = (compute_gradients, apply_gradients_factory)
         self.apply_gradients_fn = apply_gradients_factory(self.config)
 
     def acting_params(self, state: SACState) -> SACState:

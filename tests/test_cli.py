@@ -76,7 +76,7 @@ def test_train_writes_the_run_directory(tmp_path):
 
 
 def test_unknown_algorithm(capsys):
-    _bad(capsys, ["train", "a2c", "CartPole-v1"], "unknown algorithm 'a2c'", "ppo")
+    _bad(capsys, ["train", "a3c", "CartPole-v1"], "unknown algorithm 'a3c'", "ppo")
 
 
 def test_unknown_environment(capsys):

@@ -547,3 +547,39 @@ def test_functional_sac_and_td3_refuse_what_they_cannot_handle(algo):
         cls(actor_critic_network(algo), gym.make("Pendulum-v1"), 0)
     with pytest.raises(ValueError, match="tau"):
         cls(actor_critic_network(algo), gym.make("Pendulum-v1"), 1e-3, tau=0.0)
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_the_functional_a2c_update_gives_the_collection_agents_bits(tmp_path, env_id):
+    from kitae.algos.collections import a2c, ppo
+    from kitae.functional import A2C
+
+    env = gym.make(env_id)
+    config = cfg.AlgoConfig(
+        seed=3,
+        algo_params=a2c.A2CParams(hidden_sizes=(32,), entropy_coef=0.01),
+        update_cfg=cfg.UpdateConfig(learning_rate=1e-3, max_buffer_size=8, batch_size=32, n_epochs=1),
+        train_cfg=cfg.TrainConfig(),
+        env_cfg=cfg.EnvConfig(env_id, env.observation_space, env.action_space, n_envs=4),
+    )
+    agent = a2c.A2C("functional-check", config, run_dir=str(tmp_path))
+    state, data = agent.state, rollout(env, jax.random.PRNGKey(4))
+    experience = Experience(
+        observation=data["obs"],
+        action=data["action"],
+        reward=data["reward"],
+        done=data["terminated"],
+        next_observation=data["next_obs"],
+        log_prob=data["log_prob"],
+        truncated=data["truncated"],
+    )
+    want, _ = jax.jit(agent.update_fn)(state, jax.random.fold_in(jax.random.PRNGKey(0), 0), experience)
+    functional = A2C(lambda space: ppo._actor_critic_module(config, None), env, 1e-3, entropy_coef=0.01)
+    ac = state.actor_critic
+    out, params, optimizer_state = functional.update(
+        functional.Params(ac.params), OptimState(ac.step, ac.opt_state), data
+    )
+    assert same(params.network, want.actor_critic.params)
+    assert same(optimizer_state.opt_state, want.actor_critic.opt_state)
+    assert int(optimizer_state.count) == 1  # one gradient step on the whole rollout
+    assert np.isfinite(float(out.loss))

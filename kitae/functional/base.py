@@ -300,16 +300,22 @@ class BaseAgent(abc.ABC):
         )
 
     def use_collection(
-        self, module: Any, config: cfg.AlgoConfig, learning_rate: Any, max_grad_norm: float | None
+        self,
+        module: Any,
+        config: cfg.AlgoConfig,
+        learning_rate: Any,
+        max_grad_norm: float | None,
+        **optimizer: Any,
     ) -> None:
         """Takes the collection algorithm's functions (``module``: e.g.
         ``kitae.algos.collections.dqn``) for ``config``: its explore, processing and update step,
-        and its optimizer (Adam after optional clipping; a schedule is read at the count)."""
+        and its optimizer (Adam after optional clipping, or ``optimizer_factory``'s other choices
+        given as keywords; a schedule is read at the count)."""
         self.seed = config.seed
         self._explore = module.explore_factory(config)
         self._process = module.process_experience_factory(config)
         self._update_step = module.update_step_factory(config)
-        self.tx = optimizer_factory(learning_rate, max_grad_norm=max_grad_norm)
+        self.tx = optimizer_factory(learning_rate, max_grad_norm=max_grad_norm, **optimizer)
 
     def off_policy_update(self, state: Any, data: Mapping[str, Any], count: jax.Array) -> tuple[Any, dict]:
         """The collection's processing then one update step on a batch (``OFF_POLICY_DATA_KEYS``),

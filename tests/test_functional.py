@@ -583,3 +583,47 @@ def test_the_functional_a2c_update_gives_the_collection_agents_bits(tmp_path, en
     assert same(optimizer_state.opt_state, want.actor_critic.opt_state)
     assert int(optimizer_state.count) == 1  # one gradient step on the whole rollout
     assert np.isfinite(float(out.loss))
+
+
+def test_the_functional_ddpg_update_gives_the_collections_bits():
+    from kitae.algos.collections import ddpg
+    from kitae.functional import DDPG
+    from kitae.modules.policy import policy_factory
+
+    env = gym.make("Pendulum-v1")
+    config = cfg.AlgoConfig(
+        seed=0,
+        algo_params=ddpg.DDPGParams(actor_hidden=(32,), critic_hidden=(32,)),
+        update_cfg=cfg.UpdateConfig(learning_rate=3e-3, max_grad_norm=None),
+        train_cfg=cfg.TrainConfig(),
+        env_cfg=cfg.EnvConfig("Pendulum-v1", env.observation_space, env.action_space),
+    )
+    state = ddpg.train_state_ddpg_factory(jax.random.PRNGKey(1), config)
+    data = off_policy_batch(jax.random.PRNGKey(2))
+    experience = Experience(
+        observation=data["obs"],
+        action=data["action"],
+        reward=data["reward"],
+        done=data["terminated"],
+        next_observation=data["next_obs"],
+        log_prob=None,
+        truncated=None,
+    )
+    process_key, step_key = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(0), 0))
+    process, update_step = ddpg.process_experience_factory(config), ddpg.update_step_factory(config)
+    want, _ = jax.jit(lambda s, pk, sk, e: update_step(s, sk, process(s, pk, e)))(
+        state, process_key, step_key, experience
+    )
+
+    def networks(space):  # the collection's modules: one critic giving (B,)
+        actor = policy_factory(env.observation_space, space, hidden=(32,), kind="deterministic", activation="relu")
+        return actor, qvalue_factory(env.observation_space, space, hidden=(32,), n_critics=1)
+
+    agent = DDPG(networks, env, 3e-3)
+    params = DDPG.Params(state.actor.params, state.critic.params, state.actor.target_params, state.critic.target_params)
+    opt = {"actor": state.actor.opt_state, "critic": state.critic.opt_state}
+    _, new, optimizer_state = agent.update(params, OptimState(state.critic.step, opt), data)
+    assert same(new.actor, want.actor.params) and same(new.critic, want.critic.params)
+    assert same(new.actor_target, want.actor.target_params) and same(new.critic_target, want.critic.target_params)
+    out, _ = agent.predict(new, agent.init_policy(None), data["obs"], jax.random.PRNGKey(3))
+    assert out.actions.shape == (16, 1) and np.all(np.abs(np.asarray(out.actions)) <= 2.0)

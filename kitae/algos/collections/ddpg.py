@@ -46,6 +46,7 @@ __all__ = [
     "DDPGParams",
     "DDPG",
     "NOISE_TYPES",
+    "check_action_space",
     "ou_noise_step",
     "train_state_ddpg_factory",
     "explore_factory",
@@ -125,6 +126,11 @@ class DDPGParams(AlgoParams):
                 sizes,
                 "a tuple of ints >= 1",
             )
+
+
+def check_action_space(action_space: Any) -> Any:
+    """TD3's check, naming DDPG: a ``Box`` of shape ``(D,)`` with finite bounds, else ``ValueError``."""
+    return td3.check_action_space(action_space, "DDPG")
 
 
 def ou_noise_step(

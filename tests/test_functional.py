@@ -62,6 +62,19 @@ def same(a, b):
     )
 
 
+def as_experience(data):
+    """A functional agent's ``data`` as the collection's ``Experience`` (what its executors store)."""
+    return Experience(
+        observation=data["obs"],
+        action=data["action"],
+        reward=data["reward"],
+        done=data["terminated"],
+        next_observation=data["next_obs"],
+        log_prob=data.get("log_prob"),
+        truncated=data.get("truncated"),
+    )
+
+
 def fresh(agent, seed=0):
     params = agent.init_params(jax.random.PRNGKey(seed))
     return params, agent.init_policy(jax.random.PRNGKey(1)), agent.init_optimizer(params, jax.random.PRNGKey(2))
@@ -87,15 +100,7 @@ def test_the_functional_update_gives_the_collection_updates_bits(double, count):
     )
     state = state.replace(qvalue=qvalue)
     data = batch(jax.random.PRNGKey(3))
-    experience = Experience(
-        observation=data["obs"],
-        action=data["action"],
-        reward=data["reward"],
-        done=data["terminated"],
-        next_observation=data["next_obs"],
-        log_prob=None,
-        truncated=None,
-    )
+    experience = as_experience(data)
     key = jax.random.PRNGKey(4)
     process, update_step = collection.process_experience_factory(config), collection.update_step_factory(config)
     want, _ = jax.jit(lambda s, k, e: update_step(s, k, process(s, k, e)))(state, key, experience)
@@ -337,15 +342,7 @@ def test_the_functional_ppo_update_gives_the_collection_agents_bits(tmp_path, en
     state = agent.state
     data = rollout(env, jax.random.PRNGKey(4))
     key = jax.random.fold_in(jax.random.PRNGKey(0), 0)  # the functional default at count 0
-    experience = Experience(
-        observation=data["obs"],
-        action=data["action"],
-        reward=data["reward"],
-        done=data["terminated"],
-        next_observation=data["next_obs"],
-        log_prob=data["log_prob"],
-        truncated=data["truncated"],
-    )
+    experience = as_experience(data)
     want, _ = jax.jit(agent.update_fn)(state, key, experience)
 
     functional = PPO(
@@ -463,15 +460,7 @@ def test_the_functional_sac_and_td3_updates_give_the_collections_bits(algo):
     factory = sac.train_state_sac_factory if algo == "sac" else td3.train_state_td3_factory
     state = factory(jax.random.PRNGKey(1), config)
     data = off_policy_batch(jax.random.PRNGKey(2))
-    experience = Experience(
-        observation=data["obs"],
-        action=data["action"],
-        reward=data["reward"],
-        done=data["terminated"],
-        next_observation=data["next_obs"],
-        log_prob=None,
-        truncated=None,
-    )
+    experience = as_experience(data)
     process_key, step_key = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(0), 0))
     process, update_step = module.process_experience_factory(config), module.update_step_factory(config)
     # arguments, not closed-over constants: XLA folds constants and may round otherwise
@@ -564,15 +553,7 @@ def test_the_functional_a2c_update_gives_the_collection_agents_bits(tmp_path, en
     )
     agent = a2c.A2C("functional-check", config, run_dir=str(tmp_path))
     state, data = agent.state, rollout(env, jax.random.PRNGKey(4))
-    experience = Experience(
-        observation=data["obs"],
-        action=data["action"],
-        reward=data["reward"],
-        done=data["terminated"],
-        next_observation=data["next_obs"],
-        log_prob=data["log_prob"],
-        truncated=data["truncated"],
-    )
+    experience = as_experience(data)
     want, _ = jax.jit(agent.update_fn)(state, jax.random.fold_in(jax.random.PRNGKey(0), 0), experience)
     functional = A2C(lambda space: ppo._actor_critic_module(config, None), env, 1e-3, entropy_coef=0.01)
     ac = state.actor_critic
@@ -600,15 +581,7 @@ def test_the_functional_ddpg_update_gives_the_collections_bits():
     )
     state = ddpg.train_state_ddpg_factory(jax.random.PRNGKey(1), config)
     data = off_policy_batch(jax.random.PRNGKey(2))
-    experience = Experience(
-        observation=data["obs"],
-        action=data["action"],
-        reward=data["reward"],
-        done=data["terminated"],
-        next_observation=data["next_obs"],
-        log_prob=None,
-        truncated=None,
-    )
+    experience = as_experience(data)
     process_key, step_key = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(0), 0))
     process, update_step = ddpg.process_experience_factory(config), ddpg.update_step_factory(config)
     want, _ = jax.jit(lambda s, pk, sk, e: update_step(s, sk, process(s, pk, e)))(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kitae.algos.collections import sac_discrete  # noqa: F401  (registers discrete SAC with SAC)
+import kitae.algos.collections.sac_discrete  # noqa: F401  (registers discrete SAC with SAC)
 from kitae.algos.collections.a2c import A2C, A2CParams
 from kitae.algos.collections.ddpg import DDPG, DDPGParams
 from kitae.algos.collections.dqn import DQN, DQNParams

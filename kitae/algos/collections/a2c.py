@@ -30,11 +30,9 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
+import kitae.algos.collections.ppo as ppo
 import kitae.config as cfg
-from kitae.algos.collections import ppo
 from kitae.algos.gradients import update_step_from_gradients
-from kitae.base import OnPolicyAgent
-from kitae.buffer import Experience
 from kitae.config import AlgoParams, register_algo_params, validate_types
 from kitae.modules.optimizer import OPTIMIZERS, n_gradient_steps, optimizer_factory
 from kitae.types import AlgoType, Params
@@ -234,38 +232,19 @@ class A2C(ppo.PPO):
             the whole rollout (``check_config``).
     """
 
+    algo_name = "A2C"
+    params_class = A2CParams
     learning_params = ("gamma", "gae_lambda", "entropy_coef", "value_coef")
 
-    def __init__(
-        self,
-        run_name: str,
-        config: cfg.AlgoConfig,
-        *,
-        preprocess_fn: Callable | None = None,
-        tabulate: bool = False,
-        run_dir: str | None = None,
-    ) -> None:
-        if not isinstance(config, cfg.AlgoConfig):
-            raise TypeError(f"config={type(config).__name__} is not allowed; allowed: a kitae.config.AlgoConfig")
-        if not isinstance(config.algo_params, A2CParams):
-            raise TypeError(
-                f"algo_params={type(config.algo_params).__name__} is not allowed for A2C; allowed: an A2CParams"
-            )
-        check_config(config)
-        OnPolicyAgent.__init__(
-            self,
-            run_name,
-            config,
+    @staticmethod
+    def collection_factories() -> ppo.CollectionFactories:
+        """A2C's check and factories (PPO's explore, processing and ``apply_gradients``)."""
+        return ppo.CollectionFactories(
+            check_config,
             train_state_a2c_factory,
             explore_factory,
             process_experience_factory,
             update_step_factory,
-            preprocess_fn=preprocess_fn,
-            tabulate=tabulate,
-            experience_type=Experience,
-            run_dir=run_dir,
+            compute_gradients_factory,
+            apply_gradients_factory,
         )
-        self.algo_params = config.algo_params
-        self.compute_gradients_fn = compute_gradients_factory(config)
-        self.gradient_factories = (compute_gradients_factory, apply_gradients_factory)
-        self.apply_gradients_fn = apply_gradients_factory(config)

@@ -35,8 +35,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import kitae.algos.collections.td3 as td3
 import kitae.config as cfg
-from kitae.algos.collections import td3
 from kitae.base import OffPolicyAgent, agent_keys
 from kitae.buffer import Experience
 from kitae.config import AlgoParams, register_algo_params, validate_types
@@ -110,22 +110,10 @@ class DDPGParams(AlgoParams):
 
     def __post_init__(self) -> None:
         validate_types(self, "algo_params.")
-        _require(0.0 <= self.gamma <= 1.0, "gamma", self.gamma, "a float in [0, 1]")
-        _require(0.0 < self.tau <= 1.0, "tau", self.tau, "a float in (0, 1]")
-        _require(self.exploration_noise >= 0.0, "exploration_noise", self.exploration_noise, "a float >= 0")
+        td3.check_deterministic_actor_params(self)
         _require(self.noise_type in NOISE_TYPES, "noise_type", self.noise_type, f"one of {', '.join(NOISE_TYPES)}")
         _require(self.ou_theta >= 0.0, "ou_theta", self.ou_theta, "a float >= 0")
         _require(0.0 < self.ou_dt < math.inf, "ou_dt", self.ou_dt, "a finite float > 0")
-        _require(self.start_step >= 0, "start_step", self.start_step, "an int >= 0 (environment transitions)")
-        _require(self.skip_steps >= 1, "skip_steps", self.skip_steps, "an int >= 1")
-        for name in ("actor_hidden", "critic_hidden"):
-            sizes = getattr(self, name)
-            _require(
-                all(isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in sizes),
-                name,
-                sizes,
-                "a tuple of ints >= 1",
-            )
 
 
 def check_action_space(action_space: Any) -> Any:

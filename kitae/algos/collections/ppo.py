@@ -871,6 +871,20 @@ def ppo_rollout_update_factory(config: cfg.AlgoConfig, update_fn: Callable) -> C
 # ---------------------------------------------------------------------------------------------
 
 
+class CollectionFactories(NamedTuple):
+    """What an agent class of the PPO family is made of: ``check(config)`` (raises for what it
+    cannot train) and the factories (``update_step`` is ``compute_gradients`` then
+    ``apply_gradients``)."""
+
+    check: Callable[[cfg.AlgoConfig], None]
+    train_state: Callable
+    explore: Callable
+    process: Callable
+    update_step: Callable
+    compute_gradients: Callable
+    apply_gradients: Callable
+
+
 class PPO(OnPolicyAgent):
     """Proximal Policy Optimization (https://arxiv.org/abs/1707.06347).
 
@@ -896,6 +910,9 @@ class PPO(OnPolicyAgent):
             observation space.
     """
 
+    algo_name = "PPO"
+    params_class: type = PPOParams
+
     learning_params: tuple[str, ...] = (
         "gamma",
         "gae_lambda",
@@ -918,27 +935,43 @@ class PPO(OnPolicyAgent):
     ) -> None:
         if not isinstance(config, cfg.AlgoConfig):
             raise TypeError(f"config={type(config).__name__} is not allowed; allowed: a kitae.config.AlgoConfig")
-        if not isinstance(config.algo_params, PPOParams):
+        name, params_class = type(self).algo_name, type(self).params_class
+        if not isinstance(config.algo_params, params_class):
             raise TypeError(
-                f"algo_params={type(config.algo_params).__name__} is not allowed for PPO; allowed: a PPOParams"
+                f"algo_params={type(config.algo_params).__name__} is not allowed for {name}; allowed: a "
+                f"{params_class.__name__}"
             )
-        check_spaces(config)
+        factories = self.collection_factories()
+        factories.check(config)
         super().__init__(
             run_name,
             config,
-            train_state_ppo_factory,
-            explore_factory,
-            process_experience_factory,
-            update_step_factory,
+            factories.train_state,
+            factories.explore,
+            factories.process,
+            factories.update_step,
             preprocess_fn=preprocess_fn,
             tabulate=tabulate,
             experience_type=Experience,
             run_dir=run_dir,
         )
         self.algo_params: Any = config.algo_params
-        self.compute_gradients_fn = compute_gradients_factory(config)
-        self.gradient_factories = (compute_gradients_factory, apply_gradients_factory)
-        self.apply_gradients_fn = apply_gradients_factory(config)
+        self.compute_gradients_fn = factories.compute_gradients(config)
+        self.gradient_factories = (factories.compute_gradients, factories.apply_gradients)
+        self.apply_gradients_fn = factories.apply_gradients(config)
+
+    @staticmethod
+    def collection_factories() -> CollectionFactories:
+        """The functions this agent class is made of (``A2C``, built on this class, names its own)."""
+        return CollectionFactories(
+            check_spaces,
+            train_state_ppo_factory,
+            explore_factory,
+            process_experience_factory,
+            update_step_factory,
+            compute_gradients_factory,
+            apply_gradients_factory,
+        )
 
     def _make_update_fn(self) -> Callable:
         """The on-policy update wrapped with the running statistics (``ppo_rollout_update_factory``)."""

@@ -27,8 +27,8 @@ import gymnasium as gym
 import jax
 import jax.numpy as jnp
 
+import kitae.algos.collections.sac as sac
 import kitae.config as cfg
-from kitae.algos.collections import sac
 from kitae.algos.gradients import update_step_from_gradients
 from kitae.distributions import Categorical
 from kitae.modules.optimizer import optimizer_from_config

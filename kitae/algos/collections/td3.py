@@ -165,22 +165,32 @@ class TD3Params(AlgoParams):
 
     def __post_init__(self) -> None:
         validate_types(self, "algo_params.")
-        _require(0.0 <= self.gamma <= 1.0, "gamma", self.gamma, "a float in [0, 1]")
-        _require(0.0 < self.tau <= 1.0, "tau", self.tau, "a float in (0, 1]")
-        _require(self.exploration_noise >= 0.0, "exploration_noise", self.exploration_noise, "a float >= 0")
+        check_deterministic_actor_params(self)
         _require(self.policy_noise >= 0.0, "policy_noise", self.policy_noise, "a float >= 0")
         _require(self.noise_clip >= 0.0, "noise_clip", self.noise_clip, "a float >= 0")
         _require(self.policy_delay >= 1, "policy_delay", self.policy_delay, "an int >= 1")
-        _require(self.start_step >= 0, "start_step", self.start_step, "an int >= 0 (environment transitions)")
-        _require(self.skip_steps >= 1, "skip_steps", self.skip_steps, "an int >= 1")
-        for name in ("actor_hidden", "critic_hidden"):
-            sizes = getattr(self, name)
-            _require(
-                all(isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in sizes),
-                name,
-                sizes,
-                "a tuple of ints >= 1",
-            )
+
+
+def check_deterministic_actor_params(p: Any) -> None:
+    """Checks the fields TD3 shares with DDPG: ``gamma``, ``tau``, ``exploration_noise``,
+    ``start_step``, ``skip_steps``, ``actor_hidden``, ``critic_hidden``.
+
+    Raises:
+        ValueError: naming the field, its value and what is allowed.
+    """
+    _require(0.0 <= p.gamma <= 1.0, "gamma", p.gamma, "a float in [0, 1]")
+    _require(0.0 < p.tau <= 1.0, "tau", p.tau, "a float in (0, 1]")
+    _require(p.exploration_noise >= 0.0, "exploration_noise", p.exploration_noise, "a float >= 0")
+    _require(p.start_step >= 0, "start_step", p.start_step, "an int >= 0 (environment transitions)")
+    _require(p.skip_steps >= 1, "skip_steps", p.skip_steps, "an int >= 1")
+    for name in ("actor_hidden", "critic_hidden"):
+        sizes = getattr(p, name)
+        _require(
+            all(isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in sizes),
+            name,
+            sizes,
+            "a tuple of ints >= 1",
+        )
 
 
 # ---------------------------------------------------------------------------------------------

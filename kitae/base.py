@@ -51,7 +51,7 @@ import numpy as np
 
 from kitae.algos.experience import ExperiencePipeline
 from kitae.algos.factory import explore_general_factory
-from kitae.algos.update import mean_over_steps, on_policy_update, process_rollout
+from kitae.algos.update import UpdateHooks, mean_over_steps, on_policy_update, process_rollout, with_update_hooks
 from kitae.buffer import BufferState, Experience, ReplayBuffer, RolloutBuffer, buffer_rollout, buffer_sample
 from kitae.config import AlgoConfig, DistributedConfig
 from kitae.run_service import RunService, install_run_service, run_service
@@ -546,6 +546,13 @@ class OnPolicyAgent(BaseAgent):
     update processes the rollout (``(T, E, ...)`` lifted through the ``ExperiencePipeline``) and
     runs ``n_epochs`` epochs of shuffled minibatches of ``batch_size`` with ``update_epoch``; then
     the buffer is emptied.
+
+    Two pure hooks run around every update, in every executor: ``prepare_update(state, rollout)``
+    before the processing and ``finish_update(state, rollout)`` after the last gradient step
+    (both the identity unless ``update_hooks`` makes them: running statistics kept in the state,
+    such as PPO's normalisation, change there). The fused update composes them
+    (``_make_update_fn``); the distributed executor, which runs the update one gradient step at
+    a time, runs them on the updater's state (``kitae.distributed.AgentAlgorithm``).
     """
 
     algo_type = AlgoType.ON_POLICY
@@ -559,14 +566,38 @@ class OnPolicyAgent(BaseAgent):
         agent's rows are whole sequences: it says how many)."""
         return self.config.update_cfg.batch_size
 
+    def update_hooks(self, config: AlgoConfig) -> UpdateHooks:
+        """The hooks run around the update, made from ``config`` (``kitae.algos.update.UpdateHooks``:
+        ``prepare`` before processing, ``finish`` after the epochs, each ``(state, rollout) ->
+        state`` or ``None``). Default: none. Agents with running statistics of the rollout
+        override it; ``kitae.distributed.AgentAlgorithm`` calls it with a config whose learning
+        parameters changed during training."""
+        del config
+        return UpdateHooks()
+
+    def prepare_update(self, state: Any, rollout: Any) -> Any:
+        """What happens to the state before an update's processing (pure; the identity unless
+        ``update_hooks`` says otherwise). ``rollout``: leaves ``(T, E, ...)``."""
+        prepare = self.update_hooks(self.config).prepare
+        return state if prepare is None else prepare(state, rollout)
+
+    def finish_update(self, state: Any, rollout: Any) -> Any:
+        """What happens to the state after an update's last gradient step (pure; the identity
+        unless ``update_hooks`` says otherwise). ``rollout``: leaves ``(T, E, ...)``."""
+        finish = self.update_hooks(self.config).finish
+        return state if finish is None else finish(state, rollout)
+
     def _make_update_fn(self) -> Callable:
-        return partial(
+        """``prepare_update``, ``on_policy_update`` (processing and the minibatch epochs), then
+        ``finish_update``: one pure function."""
+        update_fn = partial(
             on_policy_update,
             self.process_experience_pipeline,
             self.update_step_fn,
             n_epochs=self.config.update_cfg.n_epochs,
             batch_size=self.minibatch_rows,
         )
+        return with_update_hooks(self.update_hooks(self.config), update_fn)
 
     def process_rollout(
         self, state: Any, key: jax.Array, rollout: Any, pipeline: ExperiencePipeline | None = None

@@ -40,23 +40,35 @@ def test_one_worker_each_gives_the_host_loops_bits(ray_shared, tmp_path, algo, s
     np.testing.assert_array_equal(host.episodes[0].return_, distributed.episodes[0].return_)
 
 
+NORMALIZED = ["algo_params.normalize_observations=true", "algo_params.normalize_rewards=true"]
+
+
+def _statistics_counts(result):
+    state = result.state.agent_state
+    return float(state.observation_statistics.count), float(state.return_statistics.count)
+
+
 def test_two_collection_workers_give_the_same_bits_twice(ray_shared, tmp_path):
     config = DistributedConfig(workers=2, gradient_workers=2)
-    agent, env, twin = _agents("ppo", 1024, tmp_path, sets=["update_cfg.n_epochs=4"])
+    agent, env, twin = _agents("ppo", 1024, tmp_path, sets=["update_cfg.n_epochs=4", *NORMALIZED])
     env.close()
     first = DistributedExecutor(config).run(agent, "CartPole-v1", 1024)
     second = DistributedExecutor(config).run(twin, "CartPole-v1", 1024)
     assert _fingerprint(first) == _fingerprint(second)
     assert len(first.update_steps[0]) == 1024 // agent.schedule.steps_per_iteration
+    # the update made step by step by two gradient workers runs PPO's statistics hooks: every
+    # transition counted once (they stayed at 0 when the executor skipped them)
+    assert _statistics_counts(first) == (1024.0, 1024.0)
 
 
 def test_asynchronous_modes_train_and_report_their_lags(ray_shared, tmp_path):
-    agent, env, _ = _agents("ppo", 1536, tmp_path, sets=["update_cfg.n_epochs=4"])
+    agent, env, _ = _agents("ppo", 1536, tmp_path, sets=["update_cfg.n_epochs=4", *NORMALIZED])
     env.close()
     scalars = Scalars()
     config = DistributedConfig(workers=2, gradient_workers=2, async_collection=True, async_gradients=True)
     result = DistributedExecutor(config).run(agent, "CartPole-v1", 1536, callbacks=[scalars])
     assert result.env_steps == 1536 and len(result.update_steps[0]) == 1536 // agent.schedule.steps_per_iteration
+    assert _statistics_counts(result) == (1536.0, 1536.0)  # the hooks run with asynchronous gradients too
     names = set().union(*(row for _, row in scalars.rows))
     assert {"distributed/policy_lag", "distributed/gradient_lag", "distributed/collect_sps"} <= names
     lags = [row["distributed/policy_lag"] for _, row in scalars.rows]

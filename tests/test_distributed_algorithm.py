@@ -139,6 +139,40 @@ def test_ppo_gradients_step_by_step_give_the_bits_of_the_fused_update(ppo_setup)
     assert _same_bits(fused, algorithm.state)
 
 
+def test_ppos_statistics_step_by_step_are_the_fused_updates(tmp_path):
+    """PPO's observation and reward statistics change in the agent's update hooks, around the
+    processing and the epochs. The road the distributed executor takes with 2+ gradient workers
+    (prepare, process, the steps one by one, finish: ``AgentAlgorithm``) ends with the fused
+    update's statistics, bit for bit, and its parameters to float rounding; without the hooks
+    the statistics would stay at their initial values (the executor's old gap)."""
+    env = make_vec_env("CartPole-v1", 2)
+    params = PPOParams(normalize_observations=True, normalize_rewards=True)
+    agent = PPO("ppo", _config(env, params, n_envs=2, buffer=32, batch=32, epochs=2), run_dir=str(tmp_path))
+    rollout = agent.update_data(_collect(AgentAlgorithm(agent), env, RolloutBuffer(32), 32).state)
+    env.close()
+    key = jax.random.PRNGKey(3)
+    fused, _ = jax.jit(agent.update_fn)(agent.state, key, rollout)
+    algorithm = AgentAlgorithm(agent)
+    algorithm.prepare_update(rollout)
+    assert float(algorithm.state.return_statistics.count) == 64  # before processing
+    assert float(algorithm.state.observation_statistics.count) == 0  # after the epochs
+    _stepwise_on_policy(algorithm, rollout, key)
+    algorithm.finish_update(rollout)
+    for name in ("observation_statistics", "return_statistics", "discounted_returns"):
+        assert _same_bits(getattr(algorithm.state, name), getattr(fused, name)), name
+    assert float(fused.observation_statistics.count) == 64
+    for got, want in zip(jax.tree_util.tree_leaves(algorithm.state), jax.tree_util.tree_leaves(fused)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-7)
+    structure = jax.tree_util.tree_structure(agent.acting_params(agent.state))
+    acting = jax.tree_util.tree_unflatten(structure, algorithm.get_weights())
+    assert float(acting.observation_statistics.count) == 64  # the acting weights follow the finished state
+
+
+def test_off_policy_agents_have_no_update_hooks(dqn_setup):
+    with pytest.raises(TypeError, match="DQN is off-policy: it has no prepare_update"):
+        AgentAlgorithm(dqn_setup[0]).prepare_update(None)
+
+
 def test_dqn_gradients_step_by_step_give_the_bits_of_the_fused_update(dqn_setup):
     agent, _, buffer_state = dqn_setup
     key = jax.random.PRNGKey(8)

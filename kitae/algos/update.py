@@ -2,8 +2,11 @@
 
 ``on_policy_update`` is the whole on-policy update (process the rollout, then ``n_epochs`` epochs
 of minibatches), written once: ``OnPolicyAgent``'s update (``kitae.base``) and the functional
-agents (``kitae.functional``) run it. Also importable as ``kitae.loops.update`` (the path seed 001
-documents).
+agents (``kitae.functional``) run it. ``UpdateHooks`` are the pure functions an agent runs around
+it (running statistics of the rollout: PPO's normalisation, RND-PPO's intrinsic rewards);
+``with_update_hooks`` composes them, and the distributed executor, which runs the update one
+gradient step at a time, runs the same hooks around its steps. Also importable as
+``kitae.loops.update`` (the path seed 001 documents).
 """
 
 from __future__ import annotations
@@ -126,6 +129,42 @@ def process_rollout(pipeline: Any, state: Any, key: jax.Array, rollout: Any, n_e
     """
     process_key, epochs_key = jax.random.split(key)
     return pipeline.run(state, process_key, rollout), jax.random.split(epochs_key, n_epochs)
+
+
+class UpdateHooks(NamedTuple):
+    """What an on-policy agent does to its state around the update's processing and epochs: pure
+    functions of the state and the rollout (leaves ``(T, E, ...)``), each ``(state, rollout) ->
+    state``, or ``None`` for nothing.
+
+    Attributes:
+        prepare: before processing (the update's processing and epochs see its state).
+        finish: after the last gradient step.
+
+    Every executor runs them at the same two points: the fused update (``with_update_hooks``) and
+    the distributed executor's update made gradient step by gradient step
+    (``kitae.distributed.AgentAlgorithm.prepare_update`` / ``finish_update``).
+    """
+
+    prepare: Callable[[Any, Any], Any] | None = None
+    finish: Callable[[Any, Any], Any] | None = None
+
+
+def with_update_hooks(hooks: UpdateHooks, update_fn: Callable) -> Callable:
+    """``update_fn(state, key, rollout) -> (state, info)`` with ``hooks.prepare`` before it and
+    ``hooks.finish`` after it (pure and jit-able); ``update_fn`` itself when both are ``None``."""
+    if hooks.prepare is None and hooks.finish is None:
+        return update_fn
+    prepare, finish = hooks
+
+    def hooked_update_fn(state: Any, key: jax.Array, rollout: Any) -> tuple[Any, dict[str, jax.Array]]:
+        if prepare is not None:
+            state = prepare(state, rollout)
+        state, info = update_fn(state, key, rollout)
+        if finish is not None:
+            state = finish(state, rollout)
+        return state, info
+
+    return hooked_update_fn
 
 
 def on_policy_update(

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kitae.algos.experience import ExperiencePipeline
+from kitae.algos.update import UpdateHooks
 from kitae.base import BaseAgent
 from kitae.config import AlgoConfig
 from kitae.modules.optimizer import learning_rate as read_learning_rate
@@ -319,6 +320,19 @@ class AgentAlgorithm(Algorithm):
 
             return pipeline, delta, add
 
+        def hooks(params: dict[str, Any]) -> UpdateHooks:
+            if agent.algo_type is not AlgoType.ON_POLICY:
+                return UpdateHooks()
+            return agent.update_hooks(_with_params(agent.config, params) if params else agent.config)  # type: ignore[attr-defined]
+
+        def prepare_update(params: dict, state: Any, rollout: Any) -> Any:
+            prepare = hooks(params).prepare
+            return state if prepare is None else prepare(state, rollout)
+
+        def finish_update(params: dict, state: Any, rollout: Any) -> Any:
+            finish = hooks(params).finish
+            return state if finish is None else finish(state, rollout)
+
         def compute(params: dict, state: Any, key: jax.Array, batch: Any) -> tuple[Any, dict]:
             return learning(params)[1](state, key, batch)
 
@@ -336,6 +350,8 @@ class AgentAlgorithm(Algorithm):
             "apply": jax.jit(apply),
             "process_rollout": jax.jit(process_rollout),
             "gradient_batch": jax.jit(gradient_batch),
+            "prepare_update": jax.jit(prepare_update),
+            "finish_update": jax.jit(finish_update),
         }
         self._functions[names] = fns
         return fns
@@ -384,6 +400,27 @@ class AgentAlgorithm(Algorithm):
         if self.agent.algo_type is not AlgoType.ON_POLICY:
             raise TypeError(f"{type(self.agent).__name__} is off-policy: its minibatches come from gradient_batch")
         return self._compiled()["process_rollout"](self._param_args(), self.state, key, rollout)
+
+    def prepare_update(self, rollout: Any) -> None:
+        """On-policy: what the agent does to the state before an update's processing
+        (``kitae.base.OnPolicyAgent.prepare_update``: its running statistics of the rollout),
+        compiled, on this instance's state. An update made gradient step by gradient step runs it
+        first, then ``process_rollout`` and the steps, then ``finish_update``: the fused update's
+        order. ``rollout``: leaves ``(T, E, ...)``."""
+        self._on_policy("prepare_update")
+        self.state = self._compiled()["prepare_update"](self._param_args(), self.state, rollout)
+        self._acting = self.agent.acting_params(self.state)
+
+    def finish_update(self, rollout: Any) -> None:
+        """On-policy: what the agent does to the state after an update's last gradient step
+        (``kitae.base.OnPolicyAgent.finish_update``), compiled, on this instance's state."""
+        self._on_policy("finish_update")
+        self.state = self._compiled()["finish_update"](self._param_args(), self.state, rollout)
+        self._acting = self.agent.acting_params(self.state)
+
+    def _on_policy(self, what: str) -> None:
+        if self.agent.algo_type is not AlgoType.ON_POLICY:
+            raise TypeError(f"{type(self.agent).__name__} is off-policy: it has no {what} (on-policy updates only)")
 
     def gradient_batch(self, step_key: jax.Array, buffer_state: Any) -> tuple[Any, jax.Array]:
         """Off-policy: one gradient step's minibatch sampled from ``buffer_state`` and processed

@@ -13,7 +13,10 @@ workers make it:
 - otherwise the update runs gradient step by gradient step (the steps of the fused update, in the
   same order with the same keys: ``AgentAlgorithm``): synchronous gradients split each step's
   minibatch between the workers and apply their mean; asynchronous gradients deal the steps to
-  workers as they come free and apply each result when it arrives.
+  workers as they come free and apply each result when it arrives. An on-policy agent's hooks
+  (``OnPolicyAgent.prepare_update`` / ``finish_update``: running statistics such as PPO's
+  normalisation) run on the updater's state where the fused update runs them: before the state
+  goes to the workers, and after the last gradient step.
 
 With one collection worker and one gradient worker in synchronous mode every key, minibatch and
 update is the host loop's: the run ends with the host loop's state, bit for bit.
@@ -356,6 +359,11 @@ class _Run:
             self.key = jnp.asarray(key)
             return info
         self.key, update_key = jax.random.split(self.key)
+        # the agent's hooks run where the fused update runs them, on the updater's state: prepare
+        # before the workers get the state and process the rollout, finish after the last step
+        rollout = self.agent.update_data(self.buffer.state) if self.schedule.on_policy else None
+        if rollout is not None:
+            self.algorithm.prepare_update(rollout)
         version = self.algorithm.n_gradient_steps
         t0 = time.perf_counter()
         state_ref = ray.put(self.algorithm.get_state())
@@ -391,6 +399,8 @@ class _Run:
                     state_ref = ray.put(self.algorithm.get_state())
                     workers[i].set_state.remote(state_ref, self.algorithm.n_gradient_steps)
                     running[workers[i].gradients.remote(pending.pop(0), 0, 1)] = i
+        if rollout is not None:
+            self.algorithm.finish_update(rollout)
         return {k: float(np.mean([info[k] for info in infos])) for k in infos[0]} if infos else {}
 
     # -- the loop --------------------------------------------------------------------------------

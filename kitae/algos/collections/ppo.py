@@ -42,16 +42,17 @@ Running statistics (observation and reward normalisation)
 Both are optional (``normalize_observations``, ``normalize_rewards``) and live IN THE AGENT STATE
 (``PPOState.observation_statistics``, ``return_statistics``, ``discounted_returns``), as plain
 arrays updated by pure functions inside the compiled update, so checkpoints, resumption, and the
-compiled loop see them like any parameter. ``ppo_rollout_update_factory`` wraps the on-policy
-update ``(state, key, rollout) -> (state, info)``:
+compiled loop see them like any parameter. They change in the two hooks ``OnPolicyAgent`` runs
+around every update (``update_hooks_factory``; ``kitae.algos.update.UpdateHooks``), in every
+executor, the distributed one's update made gradient step by gradient step included:
 
-1. ``normalize_rewards``: the per-environment discounted return ``R <- gamma * R + r`` (reset to 0
+1. ``prepare``, with ``normalize_rewards``: the per-environment discounted return ``R <- gamma * R + r`` (reset to 0
    after each episode end, carried across rollouts in ``discounted_returns``) is run over the
    rollout, and its variance is merged into ``return_statistics`` (as in SB3's ``VecNormalize``);
    rewards are then divided by ``sqrt(var + 1e-8)`` and clipped to ``+-reward_clip`` before GAE.
    This happens BEFORE processing, so the rollout's own returns count.
 2. the usual update: processing (GAE) and the minibatch epochs.
-3. ``normalize_observations``: the rollout's observations are merged into
+3. ``finish``, with ``normalize_observations``: the rollout's observations are merged into
    ``observation_statistics`` AFTER the epochs. The actions' stored log-probabilities were
    computed with the statistics in force during the rollout; keeping those statistics for the
    whole update keeps the probability ratios exactly 1 at the start of the first epoch. The next
@@ -108,6 +109,7 @@ import numpy as np
 import kitae.config as cfg
 from kitae.action_masks import check_action_mask_space, get_action_mask
 from kitae.algos.gradients import update_step_from_gradients
+from kitae.algos.update import UpdateHooks, with_update_hooks
 from kitae.base import OnPolicyAgent, agent_keys
 from kitae.buffer import Experience
 from kitae.config import AlgoParams, register_algo_params, validate_types
@@ -137,7 +139,10 @@ __all__ = [
     "init_running_statistics",
     "update_running_statistics",
     "normalize_with_statistics",
+    "scale_rewards",
+    "discounted_return_statistics",
     "update_return_statistics",
+    "merge_observations",
     "update_observation_statistics",
     "check_spaces",
     "apply_action_mask",
@@ -147,7 +152,10 @@ __all__ = [
     "compute_gradients_factory",
     "apply_gradients_factory",
     "update_step_factory",
+    "update_hooks_factory",
+    "episode_ends",
     "ppo_rollout_update_factory",
+    "CollectionFactories",
 ]
 
 STATISTICS_EPSILON = 1e-8
@@ -475,7 +483,9 @@ class SeparateActorCritic(nn.Module):
         )
 
 
-def _actor_critic_module(config: cfg.AlgoConfig, preprocess_fn: Callable | None) -> nn.Module:
+def _actor_critic_module(
+    config: cfg.AlgoConfig, preprocess_fn: Callable | None, value_head: nn.Module | None = None
+) -> nn.Module:
     p: PPOParams = config.algo_params
     action_space = config.env_cfg.action_space
     policy_head: nn.Module
@@ -489,9 +499,10 @@ def _actor_critic_module(config: cfg.AlgoConfig, preprocess_fn: Callable | None)
     def encoder() -> nn.Module:
         return encoder_factory(config.env_cfg.observation_space, hidden=p.hidden_sizes, activation=p.activation)
 
+    value_head = ValueHead() if value_head is None else value_head
     if config.update_cfg.shared_encoder:
-        return SharedActorCritic(encoder(), policy_head, ValueHead(), preprocess_fn)
-    return SeparateActorCritic(encoder(), encoder(), policy_head, ValueHead(), preprocess_fn)
+        return SharedActorCritic(encoder(), policy_head, value_head, preprocess_fn)
+    return SeparateActorCritic(encoder(), encoder(), policy_head, value_head, preprocess_fn)
 
 
 def train_state_ppo_factory(
@@ -500,6 +511,7 @@ def train_state_ppo_factory(
     *,
     preprocess_fn: Callable | None = None,
     tabulate: bool = False,
+    value_head: nn.Module | None = None,
 ) -> PPOState:
     """Builds the PPO state: the actor-critic's ``TrainState`` and the normalisation statistics.
 
@@ -508,6 +520,8 @@ def train_state_ppo_factory(
         config: the ``AlgoConfig`` (``algo_params`` a ``PPOParams``).
         preprocess_fn: optional function applied to (normalised) observations inside the networks.
         tabulate: print the network's table of layers and parameters.
+        value_head: the critic's head, features ``(..., F)`` -> values (default ``ValueHead()``:
+            ``(...)``; RND-PPO's has two outputs).
 
     Returns:
         A ``PPOState``.
@@ -516,7 +530,7 @@ def train_state_ppo_factory(
         ValueError: for spaces PPO does not accept (``check_spaces``).
     """
     check_spaces(config)
-    module = _actor_critic_module(config, preprocess_fn)
+    module = _actor_critic_module(config, preprocess_fn, value_head)
     observation_space = config.env_cfg.observation_space
     params = init_params(key, module, [space_input_shape(observation_space)], tabulate)
     obs_shape = observation_space.shape if isinstance(observation_space, gym.spaces.Box) else ()
@@ -614,6 +628,16 @@ class PPOBatch(NamedTuple):
     return_: jax.Array
 
 
+def scale_rewards(p: PPOParams, state: PPOState, rewards: jax.Array) -> jax.Array:
+    """Rewards ``(T, ...)`` as float32, and with ``normalize_rewards`` divided by the running std
+    of the discounted return, ``sqrt(var + 1e-8)``, then clipped to ``+-reward_clip``."""
+    rewards = jnp.asarray(rewards, jnp.float32)
+    if not p.normalize_rewards:
+        return rewards
+    scale = jnp.sqrt(state.return_statistics.var + STATISTICS_EPSILON)
+    return jnp.clip(rewards / scale, -p.reward_clip, p.reward_clip)
+
+
 def process_experience_factory(config: cfg.AlgoConfig) -> Callable:
     """Makes ``process_fn(state, key, experience) -> PPOBatch`` for ONE environment's rollout.
 
@@ -633,10 +657,7 @@ def process_experience_factory(config: cfg.AlgoConfig) -> Callable:
         next_observations = normalize(state, experience.next_observation)
         values = ac.apply_fn(ac.params, observations, method="value")
         next_values = ac.apply_fn(ac.params, next_observations, method="value")
-        rewards = jnp.asarray(experience.reward, jnp.float32)
-        if p.normalize_rewards:
-            scale = jnp.sqrt(state.return_statistics.var + STATISTICS_EPSILON)
-            rewards = jnp.clip(rewards / scale, -p.reward_clip, p.reward_clip)
+        rewards = scale_rewards(p, state, experience.reward)
         advantages, returns = compute_gae(
             rewards, values, next_values, experience.done, experience.truncated, p.gamma, p.gae_lambda
         )
@@ -797,18 +818,25 @@ def update_step_factory(config: cfg.AlgoConfig) -> Callable:
 # ---------------------------------------------------------------------------------------------
 
 
-def update_return_statistics(state: PPOState, rewards: Any, episode_ends: Any, gamma: float) -> PPOState:
-    """Runs each environment's discounted return over a rollout and merges it into the state.
+def discounted_return_statistics(
+    statistics: RunningStatistics, running: jax.Array, rewards: Any, episode_ends: Any, gamma: float | jax.Array
+) -> tuple[RunningStatistics, jax.Array]:
+    """Runs each environment's discounted return over a rollout and merges its values into
+    ``statistics`` (pure; PPO's reward scale and RND-PPO's intrinsic one).
 
     For each step, ``R <- gamma * R + r``; ``R`` is recorded, then reset to 0 where the episode
-    ended (terminated or truncated). The recorded values ``(T * N,)`` are merged into
-    ``state.return_statistics`` and the final ``R`` is kept in ``state.discounted_returns``.
+    ended. The recorded values ``(T * N,)`` are merged into ``statistics``.
 
     Args:
-        state: the PPO state.
+        statistics: scalar ``RunningStatistics``.
+        running: ``(N,)``, each environment's ``R`` before the rollout.
         rewards: ``(T, E)`` (or a dict of them keyed by agent, ``N = E * A`` columns).
-        episode_ends: bool, same layout: ``done | truncated``.
+        episode_ends: bool, same layout (all False: a return that never resets).
         gamma: discount factor.
+
+    Returns:
+        ``(statistics, running)``: the merged statistics and each environment's ``R`` after the
+        rollout ``(N,)``.
     """
     rewards = _time_env_leaves(rewards).astype(jnp.float32)
     ends = _time_env_leaves(episode_ends).astype(bool)
@@ -818,52 +846,83 @@ def update_return_statistics(state: PPOState, rewards: Any, episode_ends: Any, g
         running = gamma * running + reward
         return jnp.where(end, 0.0, running), running
 
-    final, returns = jax.lax.scan(step, state.discounted_returns, (rewards, ends))
-    return state.replace(
-        return_statistics=update_running_statistics(state.return_statistics, returns.reshape(-1)),
-        discounted_returns=final,
+    final, returns = jax.lax.scan(step, running, (rewards, ends))
+    return update_running_statistics(statistics, returns.reshape(-1)), final
+
+
+def update_return_statistics(state: PPOState, rewards: Any, episode_ends: Any, gamma: float) -> PPOState:
+    """Runs each environment's discounted return over a rollout and merges it into the state
+    (``discounted_return_statistics`` on ``state.return_statistics``, the final ``R`` kept in
+    ``state.discounted_returns``).
+
+    Args:
+        state: the PPO state.
+        rewards: ``(T, E)`` (or a dict of them keyed by agent, ``N = E * A`` columns).
+        episode_ends: bool, same layout: ``done | truncated``.
+        gamma: discount factor.
+    """
+    statistics, final = discounted_return_statistics(
+        state.return_statistics, state.discounted_returns, rewards, episode_ends, gamma
     )
+    return state.replace(return_statistics=statistics, discounted_returns=final)
+
+
+def merge_observations(statistics: RunningStatistics, observations: Any) -> RunningStatistics:
+    """``statistics`` (of shape ``obs_shape``) with a rollout's observations ``(T, E,
+    *obs_shape)`` (or a dict of them keyed by agent) merged in (pure)."""
+    shape = statistics.mean.shape
+    leaves = jax.tree_util.tree_leaves(observations)
+    batch = jnp.concatenate([jnp.reshape(x, (-1, *shape)) for x in leaves], axis=0)
+    return update_running_statistics(statistics, batch)
 
 
 def update_observation_statistics(state: PPOState, observations: Any) -> PPOState:
     """Merges a rollout's observations ``(T, E, *obs_shape)`` (or a dict of them keyed by agent)
     into ``state.observation_statistics``."""
-    shape = state.observation_statistics.mean.shape
-    leaves = jax.tree_util.tree_leaves(observations)
-    batch = jnp.concatenate([jnp.reshape(x, (-1, *shape)) for x in leaves], axis=0)
-    return state.replace(observation_statistics=update_running_statistics(state.observation_statistics, batch))
+    return state.replace(observation_statistics=merge_observations(state.observation_statistics, observations))
+
+
+def update_hooks_factory(config: cfg.AlgoConfig) -> UpdateHooks:
+    """Makes PPO's running statistics as the hooks ``OnPolicyAgent`` runs around every update
+    (``kitae.algos.update.UpdateHooks``), each ``(state, rollout) -> state``, pure and jit-able:
+
+    1. ``prepare`` (before processing), with ``normalize_rewards``: ``update_return_statistics``
+       on the rollout, so that the rollout's own returns count in the scale of its rewards;
+    2. ``finish`` (after the epochs), with ``normalize_observations``:
+       ``update_observation_statistics`` with the rollout's observations (see the module
+       docstring for why after).
+
+    ``rollout`` is an ``Experience`` with leaves ``(T, E, ...)``. With an option off its hook is
+    ``None``.
+    """
+    p: PPOParams = config.algo_params
+    prepare = finish = None
+    if p.normalize_rewards:
+
+        def prepare(state: PPOState, rollout: Experience) -> PPOState:
+            return update_return_statistics(state, rollout.reward, episode_ends(rollout), p.gamma)
+
+    if p.normalize_observations:
+
+        def finish(state: PPOState, rollout: Experience) -> PPOState:
+            return update_observation_statistics(state, rollout.observation)
+
+    return UpdateHooks(prepare, finish)
+
+
+def episode_ends(rollout: Experience) -> Any:
+    """Where the rollout's episodes ended, ``done | truncated`` (leaves ``(T, E)``; ``done`` alone
+    when the rollout has no ``truncated``)."""
+    if rollout.truncated is None:
+        return rollout.done
+    return jax.tree_util.tree_map(jnp.logical_or, rollout.done, rollout.truncated)
 
 
 def ppo_rollout_update_factory(config: cfg.AlgoConfig, update_fn: Callable) -> Callable:
-    """Wraps the on-policy update ``update_fn(state, key, rollout) -> (state, info)`` (processing
-    plus minibatch epochs) with the running statistics:
-
-    1. ``normalize_rewards``: ``update_return_statistics`` on the rollout, before processing;
-    2. ``update_fn``;
-    3. ``normalize_observations``: ``update_observation_statistics`` with the rollout's
-       observations, after the epochs (see the module docstring for why).
-
-    ``rollout`` is an ``Experience`` with leaves ``(T, E, ...)``. With both options off the
-    wrapper is ``update_fn`` itself. Pure and jit-able.
-    """
-    p: PPOParams = config.algo_params
-    if not (p.normalize_rewards or p.normalize_observations):
-        return update_fn
-
-    def rollout_update_fn(state: PPOState, key: jax.Array, rollout: Experience) -> tuple[PPOState, dict]:
-        if p.normalize_rewards:
-            ends = (
-                rollout.done
-                if rollout.truncated is None
-                else jax.tree_util.tree_map(jnp.logical_or, rollout.done, rollout.truncated)
-            )
-            state = update_return_statistics(state, rollout.reward, ends, p.gamma)
-        state, info = update_fn(state, key, rollout)
-        if p.normalize_observations:
-            state = update_observation_statistics(state, rollout.observation)
-        return state, info
-
-    return rollout_update_fn
+    """``update_fn(state, key, rollout) -> (state, info)`` with PPO's running statistics around it
+    (``update_hooks_factory``; ``update_fn`` itself with both options off). ``PPO`` composes the
+    same hooks through ``OnPolicyAgent``; this is the composition for a caller holding an update."""
+    return with_update_hooks(update_hooks_factory(config), update_fn)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -873,8 +932,9 @@ def ppo_rollout_update_factory(config: cfg.AlgoConfig, update_fn: Callable) -> C
 
 class CollectionFactories(NamedTuple):
     """What an agent class of the PPO family is made of: ``check(config)`` (raises for what it
-    cannot train) and the factories (``update_step`` is ``compute_gradients`` then
-    ``apply_gradients``)."""
+    cannot train), the factories (``update_step`` is ``compute_gradients`` then
+    ``apply_gradients``) and ``update_hooks(config)``, the running statistics around the update
+    (default PPO's, ``update_hooks_factory``)."""
 
     check: Callable[[cfg.AlgoConfig], None]
     train_state: Callable
@@ -883,6 +943,7 @@ class CollectionFactories(NamedTuple):
     update_step: Callable
     compute_gradients: Callable
     apply_gradients: Callable
+    update_hooks: Callable[[cfg.AlgoConfig], UpdateHooks] = update_hooks_factory
 
 
 class PPO(OnPolicyAgent):
@@ -973,9 +1034,10 @@ class PPO(OnPolicyAgent):
             apply_gradients_factory,
         )
 
-    def _make_update_fn(self) -> Callable:
-        """The on-policy update wrapped with the running statistics (``ppo_rollout_update_factory``)."""
-        return ppo_rollout_update_factory(self.config, super()._make_update_fn())
+    def update_hooks(self, config: cfg.AlgoConfig) -> UpdateHooks:
+        """The running statistics around the update: ``collection_factories().update_hooks``
+        (PPO's: ``update_hooks_factory``)."""
+        return self.collection_factories().update_hooks(config)
 
     def acting_params(self, state: PPOState) -> PPOState:
         """The state without the optimizer state (acting reads the parameters and the observation

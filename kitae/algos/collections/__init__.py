@@ -1,5 +1,5 @@
-"""The built-in algorithms: A2C, DDPG, DQN, PPO, recurrent PPO (``ppo_lstm``), SAC (discrete SAC on a
-``Discrete`` space) and TD3, each one module built from the four factories.
+"""The built-in algorithms: A2C, DDPG, DQN, PPO, recurrent PPO (``ppo_lstm``), RND-PPO (``rnd_ppo``),
+SAC (discrete SAC on a ``Discrete`` space) and TD3, each one module built from the four factories.
 
 ``ALGORITHMS`` maps a name (what ``kitae train`` takes) to the agent class; ``get_algorithm(name)``
 returns the agent class and its params class; ``algorithm_name(config)`` the name of a config's
@@ -17,6 +17,7 @@ from kitae.algos.collections.ddpg import DDPG, DDPGParams
 from kitae.algos.collections.dqn import DQN, DQNParams
 from kitae.algos.collections.ppo import PPO, PPOParams
 from kitae.algos.collections.recurrent_ppo import RecurrentPPO, RecurrentPPOParams
+from kitae.algos.collections.rnd_ppo import RNDPPO, RNDPPOParams
 from kitae.algos.collections.sac import SAC, SACParams
 from kitae.algos.collections.td3 import TD3, TD3Params
 
@@ -28,6 +29,7 @@ ALGORITHMS: dict[str, tuple[type, type]] = {
     "dqn": (DQN, DQNParams),
     "ppo": (PPO, PPOParams),
     "ppo_lstm": (RecurrentPPO, RecurrentPPOParams),
+    "rnd_ppo": (RNDPPO, RNDPPOParams),
     "sac": (SAC, SACParams),
     "td3": (TD3, TD3Params),
 }

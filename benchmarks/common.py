@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import resource
 import statistics
@@ -148,3 +149,16 @@ def curve_figures(run_dir: Path, seed: int, threshold: float = 475.0) -> dict:
     means = running_means(run_dir, seed)
     first = next((step for step, mean in means if mean >= threshold), None)
     return {f"first_step_at_{threshold:g}": first, "max_running_mean": max((m for _, m in means), default=None)}
+
+
+def first_step_above(run_dir: Path, seed: int, threshold: float) -> int | None:
+    """The step of the first ``metrics.jsonl`` row whose ``episodic_return`` is above
+    ``threshold`` (``None``: none). A row holds the mean return of the episodes that ended at its
+    step, so this is the first episode above ``threshold`` where no episode can return less than
+    it (MountainCar-v0: returns are at least -200, and above -200 exactly when the goal was
+    reached)."""
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if row.get("seed", seed) == seed and row.get("episodic_return", -math.inf) > threshold:
+            return int(row["step"])
+    return None

@@ -1,5 +1,9 @@
 """The ``Algorithm`` interface of distributed training (seed 003), and its one implementation.
 
+Why this module is long: the interface is seed 003's, documented method by method, and its one
+implementation over every agent sits beside it (acting, gradients, the update hooks, weights,
+hyperparameters), each method short.
+
 ``Algorithm`` is what a distributed runtime asks of an algorithm: act on a batch of
 observations (``acting_step``), compute gradients on one place and apply them on another
 (``compute_gradients`` / ``apply_gradients``), move weights (``get_weights`` / ``set_weights``),

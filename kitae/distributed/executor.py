@@ -1,5 +1,8 @@
 """The distributed executor: collection workers, gradient workers and one updater on Ray.
 
+Why this module is long: one run's driver (``_Run``: collection in two modes, the update in
+three, worker faults, logging and checkpoints) is one class whose parts share the run's state.
+
 The updater (this process) owns the authoritative ``LoopState``: the agent's state and loop key,
 the buffer and the counters. Each iteration (``kitae.schedule``: the vector steps between two
 update checks) it gathers experience from the collection workers, adds it to its buffer and to

@@ -1,5 +1,10 @@
 """PPO with Random Network Distillation (RND-PPO), Burda et al. 2018, https://arxiv.org/abs/1810.12894.
 
+Why this module is long: one algorithm is one module on the collection's template (params,
+state, networks, RND's maths as small tested functions, the statistics hooks, the four
+factories, the agent class), so that a reader finds RND-PPO in one place; PPO's parts are
+imported from ``kitae.algos.collections.ppo``, not copied.
+
 On the template of the collection (params, state, the four factories, ``compute_gradients`` /
 ``apply_gradients``, the agent class); what RND-PPO shares with PPO it takes from
 ``kitae.algos.collections.ppo`` rather than copying it: the policy (categorical for

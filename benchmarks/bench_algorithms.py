@@ -10,6 +10,7 @@ final returns (that mean at the end) are reported beside it.
 | --- | --- | --- | --- | --- |
 | a2c | CartPole-v1 | gymnax:CartPole-v1 | >= 475 | 500k |
 | ddpg | Pendulum-v1 | gymnax:Pendulum-v1 | >= -200 | 20k |
+| mpo | Pendulum-v1 | gymnax:Pendulum-v1 | >= -200 | 50k |
 | sac (discrete) | CartPole-v1 | gymnax:CartPole-v1 | >= 450 | 200k |
 | rnd_ppo | MountainCar-v0 | gymnax:MountainCar-v0 | >= -160 | 1M |
 
@@ -51,6 +52,7 @@ from kitae.runs.presets import load_preset  # noqa: E402
 CASES = {
     "a2c": ("CartPole-v1", "gymnax:CartPole-v1", 475.0),
     "ddpg": ("Pendulum-v1", "gymnax:Pendulum-v1", -200.0),
+    "mpo": ("Pendulum-v1", "gymnax:Pendulum-v1", -200.0),
     "sac": ("CartPole-v1", "gymnax:CartPole-v1", 450.0),  # a Discrete space: discrete SAC
     "rnd_ppo": ("MountainCar-v0", "gymnax:MountainCar-v0", -160.0),
 }

@@ -1,5 +1,6 @@
-"""The built-in algorithms: A2C, DDPG, DQN, PPO, recurrent PPO (``ppo_lstm``), RND-PPO (``rnd_ppo``),
-SAC (discrete SAC on a ``Discrete`` space) and TD3, each one module built from the four factories.
+"""The built-in algorithms: A2C, DDPG, DQN, MPO, PPO, recurrent PPO (``ppo_lstm``), RND-PPO
+(``rnd_ppo``), SAC (discrete SAC on a ``Discrete`` space) and TD3, each one module built from the
+four factories.
 
 ``ALGORITHMS`` maps a name (what ``kitae train`` takes) to the agent class; ``get_algorithm(name)``
 returns the agent class and its params class; ``algorithm_name(config)`` the name of a config's
@@ -15,6 +16,7 @@ import kitae.algos.collections.sac_discrete  # noqa: F401  (registers discrete S
 from kitae.algos.collections.a2c import A2C, A2CParams
 from kitae.algos.collections.ddpg import DDPG, DDPGParams
 from kitae.algos.collections.dqn import DQN, DQNParams
+from kitae.algos.collections.mpo import MPO, MPOParams
 from kitae.algos.collections.ppo import PPO, PPOParams
 from kitae.algos.collections.recurrent_ppo import RecurrentPPO, RecurrentPPOParams
 from kitae.algos.collections.rnd_ppo import RNDPPO, RNDPPOParams
@@ -27,6 +29,7 @@ ALGORITHMS: dict[str, tuple[type, type]] = {
     "a2c": (A2C, A2CParams),
     "ddpg": (DDPG, DDPGParams),
     "dqn": (DQN, DQNParams),
+    "mpo": (MPO, MPOParams),
     "ppo": (PPO, PPOParams),
     "ppo_lstm": (RecurrentPPO, RecurrentPPOParams),
     "rnd_ppo": (RNDPPO, RNDPPOParams),

@@ -89,6 +89,7 @@ __all__ = [
     "TD3Batch",
     "TD3",
     "check_action_space",
+    "Preprocessed",
     "train_state_td3_factory",
     "explore_factory",
     "process_experience_factory",
@@ -247,8 +248,9 @@ def _bounds(config: cfg.AlgoConfig) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(space.low, np.float32), np.asarray(space.high, np.float32)
 
 
-class _Preprocessed(nn.Module):
-    """``module(preprocess_fn(observations), *rest)``."""
+class Preprocessed(nn.Module):
+    """``module(preprocess_fn(observations), *rest)``: an observation preprocessing in front of a
+    network (TD3's, DDPG's and MPO's actors and critics)."""
 
     module: nn.Module
     preprocess_fn: Callable
@@ -295,7 +297,7 @@ def train_state_td3_factory(
     )
     critic = qvalue_factory(observation_space, action_space, hidden=p.critic_hidden, n_critics=p.n_critics)
     if preprocess_fn is not None:
-        actor, critic = _Preprocessed(actor, preprocess_fn), _Preprocessed(critic, preprocess_fn)
+        actor, critic = Preprocessed(actor, preprocess_fn), Preprocessed(critic, preprocess_fn)
 
     actor_key, critic_key = jax.random.split(key)
     obs_shape = space_input_shape(observation_space)

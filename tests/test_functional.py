@@ -600,3 +600,101 @@ def test_the_functional_ddpg_update_gives_the_collections_bits():
     assert same(new.actor_target, want.actor.target_params) and same(new.critic_target, want.critic.target_params)
     out, _ = agent.predict(new, agent.init_policy(None), data["obs"], jax.random.PRNGKey(3))
     assert out.actions.shape == (16, 1) and np.all(np.abs(np.asarray(out.actions)) <= 2.0)
+
+
+# ---- MPO ---------------------------------------------------------------------------------------
+
+
+def mpo_networks(observation_space):
+    """The collection's own MPO modules: the same parameters fit both faces."""
+    from kitae.algos.collections.mpo import MPOPolicy
+    from kitae.modules.encoders import encoder_factory
+
+    def networks(space):
+        actor = MPOPolicy(encoder_factory(observation_space, hidden=()), (32,), space.shape[0], 0.5, 1e-3)
+        return actor, qvalue_factory(observation_space, space, hidden=(32,), n_critics=1)
+
+    return networks
+
+
+def test_the_functional_mpo_update_gives_the_collections_bits():
+    from kitae.algos.collections import mpo
+    from kitae.functional import MPO
+
+    env = gym.make("Pendulum-v1")
+    config = cfg.AlgoConfig(
+        seed=0,
+        algo_params=mpo.MPOParams(actor_hidden=(32,), critic_hidden=(32,), n_action_samples=4),
+        update_cfg=cfg.UpdateConfig(learning_rate=3e-3, max_grad_norm=None),
+        train_cfg=cfg.TrainConfig(),
+        env_cfg=cfg.EnvConfig("Pendulum-v1", env.observation_space, env.action_space),
+    )
+    state = mpo.train_state_mpo_factory(jax.random.PRNGKey(1), config)
+    data = off_policy_batch(jax.random.PRNGKey(2))
+    experience = as_experience(data)
+    process_key, step_key = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(0), 0))
+    process, update_step = mpo.process_experience_factory(config), mpo.update_step_factory(config)
+    want, _ = jax.jit(lambda s, pk, sk, e: update_step(s, sk, process(s, pk, e)))(
+        state, process_key, step_key, experience
+    )
+    agent = MPO(mpo_networks(env.observation_space), env, 3e-3, n_action_samples=4)
+    fresh_params = agent.init_params(jax.random.PRNGKey(1))
+    assert same(fresh_params.dual, state.dual.params)  # the duals start where the collection's do
+    params = MPO.Params(
+        state.actor.params,
+        state.critic.params,
+        state.actor.target_params,
+        state.critic.target_params,
+        state.dual.params,
+    )
+    opt = {"policy": state.actor.opt_state, "critic": state.critic.opt_state, "dual": state.dual.opt_state}
+    out, new, optimizer_state = agent.update(params, OptimState(state.critic.step, opt), data)
+    assert same(new.policy, want.actor.params) and same(new.critic, want.critic.params)
+    assert same(new.policy_target, want.actor.target_params) and same(new.critic_target, want.critic.target_params)
+    assert same(new.dual, want.dual.params) and int(optimizer_state.count) == 1
+    assert float(out.kl_mean) < 1e-6  # online = target before the step
+    actions, _ = agent.predict(new, agent.init_policy(None), data["obs"], jax.random.PRNGKey(3))
+    assert actions.actions.shape == (16, 1) and np.all(np.abs(np.asarray(actions.actions)) <= 2.0)
+    mean_actions, _ = agent.predict(new, agent.init_policy(None), data["obs"], jax.random.PRNGKey(3), evaluation=True)
+    mean, _ = want.actor.apply_fn(want.actor.params, data["obs"])
+    np.testing.assert_allclose(np.asarray(mean_actions.actions), 2.0 * np.asarray(mean), atol=1e-6)  # bounds +-2
+
+
+def test_the_functional_mpo_is_pure_under_jit_and_vmap():
+    from kitae.functional import MPO
+
+    env = gym.make("Pendulum-v1")
+    plain, jitted = (MPO(mpo_networks(env.observation_space), env, 1e-3, n_action_samples=4) for _ in range(2))
+    jitted.jit()
+    data = off_policy_batch(jax.random.PRNGKey(3))
+    results = []
+    for agent in (plain, jitted):
+        params, policy_state, optimizer_state = fresh(agent)
+        out, _ = agent.predict(params, policy_state, data["obs"], jax.random.PRNGKey(4))
+        for _ in range(2):
+            _, params, optimizer_state = agent.update(params, optimizer_state, data)
+        results.append((out, params, optimizer_state))
+    assert same(results[0], results[1])
+    keys = jax.random.split(jax.random.PRNGKey(5), 3)
+    params = jax.vmap(plain.init_params)(keys)
+    _, vmapped, _ = jax.vmap(plain.update)(
+        params, jax.vmap(plain.init_optimizer)(params, keys), jax.vmap(off_policy_batch)(keys)
+    )
+    one = plain.init_params(keys[2])
+    _, alone, _ = plain.update(one, plain.init_optimizer(one, keys[2]), off_policy_batch(keys[2]))
+    for got, want in zip(jax.tree_util.tree_leaves(vmapped), jax.tree_util.tree_leaves(alone), strict=True):
+        np.testing.assert_allclose(np.asarray(got[2]), np.asarray(want), rtol=1e-5, atol=1e-6)
+
+
+def test_the_functional_mpo_refuses_what_it_cannot_handle():
+    from kitae.functional import MPO
+
+    pendulum = gym.make("Pendulum-v1")
+    with pytest.raises(ValueError, match="action_space=Discrete.*not allowed for MPO"):
+        MPO(mpo_networks(ENV.observation_space), ENV, 1e-3)
+    with pytest.raises(ValueError, match="epsilon_mean"):
+        MPO(mpo_networks(pendulum.observation_space), pendulum, 1e-3, epsilon_mean=0.0)
+    agent = MPO(actor_critic_network("td3"), pendulum, 1e-3)  # an actor that returns actions only
+    params, policy_state, _ = fresh(agent)
+    with pytest.raises(TypeError, match=r"MPO's actor returned .* allowed: \(mean \(B, 1\), L \(B, 1, 1\)\)"):
+        agent.predict(params, policy_state, jnp.zeros((2, 3)), jax.random.PRNGKey(0))

@@ -249,7 +249,8 @@ def preset_agent(
     its environments: the command line's resolution, from Python.
 
     Args:
-        algo: ``"ppo"``, ``"dqn"``, ``"sac"``, ``"td3"``.
+        algo: a name ``kitae train`` takes (``kitae.algos.collections.ALGORITHMS``: ``"ppo"``,
+            ``"dqn"``, ``"sac"``, ``"mpo"``, ...).
         env_id: ``"SOURCE:ID"``.
         run_dir: the agent's run directory (default ``runs/<algo>-<env>-s<seed>-<time>``).
         steps, seed, n_envs: as ``--steps``, ``--seed``, ``--n-envs``.

@@ -73,6 +73,7 @@ import gymnasium as gym
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from jax.scipy.linalg import solve_triangular
 
 import kitae.algos.collections.td3 as td3
@@ -98,6 +99,8 @@ __all__ = [
     "MPO",
     "check_action_space",
     "dual_values",
+    "initial_dual_params",
+    "dual_optimizer",
     "mvn_log_prob",
     "sample_actions",
     "temperature_dual_loss",
@@ -283,6 +286,18 @@ def dual_values(dual_params: Params) -> tuple[jax.Array, jax.Array, jax.Array]:
     )
 
 
+def initial_dual_params(p: MPOParams) -> Params:
+    """The dual parameters at the start: ``{"temperature", "alpha_mean", "alpha_stddev"}``, float32
+    scalars whose ``softplus`` is ``p.init_temperature``, ``p.init_alpha_mean``, ``p.init_alpha_stddev``."""
+    names = {"temperature": p.init_temperature, "alpha_mean": p.init_alpha_mean, "alpha_stddev": p.init_alpha_stddev}
+    return {name: jnp.asarray(_inverse_softplus(value), jnp.float32) for name, value in names.items()}
+
+
+def dual_optimizer(p: MPOParams) -> optax.GradientTransformation:
+    """The duals' optimizer: Adam at ``p.dual_learning_rate``, unclipped, never annealed."""
+    return optimizer_factory(p.dual_learning_rate)
+
+
 def mvn_log_prob(x: jax.Array, mean: jax.Array, chol: jax.Array) -> jax.Array:
     """``log N(x; mean, L L^T)``: ``-0.5 |L^-1 (x - mean)|^2 - sum log diag L - D/2 log(2 pi)``.
 
@@ -399,15 +414,10 @@ def train_state_mpo_factory(
     actor_params = init_params(actor_key, actor, [obs_shape], tabulate)
     critic_params = init_params(critic_key, critic, [obs_shape, (action_dim,)], tabulate)
     tx = optimizer_from_config(config, AlgoType.OFF_POLICY)
-    dual_params = {
-        "temperature": jnp.asarray(_inverse_softplus(p.init_temperature), jnp.float32),
-        "alpha_mean": jnp.asarray(_inverse_softplus(p.init_alpha_mean), jnp.float32),
-        "alpha_stddev": jnp.asarray(_inverse_softplus(p.init_alpha_stddev), jnp.float32),
-    }
     return MPOState(
         actor=TrainState.create(apply_fn=actor.apply, params=actor_params, tx=tx, target_params=actor_params),
         critic=TrainState.create(apply_fn=critic.apply, params=critic_params, tx=tx, target_params=critic_params),
-        dual=TrainState.create(apply_fn=dual_values, params=dual_params, tx=optimizer_factory(p.dual_learning_rate)),
+        dual=TrainState.create(apply_fn=dual_values, params=initial_dual_params(p), tx=dual_optimizer(p)),
     )
 
 

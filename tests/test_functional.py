@@ -528,8 +528,10 @@ def test_functional_sac_and_td3_refuse_what_they_cannot_handle(algo):
     from kitae.functional import SAC, TD3
 
     cls = SAC if algo == "sac" else TD3
-    with pytest.raises(ValueError, match=f"action_space=Discrete.*not allowed for {algo.upper()}"):
-        cls(actor_critic_network(algo), ENV, 1e-3)
+    refused = _Spaces(ENV.observation_space, gym.spaces.MultiDiscrete([2, 3])) if algo == "sac" else ENV
+    name = type(refused.action_space).__name__  # SAC takes Discrete spaces: discrete SAC
+    with pytest.raises(ValueError, match=f"action_space={name}.*not allowed for {algo.upper()}"):
+        cls(actor_critic_network(algo), refused, 1e-3)
     with pytest.raises(TypeError, match=r"allowed: a pair \(actor, critic\)"):
         cls(haiku_network, gym.make("Pendulum-v1"), 1e-3)
     with pytest.raises(ValueError, match="learning_rate=0 is not allowed"):
@@ -698,3 +700,104 @@ def test_the_functional_mpo_refuses_what_it_cannot_handle():
     params, policy_state, _ = fresh(agent)
     with pytest.raises(TypeError, match=r"MPO's actor returned .* allowed: \(mean \(B, 1\), L \(B, 1, 1\)\)"):
         agent.predict(params, policy_state, jnp.zeros((2, 3)), jax.random.PRNGKey(0))
+
+
+# ---- discrete SAC ------------------------------------------------------------------------------
+
+
+def discrete_sac_networks(observation_space, hidden=(32,), n_critics=2):
+    """The collection's discrete-SAC modules (a categorical policy, ``Q(s, .)`` critics)."""
+    from kitae.modules.policy import policy_factory
+
+    def networks(space):
+        actor = policy_factory(observation_space, space, hidden=hidden, activation="relu")
+        return actor, qvalue_factory(observation_space, space, hidden=hidden, n_critics=n_critics)
+
+    return networks
+
+
+def cartpole_batch(key, n=16):
+    keys = jax.random.split(key, 4)
+    return {
+        "obs": jax.random.normal(keys[0], (n, 4)),
+        "action": jax.random.randint(keys[1], (n,), 0, 2),
+        "reward": jax.random.normal(keys[2], (n,)),
+        "terminated": jax.random.bernoulli(keys[3], 0.1, (n,)),
+        "next_obs": jax.random.normal(keys[3], (n, 4)),
+    }
+
+
+def test_the_functional_sac_on_a_discrete_space_gives_the_collections_discrete_sac_bits():
+    from kitae.algos.collections import sac, sac_discrete
+    from kitae.functional import SAC
+
+    config = cfg.AlgoConfig(
+        seed=0,
+        algo_params=sac.SACParams(policy_hidden=(32,), q_hidden=(32,), target_entropy_scale=0.3),
+        update_cfg=cfg.UpdateConfig(learning_rate=3e-3, max_grad_norm=None),
+        train_cfg=cfg.TrainConfig(),
+        env_cfg=cfg.EnvConfig("CartPole-v1", ENV.observation_space, ENV.action_space),
+    )
+    state = sac_discrete.train_state_factory(jax.random.PRNGKey(1), config)
+    data = cartpole_batch(jax.random.PRNGKey(2))
+    experience = as_experience(data)
+    process_key, step_key = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(0), 0))
+    process, update_step = sac_discrete.process_experience_factory(config), sac_discrete.update_step_factory(config)
+    want, want_info = jax.jit(lambda s, pk, sk, e: update_step(s, sk, process(s, pk, e)))(
+        state, process_key, step_key, experience
+    )
+    # the collection's twin critics are one ensemble module: one copy of it here
+    agent = SAC(discrete_sac_networks(ENV.observation_space), ENV, 3e-3, n_critics=1, target_entropy_scale=0.3)
+    assert agent.discrete
+    params = SAC.Params(state.policy.params, state.qvalue.params, state.qvalue.target_params, state.alpha.params)
+    opt = {"policy": state.policy.opt_state, "qvalue": state.qvalue.opt_state, "alpha": state.alpha.opt_state}
+    out, new, optimizer_state = agent.update(params, OptimState(state.qvalue.step, opt), data)
+    assert same(new.policy, want.policy.params) and same(new.alpha, want.alpha.params)
+    assert same(new.qvalue, want.qvalue.params) and same(new.qvalue_target, want.qvalue.target_params)
+    assert float(out.critic_loss) == float(want_info["loss_critic"]) and int(optimizer_state.count) == 1
+    output, _ = agent.predict(new, agent.init_policy(None), data["obs"], jax.random.PRNGKey(3))
+    assert output.actions.shape == (16,) and output.actions.dtype == jnp.int32
+    assert set(np.unique(np.asarray(output.actions))) <= {0, 1}
+    best, _ = agent.predict(new, agent.init_policy(None), data["obs"], jax.random.PRNGKey(3), evaluation=True)
+    logits = want.policy.apply_fn(want.policy.params, data["obs"]).logits
+    np.testing.assert_array_equal(np.asarray(best.actions), np.argmax(np.asarray(logits), -1))
+
+
+def test_the_functional_discrete_sac_is_pure_under_jit_and_vmap_with_independent_critic_copies():
+    from kitae.functional import SAC
+
+    def make():
+        return SAC(discrete_sac_networks(ENV.observation_space, n_critics=1), ENV, 1e-3)  # two copies of one Q(s, .)
+
+    plain, jitted = make(), make()
+    jitted.jit()
+    data = cartpole_batch(jax.random.PRNGKey(3))
+    results = []
+    for agent in (plain, jitted):
+        params, policy_state, optimizer_state = fresh(agent)
+        out, _ = agent.predict(params, policy_state, data["obs"], jax.random.PRNGKey(4))
+        for _ in range(2):
+            _, params, optimizer_state = agent.update(params, optimizer_state, data)
+        results.append((out, params, optimizer_state))
+    assert same(results[0], results[1])
+    first, second = (jax.tree_util.tree_map(lambda x, i=i: x[i], results[0][1].qvalue) for i in (0, 1))
+    assert not same(first, second)  # the copies were initialised apart
+    keys = jax.random.split(jax.random.PRNGKey(5), 3)
+    params = jax.vmap(plain.init_params)(keys)
+    _, vmapped, _ = jax.vmap(plain.update)(
+        params, jax.vmap(plain.init_optimizer)(params, keys), jax.vmap(cartpole_batch)(keys)
+    )
+    one = plain.init_params(keys[2])
+    _, alone, _ = plain.update(one, plain.init_optimizer(one, keys[2]), cartpole_batch(keys[2]))
+    for got, want in zip(jax.tree_util.tree_leaves(vmapped), jax.tree_util.tree_leaves(alone), strict=True):
+        np.testing.assert_allclose(np.asarray(got[2]), np.asarray(want), rtol=1e-5, atol=1e-6)
+
+
+def test_the_functional_sac_refuses_spaces_neither_sac_takes():
+    from kitae.functional import SAC
+
+    env = _Spaces(ENV.observation_space, gym.spaces.MultiDiscrete([2, 3]))
+    with pytest.raises(ValueError, match=r"action_space=MultiDiscrete.*not allowed for SAC.*or a Discrete one"):
+        SAC(discrete_sac_networks(ENV.observation_space), env, 1e-3)
+    with pytest.raises(ValueError, match="target_entropy_scale"):
+        SAC(discrete_sac_networks(ENV.observation_space), ENV, 1e-3, target_entropy_scale=0.0)

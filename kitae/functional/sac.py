@@ -12,6 +12,13 @@ Gaussian (bound ``log_std`` yourself; ``[-5, 2]`` is usual) or a
 ``kitae.distributions.TanhNormal``; ``critic.apply(params, obs, action (B, d))`` returns Q-values
 ``(B,)`` or ``(B, 1)``, actions in ``[-1, 1]``. ``n_critics`` copies of the critic are initialised
 independently (a critic that is already an ensemble ``(k, B)`` takes ``n_critics=1``).
+
+On a ``Discrete`` action space of ``n`` actions the same class is **discrete SAC**, as ``kitae
+train sac`` on such a space (``kitae.algos.collections.sac_discrete``: expectations over actions,
+a target entropy of ``target_entropy_scale * log n``): ``actor.apply(params, obs)`` returns the
+logits ``(B, n)`` (or a ``kitae.distributions.Categorical``), ``critic.apply(params, obs)`` the
+Q-values of every action ``(B, n)`` (no action input), and ``predict``'s actions are ``(B,)``
+int32 in the space's own numbering.
 """
 
 from __future__ import annotations
@@ -26,7 +33,8 @@ import jax.numpy as jnp
 import optax
 
 from kitae.algos.collections import sac as collection
-from kitae.distributions import TanhNormal
+from kitae.algos.collections import sac_discrete
+from kitae.distributions import Categorical, TanhNormal
 from kitae.functional.actor_critic import ActorCriticAgent
 from kitae.functional.base import OFF_POLICY_DATA_KEYS, Network, OptimState, critic_ensemble
 from kitae.modules.pytree import TrainState
@@ -55,21 +63,51 @@ def _tanh_normal(network: Network) -> Callable[[Any, Any], TanhNormal]:
     return apply
 
 
+def _categorical(network: Network) -> Callable[[Any, Any], Categorical]:
+    def apply(params: Any, observations: Any) -> Categorical:
+        out = network.apply(params, observations)
+        return out if isinstance(out, Categorical) else Categorical(jnp.asarray(out, jnp.float32))
+
+    return apply
+
+
+def _discrete_critics(critic: Network, copies: int) -> Network:
+    """``copies`` independently initialised copies of a ``Q(s, .)`` critic: ``init(key, obs)``,
+    ``apply(params, obs) -> (N, B, n)`` (the layout discrete SAC's losses take): each copy's
+    ``(B, n)``, or its ``k`` rows when the copy is itself an ensemble ``(k, B, n)``."""
+
+    def rows(params: Any, obs: Any) -> jax.Array:
+        q = jnp.asarray(critic.apply(params, obs))
+        return q[None] if q.ndim == 2 else q
+
+    if copies == 1:
+        return Network(critic.init, rows)
+
+    def init(key: jax.Array, obs: Any) -> Any:
+        return jax.vmap(lambda k: critic.init(k, obs))(jax.random.split(key, copies))
+
+    def apply(params: Any, obs: Any) -> jax.Array:
+        q = jax.vmap(lambda p: rows(p, obs))(params)  # (copies, k, B, n)
+        return q.reshape(-1, *q.shape[2:])
+
+    return Network(init, apply)
+
+
 def _alpha_apply(params: Any) -> jax.Array:
     return jnp.exp(params["log_alpha"])
 
 
 class SAC(ActorCriticAgent):
     """Soft Actor-Critic as pure functions (seed 002's API), for 1-D ``Box`` actions with finite
-    bounds.
+    bounds, and discrete SAC for ``Discrete`` actions (see the module docstring).
 
     Args:
         network: ``network(action_space) -> (actor, critic)`` (see the module docstring).
         env: a Gymnasium environment or vector environment.
         learning_rate: Adam's, for the actor, the critics and the temperature; a float > 0 or an
             optax schedule.
-        discount_factor, tau, alpha, autotune, target_entropy, n_critics, policy_frequency,
-        start_step: as ``kitae.algos.collections.sac.SACParams``'s ``gamma``, ``tau``, ...
+        discount_factor, tau, alpha, autotune, target_entropy, target_entropy_scale, n_critics,
+        policy_frequency, start_step: as ``kitae.algos.collections.sac.SACParams``'s ``gamma``, ``tau``, ...
             (validated there); ``start_step`` counts ``predict`` calls in training mode
             (``PolicyState.count``; default 0: the policy acts from the first call).
         max_grad_norm: global-norm clipping (``None``: none).
@@ -94,7 +132,7 @@ class SAC(ActorCriticAgent):
 
     class PolicyOutput(NamedTuple):
         """``actions`` ``(B, d)`` in the environment's units, ``log_probs`` ``(B,)`` (zeros in
-        evaluation)."""
+        evaluation); discrete SAC: ``actions`` ``(B,)`` int32, ``log_probs`` of the actions taken."""
 
         actions: jax.Array
         log_probs: jax.Array
@@ -117,6 +155,7 @@ class SAC(ActorCriticAgent):
         alpha: float = 1.0,
         autotune: bool = True,
         target_entropy: float | None = None,
+        target_entropy_scale: float = 0.89,
         n_critics: int = 2,
         policy_frequency: int = 1,
         start_step: int = 0,
@@ -130,16 +169,31 @@ class SAC(ActorCriticAgent):
             alpha=alpha,
             autotune=autotune,
             target_entropy=target_entropy,
+            target_entropy_scale=target_entropy_scale,
             n_critics=n_critics,
             policy_frequency=policy_frequency,
             start_step=start_step,
         )
         config = self.collection_config(params, max_grad_norm, seed=seed)
         self.initial_alpha = alpha
+        self.discrete = isinstance(self.action_space, gym.spaces.Discrete)
         actor, critic = self.network
-        self.actor = Network(actor.init, _tanh_normal(actor))
-        self.critic = critic_ensemble(critic, n_critics)
-        self.use_collection(collection, config, learning_rate, max_grad_norm)
+        if self.discrete:
+            self.actor = Network(actor.init, _categorical(actor))
+            self.critic = _discrete_critics(critic, n_critics)
+        else:
+            self.actor = Network(actor.init, _tanh_normal(actor))
+            self.critic = critic_ensemble(critic, n_critics)
+        self.use_collection(sac_discrete if self.discrete else collection, config, learning_rate, max_grad_norm)
+
+    def check_action_space(self, action_space: gym.Space) -> None:
+        if not isinstance(action_space, gym.spaces.Discrete):
+            try:
+                collection.check_action_space(action_space)
+            except ValueError as error:
+                raise ValueError(
+                    f"action_space={action_space} is not allowed for SAC; {error}, or a Discrete one (discrete SAC)"
+                ) from None
 
     # -- state -----------------------------------------------------------------------------------
 
@@ -147,7 +201,7 @@ class SAC(ActorCriticAgent):
         """Actor and critics initialised on dummy inputs (the targets a copy), ``log_alpha`` from
         ``alpha``."""
         actor_key, critic_key, obs, action = self.dummy_inputs(rng)
-        qvalue = self.critic.init(critic_key, obs, action)
+        qvalue = self.critic.init(critic_key, obs) if self.discrete else self.critic.init(critic_key, obs, action)
         return SAC.Params(
             self.actor.init(actor_key, obs),
             qvalue,

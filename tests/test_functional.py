@@ -801,3 +801,85 @@ def test_the_functional_sac_refuses_spaces_neither_sac_takes():
         SAC(discrete_sac_networks(ENV.observation_space), env, 1e-3)
     with pytest.raises(ValueError, match="target_entropy_scale"):
         SAC(discrete_sac_networks(ENV.observation_space), ENV, 1e-3, target_entropy_scale=0.0)
+
+
+# ---- RND-PPO -----------------------------------------------------------------------------------
+
+
+def test_the_functional_rnd_ppo_update_gives_the_collection_agents_bits(tmp_path):
+    from kitae.algos.collections import ppo, rnd_ppo
+    from kitae.functional import RNDPPO
+
+    env = gym.make("MountainCar-v0")
+    config = cfg.AlgoConfig(
+        seed=3,
+        algo_params=rnd_ppo.RNDPPOParams(hidden_sizes=(32,), rnd_hidden_sizes=(16,), rnd_feature_size=8),
+        update_cfg=cfg.UpdateConfig(learning_rate=1e-3, n_epochs=2, batch_size=16, max_grad_norm=0.5),
+        train_cfg=cfg.TrainConfig(),
+        env_cfg=cfg.EnvConfig("MountainCar-v0", env.observation_space, env.action_space, n_envs=4),
+    )
+    agent = rnd_ppo.RNDPPO("functional-check", config, run_dir=str(tmp_path))
+    state = agent.state
+    data = rollout(env, jax.random.PRNGKey(4))
+    key = jax.random.fold_in(jax.random.PRNGKey(0), 0)  # the functional default at count 0
+    want, _ = jax.jit(agent.update_fn)(state, key, as_experience(data))
+
+    def network(space):  # the collection's own module: the same parameters fit both faces
+        return ppo._actor_critic_module(config, None, rnd_ppo.ExtrinsicIntrinsicValueHead())
+
+    functional = RNDPPO(
+        network, env, 1e-3, n_envs=4, rnd_hidden_sizes=(16,), rnd_feature_size=8, n_epochs=2, batch_size=16
+    )
+    params = RNDPPO.Params(
+        state.actor_critic.params,
+        state.rnd_predictor.params,
+        state.rnd_target_params,
+        state.rnd_observation_statistics,
+        state.intrinsic_return_statistics,
+        state.intrinsic_discounted_returns,
+    )
+    opt = {"network": state.actor_critic.opt_state, "rnd_predictor": state.rnd_predictor.opt_state}
+    out, new, optimizer_state = functional.update(params, OptimState(state.actor_critic.step, opt), data)
+    assert same(new.network, want.actor_critic.params) and same(new.rnd_predictor, want.rnd_predictor.params)
+    assert same(new.rnd_target, state.rnd_target_params)  # never trained
+    assert same(new.rnd_observation_statistics, want.rnd_observation_statistics)
+    assert same(new.intrinsic_return_statistics, want.intrinsic_return_statistics)
+    assert same(new.intrinsic_discounted_returns, want.intrinsic_discounted_returns)
+    assert float(new.rnd_observation_statistics.count) == 8 * 4  # the rollout's next observations went in
+    assert int(optimizer_state.count) == 2 * (8 * 4 // 16) and np.isfinite(float(out.rnd_loss))
+    actions, _ = functional.predict(new, functional.init_policy(None), data["obs"][0], jax.random.PRNGKey(1))
+    assert actions.actions.shape == (4,)
+
+
+def test_the_functional_rnd_ppo_is_pure_and_refuses_what_it_cannot_handle():
+    from kitae.functional import RNDPPO
+
+    env = gym.make("MountainCar-v0")
+
+    def network(space):
+        def forward(obs):
+            h = hk.nets.MLP([32], activate_final=True)(obs)
+            return hk.Linear(space.n)(h), hk.Linear(2)(h)
+
+        return hk.without_apply_rng(hk.transform(forward))
+
+    plain, jitted = (RNDPPO(network, env, 1e-3, n_envs=4, batch_size=16) for _ in range(2))
+    jitted.jit()
+    data = rollout(env, jax.random.PRNGKey(5))
+    results = []
+    for agent in (plain, jitted):
+        params, policy_state, optimizer_state = fresh(agent)
+        for _ in range(2):
+            _, params, optimizer_state = agent.update(params, optimizer_state, data)
+        results.append((params, optimizer_state))
+    assert same(results[0], results[1])
+    assert float(results[0][0].rnd_observation_statistics.count) == 2 * 8 * 4
+    params, _, optimizer_state = fresh(plain)
+    with pytest.raises(ValueError, match=r"data\['reward'\] has shape \(8, 3\).*allowed: \(T, 4\)"):
+        plain.update(params, optimizer_state, rollout(env, jax.random.PRNGKey(5), e=3))
+    with pytest.raises(ValueError, match="n_envs=0 is not allowed"):
+        RNDPPO(network, env, 1e-3, n_envs=0)
+    with pytest.raises(ValueError, match="intrinsic_gamma"):
+        RNDPPO(network, env, 1e-3, intrinsic_discount_factor=2.0)
+    with pytest.raises(ValueError, match=r"RND-PPO cannot read the observation space Discrete\(5\)"):
+        RNDPPO(network, _Spaces(gym.spaces.Discrete(5), env.action_space), 1e-3)

@@ -14,7 +14,21 @@ from kitae.functional.ddpg import DDPG
 from kitae.functional.dqn import DQN
 from kitae.functional.mpo import MPO
 from kitae.functional.ppo import PPO
+from kitae.functional.rnd_ppo import RNDPPO
 from kitae.functional.sac import SAC
 from kitae.functional.td3 import TD3
 
-__all__ = ["BaseAgent", "OptimState", "Network", "make_network", "A2C", "DDPG", "DQN", "MPO", "PPO", "SAC", "TD3"]
+__all__ = [
+    "BaseAgent",
+    "OptimState",
+    "Network",
+    "make_network",
+    "A2C",
+    "DDPG",
+    "DQN",
+    "MPO",
+    "PPO",
+    "RNDPPO",
+    "SAC",
+    "TD3",
+]

@@ -14,9 +14,9 @@ import optax
 
 from kitae.algos.collections import a2c as collection
 from kitae.algos.experience import ExperiencePipeline
-from kitae.algos.update import on_policy_update
+from kitae.algos.update import UpdateHooks
 from kitae.buffer import Experience
-from kitae.functional.base import BaseAgent, OptimState, data_fields, update_key
+from kitae.functional.base import BaseAgent, OptimState
 from kitae.functional.ppo import DATA_KEYS, PPO, actor_critic_apply
 
 __all__ = ["A2C", "DATA_KEYS"]
@@ -83,37 +83,16 @@ class A2C(PPO):
             rms_eps=rms_prop_eps,
         )
         self._pipeline = ExperiencePipeline([self._process], vectorized=True)
+        self.hooks = UpdateHooks()
 
-    def check_action_space(self, action_space: gym.Space) -> None:
-        ok = isinstance(action_space, gym.spaces.Discrete) or (
-            isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1
-        )
-        if not ok:
-            raise ValueError(f"action_space={action_space} is not allowed for A2C; allowed: Discrete or a 1-D Box")
+    def minibatch_rows(self, rollout: Experience) -> int:
+        """The whole rollout is the one minibatch: ``T * E`` rows (static)."""
+        return int(jax.numpy.size(rollout.reward))
 
     def _update(
         self, params: PPO.Params, optimizer_state: OptimState, data: Mapping[str, Any]
     ) -> tuple[Any, PPO.Params, OptimState]:  # A2C.OptimOutput
-        obs, action, log_prob, reward, terminated, truncated, next_obs = data_fields(data, DATA_KEYS, "A2C")
-        rollout = Experience(
-            observation=obs,
-            action=action,
-            reward=reward,
-            done=terminated,
-            next_observation=next_obs,
-            log_prob=log_prob,
-            truncated=truncated,
-        )
-        rows = int(jax.numpy.size(reward))  # static: the whole rollout is the one minibatch
-        state, info = on_policy_update(
-            self._pipeline,
-            self._update_step,
-            self.collection_state(params, optimizer_state),
-            update_key(data, self.seed, optimizer_state.count),
-            rollout,
-            n_epochs=1,
-            batch_size=rows,
-        )
+        state, info = self.rollout_update(self.collection_state(params, optimizer_state), optimizer_state, data)
         ac = state.actor_critic
         output = A2C.OptimOutput(info["loss_total"], info["loss_policy"], info["loss_value"], info["entropy"])
         return output, PPO.Params(ac.params), OptimState(ac.step, ac.opt_state)

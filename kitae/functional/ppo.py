@@ -23,9 +23,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
+import kitae.config as cfg
 from kitae.algos.collections import ppo as collection
 from kitae.algos.experience import ExperiencePipeline
-from kitae.algos.update import on_policy_update
+from kitae.algos.update import UpdateHooks, on_policy_update, with_update_hooks
 from kitae.buffer import Experience
 from kitae.distributions import Categorical, DiagNormal
 from kitae.functional.base import BaseAgent, Network, OptimState, as_key, data_fields, dummy_observation, update_key
@@ -146,9 +147,6 @@ class PPO(BaseAgent):
         seed: int = 0,
     ) -> None:
         super().__init__(network, env, learning_rate)
-        for name, value in (("n_epochs", n_epochs), ("batch_size", batch_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} is not allowed; allowed: an int >= 1")
         params = collection.PPOParams(
             gamma=discount_factor,
             gae_lambda=gae_lambda,
@@ -158,19 +156,44 @@ class PPO(BaseAgent):
             clip_value_loss=clip_value_loss,
             normalize_advantages=normalize_advantages,
         )
+        self.use_on_policy_collection(collection, params, learning_rate, n_epochs, batch_size, max_grad_norm, seed)
+
+    def use_on_policy_collection(
+        self,
+        module: Any,
+        params: Any,
+        learning_rate: float | optax.Schedule,
+        n_epochs: int,
+        batch_size: int,
+        max_grad_norm: float | None,
+        seed: int,
+    ) -> cfg.AlgoConfig:
+        """Takes the on-policy collection algorithm ``module``'s functions for ``params`` (its
+        params dataclass), after checking ``n_epochs`` and ``batch_size``; returns the config.
+
+        Raises:
+            ValueError: for ``n_epochs`` or ``batch_size`` not an int >= 1.
+        """
+        for name, value in (("n_epochs", n_epochs), ("batch_size", batch_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r} is not allowed; allowed: an int >= 1")
         config = self.collection_config(params, max_grad_norm, seed=seed, n_epochs=n_epochs, batch_size=batch_size)
-        collection.check_spaces(config)
+        collection.check_spaces(config, type(self).__name__)
         self.n_epochs, self.batch_size = n_epochs, batch_size
         self._apply = actor_critic_apply(self.network, isinstance(self.action_space, gym.spaces.Discrete))
-        self.use_collection(collection, config, learning_rate, max_grad_norm)
+        self.use_collection(module, config, learning_rate, max_grad_norm)
         self._pipeline = ExperiencePipeline([self._process], vectorized=True)
+        self.hooks = UpdateHooks()
+        return config
 
     def check_action_space(self, action_space: gym.Space) -> None:
         ok = isinstance(action_space, gym.spaces.Discrete) or (
             isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1
         )
         if not ok:
-            raise ValueError(f"action_space={action_space} is not allowed for PPO; allowed: Discrete or a 1-D Box")
+            raise ValueError(
+                f"action_space={action_space} is not allowed for {type(self).__name__}; allowed: Discrete or a 1-D Box"
+            )
 
     # -- state -----------------------------------------------------------------------------------
 
@@ -212,10 +235,16 @@ class PPO(BaseAgent):
         count = policy_state.count if evaluation else policy_state.count + 1
         return PPO.PolicyOutput(actions, log_probs), PPO.PolicyState(count)
 
-    def _update(
-        self, params: Params, optimizer_state: OptimState, data: Mapping[str, Any]
-    ) -> tuple[OptimOutput, Params, OptimState]:
-        obs, action, log_prob, reward, terminated, truncated, next_obs = data_fields(data, DATA_KEYS, "PPO")
+    def rollout_update(self, state: Any, optimizer_state: OptimState, data: Mapping[str, Any]) -> tuple[Any, dict]:
+        """The collection's whole on-policy update of ``state`` on the rollout ``data``
+        (``DATA_KEYS``), between the agent's update hooks (``self.hooks``: none for PPO, RND's
+        statistics for RND-PPO), with the key ``update_key(data, seed, optimizer_state.count)``.
+
+        Returns:
+            ``(state, info)``: the collection's new state and the means of its losses.
+        """
+        fields = data_fields(data, DATA_KEYS, type(self).__name__)
+        obs, action, log_prob, reward, terminated, truncated, next_obs = fields
         rollout = Experience(
             observation=obs,
             action=action,
@@ -226,15 +255,30 @@ class PPO(BaseAgent):
             truncated=truncated,
         )
         key = update_key(data, self.seed, optimizer_state.count)
-        state, info = on_policy_update(
-            self._pipeline,
-            self._update_step,
-            self.collection_state(params, optimizer_state),
-            key,
-            rollout,
-            n_epochs=self.n_epochs,
-            batch_size=self.batch_size,
-        )
+        batch_size = self.minibatch_rows(rollout)
+
+        def whole_update(state: Any, key: jax.Array, rollout: Experience) -> tuple[Any, dict]:
+            return on_policy_update(
+                self._pipeline,
+                self._update_step,
+                state,
+                key,
+                rollout,
+                n_epochs=self.n_epochs,
+                batch_size=batch_size,
+            )
+
+        return with_update_hooks(self.hooks, whole_update)(state, key, rollout)
+
+    def minibatch_rows(self, rollout: Experience) -> int:
+        """Rows per minibatch for this rollout (static): ``batch_size``."""
+        del rollout
+        return self.batch_size
+
+    def _update(
+        self, params: Params, optimizer_state: OptimState, data: Mapping[str, Any]
+    ) -> tuple[OptimOutput, Params, OptimState]:
+        state, info = self.rollout_update(self.collection_state(params, optimizer_state), optimizer_state, data)
         ac = state.actor_critic
         output = PPO.OptimOutput(
             info["loss_total"],

@@ -54,6 +54,9 @@ from kitae.algos.factory import explore_general_factory
 from kitae.algos.update import UpdateHooks, mean_over_steps, on_policy_update, process_rollout, with_update_hooks
 from kitae.buffer import BufferState, Experience, ReplayBuffer, RolloutBuffer, buffer_rollout, buffer_sample
 from kitae.config import AlgoConfig, DistributedConfig
+from kitae.envs.goals import goal_reward_fn
+from kitae.replay.prioritized import annealed_beta, update_priorities
+from kitae.replay.sampling import sample_transitions
 from kitae.run_service import RunService, install_run_service, run_service
 from kitae.schedule import Schedule
 from kitae.types import AlgoType
@@ -100,6 +103,51 @@ def _split_block(key: jax.Array) -> jax.Array:
 # ---------------------------------------------------------------------------------------------
 # Agents
 # ---------------------------------------------------------------------------------------------
+
+
+def check_replay(agent: Any, config: AlgoConfig, experience_type: type) -> Callable | None:
+    """Refuses a ``config.replay`` the agent cannot learn from, when the agent is made; returns the
+    goal reward function hindsight relabelling uses (``None`` without HER).
+
+    Raises:
+        ValueError: naming the field, the value and what is allowed: replay options for an
+            on-policy agent or a multi-agent environment, a feature the agent's update does not
+            read (``replay_features``), n-step returns without ``algo_params.gamma`` or a
+            ``truncated`` field, HER without goal observations.
+    """
+    replay, name = config.replay, type(agent).__name__
+    if replay.uniform_one_step:
+        return None
+    asked = (
+        "replay.prioritized=True"
+        if replay.prioritized
+        else (f"replay.n_step={replay.n_step}" if replay.n_step > 1 else f"replay.her={replay.her!r}")
+    )
+    if agent.algo_type is not AlgoType.OFF_POLICY:
+        raise ValueError(f"{asked} is not allowed for {name}: it is on-policy; allowed: the default replay")
+    if config.env_cfg.n_agents > 1:
+        raise ValueError(
+            f"{asked} is not allowed in a multi-agent environment (n_agents={config.env_cfg.n_agents}); "
+            "allowed: the default replay"
+        )
+    for feature, wanted in (("prioritized", replay.prioritized), ("n_step", replay.n_step > 1)):
+        if wanted and feature not in agent.replay_features:
+            supported = sorted(agent.replay_features) or "none"
+            raise ValueError(
+                f"replay.{feature}={getattr(replay, feature)!r} is not allowed for {name}: its update does not read "
+                f"it (replay_features: {supported})"
+            )
+    if replay.n_step > 1:
+        if not hasattr(config.algo_params, "gamma"):
+            raise ValueError(f"replay.n_step={replay.n_step} is not allowed: algo_params has no gamma to discount with")
+        if "truncated" not in getattr(experience_type, "_fields", ()):
+            raise ValueError(
+                f"replay.n_step={replay.n_step} is not allowed: {experience_type.__name__} stores no truncated field "
+                "(n-step sums stop where episodes are cut)"
+            )
+    if replay.her is None:
+        return None
+    return goal_reward_fn(config.env_cfg.task_name, config.env_cfg.observation_space)
 
 
 class IAgent(abc.ABC):
@@ -186,6 +234,13 @@ class BaseAgent(IAgent):
     RECURRENT_FIELDS = ("start", "hidden")
     """The experience fields a recurrent agent stores beside ``Experience``'s."""
 
+    replay_features: frozenset[str] = frozenset()
+    """What the agent's update reads of ``kitae.config.ReplayConfig``'s replay (off-policy agents):
+    ``"prioritized"`` (its loss weights each transition by ``Experience.weight`` and its update
+    step's ``info`` holds ``td_error`` ``(B,)`` when ``config.replay.prioritized``), ``"n_step"``
+    (it bootstraps with ``gamma ** Experience.n_steps``). Hindsight relabelling needs nothing of
+    the agent. A config asking for a feature the agent lacks is refused when the agent is made."""
+
     def __init__(
         self,
         run_name: str,
@@ -236,6 +291,7 @@ class BaseAgent(IAgent):
         self.run_dir = Path(run_dir) if run_dir is not None else Path("runs") / run_name
         self.config = config
         self.experience_type = experience_type
+        self.goal_reward_fn = check_replay(self, config, experience_type)
         self.preprocess_fn = preprocess_fn
         self.parallel = config.env_cfg.n_agents > 1
         self.vectorized = True  # the executors always hand over (E, ...) batches
@@ -258,7 +314,7 @@ class BaseAgent(IAgent):
         )
         self.buffer = self.make_buffer()
         self.update_fn = self._make_update_fn()
-        self._update_jit = jax.jit(self.update_fn)
+        self._update_jit = jax.jit(self.update_with_replay)
         self._act_jit = jax.jit(self.act, static_argnames=("deterministic",))
         self.n_updates = 0
         self.env_step = 0
@@ -377,6 +433,16 @@ class BaseAgent(IAgent):
     def update_data(self, buffer_state: BufferState) -> Any:
         """What ``update_fn`` takes from the buffer: the rollout (on-policy) or the buffer itself."""
 
+    def update_with_replay(self, state: Any, key: jax.Array, buffer_state: BufferState) -> tuple[Any, Any, dict]:
+        """One whole update from the buffer (pure): ``update_fn`` on ``update_data(buffer_state)``.
+
+        Returns:
+            ``(state, priorities, info)``: ``priorities`` the buffer's new prioritized-replay
+            ``Priorities`` (an off-policy agent with ``config.replay.prioritized``), else ``None``.
+        """
+        state, info = self.update_fn(state, key, self.update_data(buffer_state))
+        return state, None, info
+
     def update(self, buffer: Any) -> dict[str, float]:
         """Runs one compiled update (processing and every gradient step) on the buffer's data.
 
@@ -385,7 +451,9 @@ class BaseAgent(IAgent):
         """
         if buffer.size == 0:  # never filled, or emptied by reset()
             raise RuntimeError(f"cannot update from an empty {type(buffer).__name__}")
-        self.state, info = self._update_jit(self.state, self.nextkey(), self.update_data(buffer.state))
+        self.state, priorities, info = self._update_jit(self.state, self.nextkey(), buffer.state)
+        if priorities is not None:
+            buffer.set_priorities(priorities)
         self.n_updates += 1
         if self.schedule.on_policy:
             buffer.reset()
@@ -498,41 +566,98 @@ class OffPolicyAgent(BaseAgent):
     algo_type = AlgoType.OFF_POLICY
 
     def make_buffer(self) -> ReplayBuffer:
-        return ReplayBuffer(self.config.update_cfg.max_buffer_size)
+        return ReplayBuffer(self.config.update_cfg.max_buffer_size, prioritized=self.config.replay.prioritized)
 
     def _make_update_fn(self) -> Callable:
-        update_step_fn = self.update_step_fn
-        gradient_batch = self.gradient_batch
+        update_with_replay = self.update_with_replay
 
         def update_fn(state: Any, key: jax.Array, buffer_state: Any) -> tuple[Any, dict]:
-            def gradient_step(state: Any, key: jax.Array) -> tuple[Any, dict]:
-                batch, update_key = gradient_batch(state, key, buffer_state)
-                return update_step_fn(state, update_key, batch)
-
-            state, infos = jax.lax.scan(gradient_step, state, self.gradient_step_keys(key))
-            return state, mean_over_steps(infos)
+            state, _, info = update_with_replay(state, key, buffer_state)
+            return state, info
 
         return update_fn
+
+    def update_with_replay(self, state: Any, key: jax.Array, buffer_state: BufferState) -> tuple[Any, Any, dict]:
+        """One whole update (pure): ``n_epochs`` gradient steps, each on a minibatch sampled from
+        ``buffer_state`` as ``config.replay`` says (``gradient_sample``) and processed with the
+        current state. With prioritized replay each step's TD errors (``info["td_error"]``)
+        become the sampled transitions' priorities before the next step samples.
+
+        Returns:
+            ``(state, priorities, info)``: the new state, the buffer's new ``Priorities`` (``None``
+            without prioritized replay) and the mean of each ``info`` scalar over the steps.
+        """
+        update_step_fn, replay = self.update_step_fn, self.config.replay
+
+        def gradient_step(carry: tuple[Any, Any], key: jax.Array) -> tuple[tuple[Any, Any], dict]:
+            state, priorities = carry
+            batch, update_key, indices = self.gradient_sample(state, key, buffer_state._replace(priorities=priorities))
+            state, info = update_step_fn(state, update_key, batch)
+            if priorities is not None:
+                td_error = info.pop("td_error", None)
+                if td_error is None:
+                    raise ValueError(
+                        f"replay.prioritized=True needs {type(self).__name__}'s update step to return info['td_error'] "
+                        "(B,), the TD errors of its minibatch"
+                    )
+                assert indices is not None  # prioritized sampling always says which items it drew
+                priorities = update_priorities(
+                    priorities, indices, td_error, replay.priority_exponent, replay.priority_epsilon
+                )
+            return (state, priorities), info
+
+        (state, priorities), infos = jax.lax.scan(
+            gradient_step, (state, buffer_state.priorities), self.gradient_step_keys(key)
+        )
+        return state, priorities, mean_over_steps(infos)
 
     def gradient_step_keys(self, key: jax.Array) -> jax.Array:
         """The keys of an update's ``n_epochs`` gradient steps, ``(n_epochs, 2)``."""
         return jax.random.split(key, self.config.update_cfg.n_epochs)
 
+    def gradient_sample(
+        self, state: Any, step_key: jax.Array, buffer_state: BufferState, pipeline: ExperiencePipeline | None = None
+    ) -> tuple[Any, jax.Array, jax.Array | None]:
+        """The minibatch of one gradient step, the key of its update step and the sampled items
+        (pure): ``(sample_key, process_key, update_key) = split(step_key, 3)``; ``batch_size``
+        transitions sampled as ``config.replay`` says (uniform one-step transitions by default:
+        ``kitae.buffer.buffer_sample``; else ``kitae.replay.sampling.sample_transitions``) and
+        processed with ``state`` (so targets use the latest parameters) by ``pipeline`` (default the
+        agent's ``process_experience_pipeline``).
+
+        Returns:
+            ``(batch, update_key, indices)``: the processed minibatch (leaves ``(batch_size, ...)``),
+            and the sampled items ``(batch_size,)`` (``None`` for the default replay).
+        """
+        sample_key, process_key, update_key = jax.random.split(step_key, 3)
+        replay, batch_size = self.config.replay, self.config.update_cfg.batch_size
+        indices = None
+        if replay.uniform_one_step:
+            sample = buffer_sample(buffer_state, sample_key, batch_size)
+        else:
+            beta: float | jax.Array = 1.0
+            if buffer_state.priorities is not None:
+                horizon = self.schedule.n_gradient_steps(self.config.train_cfg.n_env_steps)
+                beta = annealed_beta(replay.importance_exponent, buffer_state.priorities.steps, horizon)
+            sample, indices = sample_transitions(
+                buffer_state,
+                sample_key,
+                batch_size,
+                replay,
+                gamma=getattr(self.config.algo_params, "gamma", 1.0),
+                beta=beta,
+                reward_fn=self.goal_reward_fn,
+            )
+        pipeline = self.process_experience_pipeline if pipeline is None else pipeline
+        return pipeline.run(state, process_key, sample), update_key, indices
+
     def gradient_batch(
         self, state: Any, step_key: jax.Array, buffer_state: BufferState, pipeline: ExperiencePipeline | None = None
     ) -> tuple[Any, jax.Array]:
-        """The minibatch of one gradient step and the key of its update step (pure): ``(sample_key,
-        process_key, update_key) = split(step_key, 3)``, ``batch_size`` transitions sampled
-        uniformly and processed with ``state`` (so targets use the latest parameters) by
-        ``pipeline`` (default the agent's ``process_experience_pipeline``).
-
-        Returns:
-            ``(batch, update_key)``: the processed minibatch (leaves ``(batch_size, ...)``).
-        """
-        sample_key, process_key, update_key = jax.random.split(step_key, 3)
-        sample = buffer_sample(buffer_state, sample_key, self.config.update_cfg.batch_size)
-        pipeline = self.process_experience_pipeline if pipeline is None else pipeline
-        return pipeline.run(state, process_key, sample), update_key
+        """``gradient_sample`` without the sampled items: ``(batch, update_key)`` (what a
+        distributed gradient worker computes gradients on)."""
+        batch, update_key, _ = self.gradient_sample(state, step_key, buffer_state, pipeline)
+        return batch, update_key
 
     def update_data(self, buffer_state: BufferState) -> BufferState:
         """The whole buffer (the update samples its minibatches from it)."""

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kitae.replay.prioritized import Priorities, add_at_max_priority, priorities_init
 from kitae.validation import check_positive_int
 
 
@@ -42,6 +43,12 @@ class Experience(NamedTuple):
             Optional: ``Experience(observation, action, reward, done, next_observation,
             log_prob)``, the six fields of the custom-agent guide, leaves it ``None``, which
             ``kitae.timesteps`` reads as "never truncated". The training loops always fill it.
+        n_steps: on a transition sampled with n-step replay (``kitae.replay``), the rewards
+            summed in ``reward``, ``(B,)`` int32 (1 to ``n``): bootstrap from ``next_observation``
+            with ``gamma ** n_steps`` (``kitae.timesteps.bootstrap_discounts``). ``None``: one
+            step. Never stored.
+        weight: on a transition sampled with prioritized replay, its importance weight ``(B,)``
+            float32, by which its loss is multiplied. ``None``: 1. Never stored.
     """
 
     observation: Any
@@ -51,6 +58,8 @@ class Experience(NamedTuple):
     next_observation: Any
     log_prob: Any
     truncated: Any = None
+    n_steps: Any = None
+    weight: Any = None
 
 
 class BufferState(NamedTuple):
@@ -60,11 +69,14 @@ class BufferState(NamedTuple):
         data: the stored experience; every leaf ``(capacity, E, ...)``.
         position: the row the next ``buffer_add`` writes, int32 scalar.
         size: the number of filled rows, int32 scalar (at most ``capacity``).
+        priorities: prioritized replay's ``kitae.replay.prioritized.Priorities`` over the
+            ``capacity * E`` transitions (item ``row * E + env``), or ``None`` (uniform replay).
     """
 
     data: Any
     position: jax.Array
     size: jax.Array
+    priorities: Priorities | None = None
 
     @property
     def capacity(self) -> int:
@@ -77,12 +89,13 @@ class BufferState(NamedTuple):
         return jax.tree_util.tree_leaves(self.data)[0].shape[1]
 
 
-def buffer_init(example: Any, capacity: int) -> BufferState:
+def buffer_init(example: Any, capacity: int, prioritized: bool = False) -> BufferState:
     """Allocates a buffer shaped after one step of experience.
 
     Args:
         example: one step, a pytree whose leaves have shape ``(E, ...)``.
         capacity: number of rows (vector steps) to keep, >= 1.
+        prioritized: keep a priority per transition (prioritized replay).
 
     Returns:
         An empty ``BufferState`` with leaves ``(capacity, E, ...)``, dtypes those of ``example``.
@@ -95,19 +108,25 @@ def buffer_init(example: Any, capacity: int) -> BufferState:
     if len(n_envs) != 1:
         raise ValueError(f"every leaf of the experience must have the same leading (environment) size, got {n_envs}")
     data = jax.tree_util.tree_map(lambda x: jnp.zeros((capacity, *jnp.shape(x)), dtype=jnp.asarray(x).dtype), example)
-    return BufferState(data, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
+    priorities = priorities_init(capacity * n_envs.pop()) if prioritized else None
+    return BufferState(data, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32), priorities)
 
 
 def buffer_add(state: BufferState, experience: Any) -> BufferState:
-    """Writes one step (leaves ``(E, ...)``) at ``position``, overwriting the oldest row when full."""
+    """Writes one step (leaves ``(E, ...)``) at ``position``, overwriting the oldest row when full;
+    with priorities, the row's transitions get the largest priority seen."""
     capacity = state.capacity
     data = jax.tree_util.tree_map(
         lambda buf, x: buf.at[state.position].set(jnp.asarray(x, dtype=buf.dtype)), state.data, experience
     )
+    priorities = state.priorities
+    if priorities is not None:
+        priorities = add_at_max_priority(priorities, state.position * state.n_envs + jnp.arange(state.n_envs))
     return BufferState(
         data,
         (state.position + 1) % capacity,
         jnp.minimum(state.size + 1, capacity),
+        priorities,
     )
 
 
@@ -136,8 +155,9 @@ def buffer_rollout(state: BufferState) -> Any:
 
 
 def buffer_reset(state: BufferState) -> BufferState:
-    """Empties the buffer (counters to zero; arrays are kept and overwritten later)."""
-    return BufferState(state.data, jnp.zeros_like(state.position), jnp.zeros_like(state.size))
+    """Empties the buffer (counters to zero; arrays are kept and overwritten later; priorities, if
+    any, too: a row gets the largest priority again when it is written)."""
+    return state._replace(position=jnp.zeros_like(state.position), size=jnp.zeros_like(state.size))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -166,9 +186,10 @@ class _HostBuffer:
     """Holds a ``BufferState`` created on the first ``add``, and its counters on the host (so
     asking for the size never waits for the device)."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, prioritized: bool = False) -> None:
         check_positive_int("capacity", capacity)
         self.capacity = capacity
+        self.prioritized = prioritized
         self._state: BufferState | None = None
         self._size = 0
         self._position = 0
@@ -194,9 +215,15 @@ class _HostBuffer:
         """Stores one step of experience (leaves ``(E, ...)``)."""
         experience = _as_experience_arrays(experience)
         if self._state is None:
-            self.state = buffer_init(experience, self.capacity)
+            self.state = buffer_init(experience, self.capacity, self.prioritized)
         self._state = _add(self._state, experience)
         self._advance()
+
+    def set_priorities(self, priorities: Priorities | None) -> None:
+        """Takes the priorities an update changed (prioritized replay; the rows and counters are
+        the same, so the host counters stay)."""
+        if self._state is not None and priorities is not None:
+            self._state = self._state._replace(priorities=priorities)
 
     def add_rows(self, rows: Any) -> None:
         """Stores ``T`` steps of experience (leaves ``(T, E, ...)``), in order."""
@@ -236,10 +263,12 @@ def _n_agents(data: Any) -> int:
 
 
 class ReplayBuffer(_HostBuffer):
-    """Fixed-capacity replay buffer with uniform sampling (off-policy agents).
+    """Fixed-capacity replay buffer (off-policy agents): uniform ``sample``; with ``prioritized``,
+    it keeps a priority per transition for prioritized replay (``kitae.replay``).
 
     Args:
         capacity: rows (vector steps) kept; the buffer holds ``capacity * E`` transitions.
+        prioritized: keep priorities (``BufferState.priorities``).
     """
 
     def sample(self, key: jax.Array, batch_size: int) -> Any:

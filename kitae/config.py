@@ -294,6 +294,86 @@ class TrainConfig:
         return _from_mapping(cls, data, "train_cfg.")
 
 
+HER_STRATEGIES = ("future", "final", "episode")
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplayConfig:
+    """What an off-policy agent's replay buffer feeds its updates (``kitae.replay``; guide:
+    ``docs/replay.md``). The default is uniform one-step sampling.
+
+    Attributes:
+        prioritized: proportional prioritized replay (Schaul et al. 2016): transitions are sampled
+            with probability ``p_i^alpha / sum_j p_j^alpha``, ``p_i = |TD error| + priority_epsilon``
+            from the update that last sampled them (new transitions get the largest priority seen),
+            and each loss is weighted by ``(N P(i))^-beta`` over the batch's largest weight.
+        priority_exponent: ``alpha``, in ``[0, 1]`` (0: uniform).
+        importance_exponent: ``beta`` at the start, in ``[0, 1]``; annealed linearly to 1 over the
+            run's gradient steps.
+        priority_epsilon: added to ``|TD error|`` so no transition's priority is 0, a float > 0.
+        n_step: each sampled transition carries the discounted sum of up to ``n_step`` rewards and
+            the observation to bootstrap from after them, cut at termination (no bootstrap) and
+            truncation (bootstrap from the real final observation), an int >= 1 (1: one step).
+        her: hindsight experience replay's goal strategy for goal-conditioned environments
+            (``Dict`` observations with ``observation``, ``achieved_goal``, ``desired_goal``):
+            ``"future"``, ``"final"``, ``"episode"``, or ``None`` (no relabelling).
+        her_ratio: the fraction of sampled transitions relabelled, in ``(0, 1]`` (0.8: HER's
+            ``k = 4`` relabelled goals per real one).
+        her_horizon: rows looked at on each side of a sampled transition to find its episode's
+            bounds, an int >= 1: at least the environment's longest episode (a longer episode's
+            goals are drawn from within this many steps).
+    """
+
+    prioritized: bool = False
+    priority_exponent: float = 0.6
+    importance_exponent: float = 0.4
+    priority_epsilon: float = 1e-6
+    n_step: int = 1
+    her: str | None = None
+    her_ratio: float = 0.8
+    her_horizon: int = 256
+
+    def __post_init__(self) -> None:
+        validate_types(self, "replay.")
+        _require(
+            0.0 <= self.priority_exponent <= 1.0,
+            "replay.priority_exponent",
+            self.priority_exponent,
+            "a float in [0, 1]",
+        )
+        _require(
+            0.0 <= self.importance_exponent <= 1.0,
+            "replay.importance_exponent",
+            self.importance_exponent,
+            "a float in [0, 1]",
+        )
+        _require(self.priority_epsilon > 0.0, "replay.priority_epsilon", self.priority_epsilon, "a float > 0")
+        _require(self.n_step >= 1, "replay.n_step", self.n_step, "an int >= 1")
+        _require(
+            self.her is None or self.her in HER_STRATEGIES, "replay.her", self.her, f"None or one of {HER_STRATEGIES}"
+        )
+        _require(0.0 < self.her_ratio <= 1.0, "replay.her_ratio", self.her_ratio, "a float in (0, 1]")
+        _require(self.her_horizon >= 1, "replay.her_horizon", self.her_horizon, "an int >= 1")
+        _require(
+            self.her is None or self.n_step == 1,
+            "replay.n_step",
+            self.n_step,
+            "1 with replay.her (relabelled goals change every reward of an n-step sum)",
+        )
+
+    @property
+    def uniform_one_step(self) -> bool:
+        """Nothing but uniform one-step sampling (the default)."""
+        return not self.prioritized and self.n_step == 1 and self.her is None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ReplayConfig:
+        return _from_mapping(cls, data, "replay.")
+
+
 def _distributed_count(name: str, value: Any, least: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < least:
         raise ValueError(f"distributed.{name}={value!r} is not allowed; allowed: an int >= {least}")
@@ -366,6 +446,8 @@ class AlgoConfig:
         env_cfg: an ``EnvConfig``.
         distributed: a ``DistributedConfig`` to train on Ray (``kitae.distributed``), or ``None``
             (the host or compiled loop, picked from the environment).
+        replay: a ``ReplayConfig``: how an off-policy agent samples its buffer (uniform one-step
+            transitions by default).
     """
 
     seed: int
@@ -374,6 +456,7 @@ class AlgoConfig:
     train_cfg: TrainConfig
     env_cfg: EnvConfig
     distributed: DistributedConfig | None = None
+    replay: ReplayConfig = dataclasses.field(default_factory=ReplayConfig)
 
     def __post_init__(self) -> None:
         validate_types(self)
@@ -381,6 +464,12 @@ class AlgoConfig:
         if not dataclasses.is_dataclass(self.algo_params) or isinstance(self.algo_params, type):
             raise TypeError(f"algo_params={self.algo_params!r} is not allowed; allowed: a dataclass instance")
         validate_types(self.algo_params, "algo_params.")
+        if self.distributed is not None and self.distributed.gradient_workers > 1 and self.replay.prioritized:
+            raise ValueError(
+                f"replay.prioritized=True is not allowed with distributed.gradient_workers="
+                f"{self.distributed.gradient_workers}: priorities change at every gradient step, which one worker "
+                "makes; allowed: distributed.gradient_workers=1 (or uniform replay)"
+            )
         capacity = self.update_cfg.max_buffer_size * self.env_cfg.n_envs * self.env_cfg.n_agents
         _require(
             self.update_cfg.batch_size <= capacity,
@@ -402,6 +491,7 @@ class AlgoConfig:
             "train_cfg": self.train_cfg.to_dict(),
             "env_cfg": self.env_cfg.to_dict(),
             **({"distributed": self.distributed.to_dict()} if self.distributed is not None else {}),
+            "replay": self.replay.to_dict(),
         }
 
     @classmethod
@@ -421,7 +511,7 @@ class AlgoConfig:
         unknown = sorted(set(data) - set(allowed))
         if unknown:
             raise ValueError(f"unknown field {unknown[0]} in AlgoConfig; allowed fields: {', '.join(allowed)}")
-        missing = [name for name in allowed if name not in data and name != "distributed"]
+        missing = [name for name in allowed if name not in data and name not in ("distributed", "replay")]
         if missing:
             raise ValueError(f"AlgoConfig is missing the field {missing[0]}")
         params_cls = algo_params_type
@@ -436,6 +526,7 @@ class AlgoConfig:
             train_cfg=TrainConfig.from_dict(data["train_cfg"]),
             env_cfg=EnvConfig.from_dict(data["env_cfg"]),
             distributed=DistributedConfig.from_dict(data["distributed"]) if data.get("distributed") else None,
+            replay=ReplayConfig.from_dict(data["replay"]) if data.get("replay") else ReplayConfig(),
         )
 
     def to_yaml(self, path: str | Path | None = None) -> str:

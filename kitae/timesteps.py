@@ -44,6 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = [
+    "bootstrap_discounts",
     "compute_td_targets",
     "compute_gae",
     "compute_n_step_returns",
@@ -155,6 +156,30 @@ def compute_td_targets(rewards, discounts, next_values) -> jax.Array:
             + ", ".join(f"{k}: {v}" for k, v in shapes.items())
         ) from None
     return jnp.asarray(rewards) + jnp.asarray(discounts) * jnp.asarray(next_values)
+
+
+def bootstrap_discounts(gamma, terminated, n_steps=None) -> jax.Array:
+    """The discount of each transition's bootstrap value: ``gamma ** n_steps * (1 - terminated)``.
+
+    A one-step transition (``n_steps=None``) discounts by ``gamma``; an n-step one (sampled by
+    n-step replay: ``kitae.buffer.Experience.n_steps``) by ``gamma`` to the number of rewards its
+    ``reward`` sums. Termination cuts the bootstrap; truncation does not (the real final
+    observation is bootstrapped from).
+
+    Args:
+        gamma: the discount, a float or an array broadcastable with ``terminated``.
+        terminated: ``(B,)`` bool or 0/1.
+        n_steps: ``(B,)`` ints >= 1, or ``None`` (1).
+
+    Returns:
+        ``(B,)`` discounts, float32 (the dtype of a floating ``gamma`` array otherwise).
+    """
+    terminated = jnp.asarray(terminated)
+    dtype = _float_dtype(jnp.asarray(gamma, jnp.float32), terminated)
+    discount = jnp.asarray(gamma, dtype)
+    if n_steps is not None:
+        discount = discount ** jnp.asarray(n_steps, dtype)
+    return discount * (1.0 - terminated.astype(dtype))
 
 
 def compute_gae(

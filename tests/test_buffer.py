@@ -41,7 +41,9 @@ def _step(value: float, n_envs: int = N_ENVS, np_module=np) -> Experience:
 def _dict_step(value: float, n_envs: int = N_ENVS, agents=("a0", "a1")) -> Experience:
     """A multi-agent step: every field is a dict keyed by agent, leaves ``(E, ...)``."""
     base = _step(value, n_envs)
-    return Experience(*({agent: leaf + i for i, agent in enumerate(agents)} for leaf in base))
+    return Experience(
+        *({agent: leaf + i for i, agent in enumerate(agents)} if leaf is not None else None for leaf in base)
+    )
 
 
 _jit_add = jax.jit(buffer_add)

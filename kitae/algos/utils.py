@@ -1,5 +1,6 @@
 """Small maths shared by algorithms: ``gaussian_kl``, the decoupled KL of MPO's M-step (seed 003's
-``gaussian_kl``)."""
+``gaussian_kl``); the pieces off-policy critics share to learn from n-step and prioritized replay
+(``n_step_gamma``, ``weighted_mean``, ``critic_td_errors``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.linalg import cho_solve
 
-__all__ = ["gaussian_kl"]
+__all__ = ["gaussian_kl", "n_step_gamma", "weighted_mean", "critic_td_errors"]
 
 
 def gaussian_kl(mu1: jax.Array, mu2: jax.Array, cov1: jax.Array, cov2: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -43,3 +44,23 @@ def gaussian_kl(mu1: jax.Array, mu2: jax.Array, cov1: jax.Array, cov2: jax.Array
     kl_mu = 0.5 * mahalanobis
     kl_sigma = 0.5 * (trace - n + logdet2 - logdet1)
     return jnp.mean(kl_mu), jnp.mean(kl_sigma)
+
+
+def n_step_gamma(gamma: float | jax.Array, n_steps: jax.Array | None) -> float | jax.Array:
+    """The discount of a transition's bootstrap before termination: ``gamma`` for a one-step
+    transition (``n_steps=None``), ``gamma ** n_steps`` ``(B,)`` for one sampled by n-step replay
+    (``kitae.buffer.Experience.n_steps``)."""
+    return gamma if n_steps is None else jnp.asarray(gamma, jnp.float32) ** jnp.asarray(n_steps, jnp.float32)
+
+
+def weighted_mean(values: jax.Array, weights: jax.Array | None, axis: int = -1) -> jax.Array:
+    """``mean(values)`` over ``axis`` (the batch), each value multiplied by its prioritized-replay
+    importance weight ``weights`` ``(B,)`` when given."""
+    return jnp.mean(values if weights is None else values * weights, axis=axis)
+
+
+def critic_td_errors(q_values: jax.Array, targets: jax.Array) -> jax.Array:
+    """The TD errors that become prioritized replay's priorities: ``mean_i |Q_i(s, a) - y|`` over
+    the critics, ``q_values`` ``(N, B)`` (or ``(B,)``), ``targets`` ``(B,)`` -> ``(B,)``, no gradient."""
+    errors = jnp.abs(jax.lax.stop_gradient(q_values) - targets)
+    return errors if errors.ndim == 1 else jnp.mean(errors, axis=0)

@@ -357,7 +357,8 @@ class _Run:
     def _update_once(self) -> dict[str, float]:
         ray, workers = self.ray, self.gradient_workers
         if len(workers) == 1:  # nothing to average, nothing to overlap: the fused update, whatever the mode
-            state, key, info = ray.get(workers[0].update.remote(self.key))
+            state, key, info, priorities = ray.get(workers[0].update.remote(self.key))
+            self.buffer.set_priorities(priorities)  # the worker's buffer has them already
             self.algorithm.set_state(state)
             self.key = jnp.asarray(key)
             return info

@@ -17,7 +17,7 @@ from typing import Any
 import gymnasium as gym
 from gymnasium.vector import AutoresetMode
 
-from kitae.envs import memory
+from kitae.envs import goals, memory
 from kitae.validation import check_positive_int
 
 SOURCES = ("gymnasium", "gymnax", "envpool", "pettingzoo", "brax", "jaxmarl")
@@ -95,7 +95,8 @@ def make_jax_env(env_id: str | EnvSpec, n_envs: int, **env_kwargs: Any) -> Any:
     """Makes ``n_envs`` copies of a JAX environment from an id ``"gymnax:CartPole-v1"``: a
     ``kitae.envs.jax_env.VecJaxEnv``.
 
-    ``"gymnax:CartPoleNoVel-v1"`` is kitae's CartPole without velocities (``kitae.envs.memory``);
+    ``"gymnax:CartPoleNoVel-v1"`` is kitae's CartPole without velocities (``kitae.envs.memory``),
+    ``"gymnax:BitFlipping-v0"`` kitae's bit flipping (``kitae.envs.goals``, ``n_bits`` in ``env_kwargs``);
     ``"brax:inverted_pendulum"`` builds a ``kitae.envs.brax_env.BraxEnv`` (``env_kwargs``:
     ``backend``, ``episode_length`` and the Brax environment's own arguments);
     ``"jaxmarl:MPE_simple_spread_v3"`` a ``kitae.envs.jaxmarl_env.VecJaxMARLEnv``.
@@ -109,6 +110,8 @@ def make_jax_env(env_id: str | EnvSpec, n_envs: int, **env_kwargs: Any) -> Any:
     spec = EnvSpec.parse(env_id)
     if spec.source == "gymnax" and spec.name == memory.NAME:  # kitae's CartPole without velocities
         return VecJaxEnv(memory.gymnax_cartpole_no_velocity(**env_kwargs), n_envs)
+    if spec.source == "gymnax" and spec.name == goals.NAME:  # kitae's bit flipping, in JAX
+        return VecJaxEnv(goals.JaxBitFlipping(**env_kwargs), n_envs)
     if spec.source == "gymnax":
         return VecJaxEnv(GymnaxEnv(spec.name, **env_kwargs), n_envs)
     if spec.source == "brax":

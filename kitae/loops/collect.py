@@ -119,17 +119,18 @@ def act_step(
     return actions, log_probs, key, hidden
 
 
-def update_step(agent: Any, agent_state: Any, key: jax.Array, buffer_state: Any) -> tuple[Any, jax.Array, dict]:
-    """One update of a run: ``(key, update_key) = split(key)``, then ``agent.update_fn`` on
-    ``agent.update_data(buffer_state)``.
+def update_step(agent: Any, agent_state: Any, key: jax.Array, buffer_state: Any) -> tuple[Any, jax.Array, dict, Any]:
+    """One update of a run: ``(key, update_key) = split(key)``, then ``agent.update_with_replay``
+    (``agent.update_fn`` on ``agent.update_data(buffer_state)``).
 
     Returns:
-        ``(agent_state, next loop key, info)``: info holds the mean of each entry over the
-        update's gradient steps.
+        ``(agent_state, next loop key, info, priorities)``: info holds the mean of each entry over
+        the update's gradient steps; ``priorities`` the buffer's new prioritized-replay priorities
+        (``None`` unless the agent samples by priority): the executor puts them in its buffer.
     """
     key, update_key = jax.random.split(key)
-    agent_state, info = agent.update_fn(agent_state, update_key, agent.update_data(buffer_state))
-    return agent_state, key, info
+    agent_state, priorities, info = agent.update_with_replay(agent_state, update_key, buffer_state)
+    return agent_state, key, info, priorities
 
 
 def make_experience(
@@ -159,7 +160,8 @@ def make_experience(
     }
     if memory is not None:  # stored only where the type has the fields (a recurrent PPO's, not DDPG's noise)
         fields.update(start=memory.start, hidden=memory.hidden)
-    return experience_type(**{name: fields[name] for name in experience_type._fields})
+    # fields the loops do not fill (n_steps, weight: set on sampled transitions only) stay None
+    return experience_type(**{name: fields.get(name) for name in experience_type._fields})
 
 
 class CompiledSteps(NamedTuple):
@@ -167,7 +169,7 @@ class CompiledSteps(NamedTuple):
     loop's)."""
 
     act: Callable[..., tuple[Any, Any, jax.Array, Any]]
-    update: Callable[[Any, jax.Array, Any], tuple[Any, jax.Array, dict]]
+    update: Callable[[Any, jax.Array, Any], tuple[Any, jax.Array, dict, Any]]
 
 
 def compiled_steps(agent: Any) -> CompiledSteps:

@@ -424,7 +424,8 @@ class HostExecutor:
 
             if schedule.update_due(env_step, buffer.size):
                 t0 = time.perf_counter()
-                agent_state, key, info = steps.update(agent_state, key, buffer.state)
+                agent_state, key, info, priorities = steps.update(agent_state, key, buffer.state)
+                buffer.set_priorities(priorities)
                 info = {name: float(value) for name, value in jax.device_get(info).items()}  # one transfer
                 if not update_steps:
                     compile_seconds += time.perf_counter() - t0

@@ -128,7 +128,7 @@ def make_loop_functions(agent: Any, env: VecJaxEnv) -> tuple[Callable, Callable,
             truncated=per_agent(lambda: jnp.zeros((n_envs,), bool)),
             memory=memory,
         )
-        return buffer_init(example, capacity)
+        return buffer_init(example, capacity, agent.config.replay.prioritized)
 
     def attach(state: LoopState, seed: jax.Array) -> LoopState:
         step = jnp.asarray(state.env_step, jnp.int32)
@@ -181,21 +181,22 @@ def make_loop_functions(agent: Any, env: VecJaxEnv) -> tuple[Callable, Callable,
         )
         assert state.buffer is not None  # attach() gives every compiled state a buffer
         if schedule.on_policy:  # an iteration is one rollout: it always ends with an update
-            agent_state, agent_key, info = update_step(agent, state.agent_state, state.agent_key, state.buffer)
+            agent_state, agent_key, info, _ = update_step(agent, state.agent_state, state.agent_key, state.buffer)
             buffer, updated = buffer_reset(state.buffer), jnp.ones((), bool)
         else:
             updated = jnp.asarray(schedule.update_due(state.env_step, state.buffer.size))
             info_shape = jax.eval_shape(
                 lambda s, k: update_step(agent, s, k, state.buffer), state.agent_state, state.agent_key
             )[2]
-            agent_state, agent_key, info = jax.lax.cond(
+            agent_state, agent_key, info, priorities = jax.lax.cond(
                 updated,
-                lambda s, k: update_step(agent, s, k, state.buffer),
-                lambda s, k: (s, k, jax.tree_util.tree_map(lambda x: jnp.zeros(x.shape, x.dtype), info_shape)),
+                lambda s, k, p: update_step(agent, s, k, state.buffer),
+                lambda s, k, p: (s, k, jax.tree_util.tree_map(lambda x: jnp.zeros(x.shape, x.dtype), info_shape), p),
                 state.agent_state,
                 state.agent_key,
+                state.buffer.priorities,
             )
-            buffer = state.buffer
+            buffer = state.buffer._replace(priorities=priorities)
         state = state._replace(
             agent_state=agent_state,
             agent_key=agent_key,

@@ -18,6 +18,8 @@ import numpy as np
 
 from kitae.buffer import BufferState
 from kitae.loops.state import LoopState, Payload, apply_loop_state
+from kitae.replay.prioritized import Priorities
+from kitae.replay.sum_tree import SumTree
 from kitae.runs.checkpoints import Checkpointer, CheckpointError, CheckpointMismatch, Restored
 from kitae.runs.errors import RunError
 from kitae.runs.resolve import resolve_run_dir
@@ -57,8 +59,20 @@ def buffer_target(experience_type: type[Any], entries: list[dict], prefix: str =
 
     try:
         data = experience_type(**{f: field(f) for f in experience_type._fields})
+        priorities = None
+        if ".priorities.tree.nodes" in by_path:  # prioritized replay's
+            priorities = Priorities(
+                SumTree(by_path[".priorities.tree.nodes"]),  # type: ignore[arg-type]
+                by_path[".priorities.max_priority"],  # type: ignore[arg-type]
+                by_path[".priorities.steps"],  # type: ignore[arg-type]
+            )
         # an abstract target: ShapeDtypeStruct leaves stand for the arrays the fields are typed as
-        return BufferState(data=data, position=by_path[".position"], size=by_path[".size"])  # type: ignore[arg-type]
+        return BufferState(
+            data=data,
+            position=by_path[".position"],  # type: ignore[arg-type]
+            size=by_path[".size"],  # type: ignore[arg-type]
+            priorities=priorities,
+        )
     except KeyError as error:
         raise CheckpointMismatch(
             f"the saved buffer does not hold the agent's experience fields {experience_type._fields} (missing {error})"

@@ -23,7 +23,7 @@ import kitae.config as cfg
 from kitae.envs.make import EnvSpec
 
 PRESETS_DIR = Path(__file__).resolve().parents[1] / "presets"
-SECTION_KEYS = ("n_envs", "n_env_steps", "algo_params", "update_cfg", "train_cfg", "seed", "distributed")
+SECTION_KEYS = ("n_envs", "n_env_steps", "algo_params", "update_cfg", "train_cfg", "seed", "distributed", "replay")
 
 
 def _check_section(section: Any, where: str) -> dict:
@@ -120,6 +120,7 @@ def _allowed_keys(params_cls: type) -> set[str]:
     keys |= {f"update_cfg.{f.name}" for f in dataclasses.fields(cfg.UpdateConfig)}
     keys |= {f"algo_params.{f.name}" for f in dataclasses.fields(params_cls)}
     keys |= {f"distributed.{f.name}" for f in dataclasses.fields(cfg.DistributedConfig)}
+    keys |= {f"replay.{f.name}" for f in dataclasses.fields(cfg.ReplayConfig)}
     return keys
 
 
@@ -160,6 +161,7 @@ def build_config(params_cls: type, env_spec: EnvSpec, env: Any, resolved: dict) 
             n_agents=getattr(env, "num_agents", getattr(env, "n_agents", 1)),
         ),
         distributed=cfg.DistributedConfig.from_dict(layout) if layout else None,
+        replay=cfg.ReplayConfig.from_dict(resolved.get("replay") or {}),
     )
 
 

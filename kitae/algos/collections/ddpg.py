@@ -185,6 +185,7 @@ class DDPG(OffPolicyAgent):
     """
 
     learning_params = ("gamma", "tau")
+    replay_features = frozenset({"prioritized", "n_step"})
 
     def __init__(
         self,

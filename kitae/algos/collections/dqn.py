@@ -83,7 +83,7 @@ from kitae.modules.encoders import _ACTIVATIONS, space_input_shape
 from kitae.modules.optimizer import optimizer_from_config
 from kitae.modules.pytree import AgentPyTree, TrainState
 from kitae.modules.qvalue import qvalue_factory
-from kitae.timesteps import compute_td_targets
+from kitae.timesteps import bootstrap_discounts, compute_td_targets
 from kitae.types import AlgoType, Params
 
 __all__ = [
@@ -241,11 +241,13 @@ class DQNBatch(NamedTuple):
         observation: ``(B, *obs_shape)``.
         action: action indices in ``[0, n_actions)``, ``(B,)`` int32 (the space's ``start`` removed).
         target: TD targets, ``(B,)`` float32 (no gradient flows into them).
+        weight: prioritized replay's importance weights ``(B,)``, or ``None``.
     """
 
     observation: Any
     action: jax.Array
     target: jax.Array
+    weight: jax.Array | None = None
 
 
 def _check_action_space(action_space: gym.Space) -> gym.spaces.Discrete:
@@ -416,8 +418,10 @@ def dqn_targets(
     gamma: float | jax.Array,
     next_q_online: jax.Array | None = None,
     next_mask: jax.Array | None = None,
+    n_steps: jax.Array | None = None,
 ) -> jax.Array:
-    """One-step TD targets ``r + gamma * (1 - terminated) * V(s')``.
+    """TD targets ``r + gamma * (1 - terminated) * V(s')`` (n-step transitions:
+    ``gamma ** n_steps``, ``kitae.timesteps.bootstrap_discounts``).
 
     Plain DQN (``next_q_online is None``): ``V(s') = max_a Q_target(s', a)``. Double DQN:
     ``V(s') = Q_target(s', argmax_a Q_online(s', a))``. Truncated transitions are not
@@ -433,6 +437,7 @@ def dqn_targets(
         next_q_online: the online network's Q-values of the next observations, ``(B, N)``, for
             Double DQN; ``None`` for plain DQN.
         next_mask: the next observations' action masks ``(B, N)`` (True / 1 = allowed), or ``None``.
+        n_steps: ``(B,)`` rewards summed in ``rewards`` (n-step replay), or ``None`` (one step).
 
     Returns:
         The targets ``(B,)``, with gradients stopped.
@@ -442,13 +447,16 @@ def dqn_targets(
     else:
         next_actions = masked_argmax(next_q_online, next_mask)
         next_values = jnp.take_along_axis(next_q_target, next_actions[..., None], axis=-1)[..., 0]
-    discounts = gamma * (1.0 - jnp.asarray(terminated, next_values.dtype))
+    discounts = bootstrap_discounts(gamma, terminated, n_steps).astype(next_values.dtype)
     targets = compute_td_targets(jnp.asarray(rewards, next_values.dtype), discounts, next_values)
     return jax.lax.stop_gradient(targets)
 
 
-def dqn_loss(q_values: jax.Array, actions: jax.Array, targets: jax.Array, loss: str = "huber") -> jax.Array:
-    """The mean TD loss of the taken actions' Q-values.
+def dqn_loss(
+    q_values: jax.Array, actions: jax.Array, targets: jax.Array, loss: str = "huber", weights: jax.Array | None = None
+) -> jax.Array:
+    """The mean TD loss of the taken actions' Q-values (each weighted by ``weights``, prioritized
+    replay's importance weights, when given).
 
     With ``td = Q(s, a) - target``: ``"huber"``: ``0.5 * td**2`` if ``|td| <= 1`` else
     ``|td| - 0.5`` (``optax.huber_loss`` with delta 1); ``"l2"``: ``0.5 * td**2``.
@@ -458,6 +466,7 @@ def dqn_loss(q_values: jax.Array, actions: jax.Array, targets: jax.Array, loss: 
         actions: the actions taken, indices ``(B,)`` in ``[0, N)``.
         targets: TD targets ``(B,)``.
         loss: ``"huber"`` or ``"l2"`` (a static Python string).
+        weights: ``(B,)`` per-transition weights, or ``None`` (1).
 
     Returns:
         A scalar.
@@ -469,7 +478,7 @@ def dqn_loss(q_values: jax.Array, actions: jax.Array, targets: jax.Array, loss: 
         losses = optax.l2_loss(q_taken, targets)
     else:
         raise ValueError(f"loss={loss!r} is not allowed; allowed: one of {LOSSES}")
-    return jnp.mean(losses)
+    return jnp.mean(losses if weights is None else weights * losses)
 
 
 def update_target(train_state: TrainState, target_update_interval: int, tau: float) -> TrainState:
@@ -522,9 +531,11 @@ def process_experience_factory(config: cfg.AlgoConfig) -> Callable:
         next_q_target = qvalue.apply_fn(qvalue.target_params, experience.next_observation)
         next_q_online = qvalue.apply_fn(qvalue.params, experience.next_observation) if p.double_dqn else None
         next_mask = get_action_mask(experience.next_observation)
-        targets = dqn_targets(experience.reward, experience.done, next_q_target, p.gamma, next_q_online, next_mask)
+        targets = dqn_targets(
+            experience.reward, experience.done, next_q_target, p.gamma, next_q_online, next_mask, experience.n_steps
+        )
         actions = jnp.asarray(experience.action, jnp.int32) - action_start
-        return DQNBatch(experience.observation, actions, targets)
+        return DQNBatch(experience.observation, actions, targets, experience.weight)
 
     return process_fn
 
@@ -534,9 +545,11 @@ def compute_gradients_factory(config: cfg.AlgoConfig) -> Callable:
 
     ``batch`` is a ``DQNBatch`` (or a tuple in its order) of ``B`` transitions; ``grads`` has the
     structure of ``state.qvalue.params``; ``info`` holds ``loss_qvalue`` and ``q_values`` (the
-    mean Q-value of the taken actions), scalars.
+    mean Q-value of the taken actions), scalars, and with prioritized replay
+    (``config.replay.prioritized``) ``td_error`` ``(B,)``, ``Q(s, a) - target`` (the new priorities).
     """
     loss_type = config.algo_params.loss
+    prioritized = config.replay.prioritized
 
     def compute_gradients_fn(state: DQNState, key: jax.Array, batch: tuple) -> tuple[Params, dict]:
         del key
@@ -544,9 +557,12 @@ def compute_gradients_factory(config: cfg.AlgoConfig) -> Callable:
 
         def loss_fn(params: Params) -> tuple[jax.Array, dict]:
             q_values = state.qvalue.apply_fn(params, batch.observation)
-            loss = dqn_loss(q_values, batch.action, batch.target, loss_type)
-            q_taken = jnp.take_along_axis(q_values, batch.action[..., None], axis=-1)
-            return loss, {"loss_qvalue": loss, "q_values": jnp.mean(q_taken)}
+            loss = dqn_loss(q_values, batch.action, batch.target, loss_type, batch.weight)
+            q_taken = jnp.take_along_axis(q_values, batch.action[..., None], axis=-1)[..., 0]
+            info = {"loss_qvalue": loss, "q_values": jnp.mean(q_taken)}
+            if prioritized:
+                info["td_error"] = q_taken - batch.target
+            return loss, info
 
         (_, info), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.qvalue.params)
         return grads, info
@@ -600,6 +616,7 @@ class DQN(OffPolicyAgent):
     """
 
     learning_params = ("gamma", "tau")
+    replay_features = frozenset({"prioritized", "n_step"})
     """``algo_params`` fields that only learning reads (``kitae.distributed.Algorithm``'s
     ``update_algorithm_parameter`` changes them during training)."""
 

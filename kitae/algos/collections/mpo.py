@@ -80,7 +80,7 @@ import kitae.algos.collections.td3 as td3
 import kitae.config as cfg
 from kitae.action_masks import refuse_action_mask
 from kitae.algos.gradients import update_step_from_gradients
-from kitae.algos.utils import gaussian_kl
+from kitae.algos.utils import critic_td_errors, gaussian_kl, weighted_mean
 from kitae.base import OffPolicyAgent, agent_keys
 from kitae.buffer import Experience
 from kitae.config import AlgoParams, register_algo_params, validate_types
@@ -471,6 +471,7 @@ def compute_gradients_factory(config: cfg.AlgoConfig) -> Callable:
     """
     p: MPOParams = config.algo_params
     n = p.n_action_samples
+    prioritized = config.replay.prioritized
 
     def compute_gradients_fn(state: MPOState, key: jax.Array, batch: tuple) -> tuple[dict, dict]:
         batch = td3.TD3Batch(*batch)
@@ -488,9 +489,9 @@ def compute_gradients_factory(config: cfg.AlgoConfig) -> Callable:
 
         def critic_loss(params: Params) -> tuple[jax.Array, jax.Array]:
             q = critic.apply_fn(params, batch.observation, batch.action)
-            return jnp.mean(jnp.square(q - targets)), jnp.mean(q)
+            return weighted_mean(jnp.square(q - targets), batch.weight), q
 
-        (loss_critic, qvalue), critic_grads = jax.value_and_grad(critic_loss, has_aux=True)(critic.params)
+        (loss_critic, q), critic_grads = jax.value_and_grad(critic_loss, has_aux=True)(critic.params)
 
         # E-step: samples of the target policy, scored by the target critic
         target_mean, target_chol = actor.apply_fn(actor.target_params, batch.observation)
@@ -527,7 +528,10 @@ def compute_gradients_factory(config: cfg.AlgoConfig) -> Callable:
             actor.params, dual.params
         )
         grads = {"critic": critic_grads, "actor": actor_grads, "dual": dual_grads}
-        return grads, {"loss_critic": loss_critic, "qvalue": qvalue, **info}
+        info = {"loss_critic": loss_critic, "qvalue": jnp.mean(q), **info}
+        if prioritized:
+            info["td_error"] = critic_td_errors(q, targets)
+        return grads, info
 
     return compute_gradients_fn
 
@@ -582,6 +586,7 @@ class MPO(OffPolicyAgent):
     learning_params = ("gamma", "tau", "epsilon", "epsilon_mean", "epsilon_stddev")
     """``algo_params`` fields that only learning reads (``kitae.distributed.Algorithm``'s
     ``update_algorithm_parameter`` changes them during training)."""
+    replay_features = frozenset({"prioritized", "n_step"})
 
     def __init__(
         self,

@@ -65,6 +65,7 @@ import numpy as np
 import kitae.config as cfg
 from kitae.action_masks import refuse_action_mask
 from kitae.algos.gradients import update_step_from_gradients
+from kitae.algos.utils import critic_td_errors, n_step_gamma, weighted_mean
 from kitae.base import OffPolicyAgent, agent_keys
 from kitae.config import AlgoParams, register_algo_params, validate_types
 from kitae.modules.encoders import space_input_shape
@@ -218,6 +219,9 @@ class SACExperience(NamedTuple):
         reward: ``(E,)``.
         done: the episode terminated (no bootstrapping), ``(E,)`` bool.
         next_observation: the real next observation, ``(E, *obs_shape)``.
+        truncated: the episode was cut (time limit), ``(E,)`` bool: where n-step returns stop.
+        n_steps, weight: set on sampled transitions by n-step and prioritized replay
+            (``kitae.buffer.Experience``'s); never stored.
     """
 
     observation: Any
@@ -225,6 +229,9 @@ class SACExperience(NamedTuple):
     reward: Any
     done: Any
     next_observation: Any
+    truncated: Any = None
+    n_steps: Any = None
+    weight: Any = None
 
 
 class SACBatch(NamedTuple):
@@ -236,6 +243,8 @@ class SACBatch(NamedTuple):
         reward: ``(B,)`` float32.
         done: 1.0 where the episode terminated, ``(B,)`` float32.
         next_observation: ``(B, *obs_shape)``.
+        n_steps: the rewards ``reward`` sums (n-step replay), ``(B,)``, or ``None`` (one).
+        weight: prioritized replay's importance weights ``(B,)``, or ``None``.
     """
 
     observation: Any
@@ -243,6 +252,8 @@ class SACBatch(NamedTuple):
     reward: jax.Array
     done: jax.Array
     next_observation: Any
+    n_steps: Any = None
+    weight: Any = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -267,7 +278,7 @@ def sac_td_targets(
         next_q_values: the target critics at ``(s', a')`` with ``a' ~ pi(.|s')``, ``(N, B)``.
         next_log_probs: ``log pi(a'|s')``, ``(B,)``.
         alpha: the temperature, a scalar.
-        gamma: the discount, a scalar.
+        gamma: the discount, a scalar (or ``(B,)``: ``gamma ** n_steps`` for n-step transitions).
 
     Returns:
         The targets ``(B,)``, with gradients stopped.
@@ -285,6 +296,7 @@ def sac_critic_loss(
     next_log_probs: jax.Array,
     alpha: jax.Array | float,
     gamma: jax.Array | float,
+    weights: jax.Array | None = None,
 ) -> jax.Array:
     """The critics' loss ``0.5 * sum_i mean_b (Q_i(s_b, a_b) - y_b)^2`` (as in SB3 / SBX), with
     ``y = sac_td_targets(rewards, dones, next_q_values, next_log_probs, alpha, gamma)``.
@@ -292,12 +304,13 @@ def sac_critic_loss(
     Args:
         q_values: every critic at the stored ``(s, a)``, ``(N, B)``.
         rewards, dones, next_q_values, next_log_probs, alpha, gamma: as in ``sac_td_targets``.
+        weights: prioritized replay's importance weights ``(B,)`` on each squared error, or ``None``.
 
     Returns:
         The scalar loss; its gradient flows only through ``q_values``.
     """
     targets = sac_td_targets(rewards, dones, next_q_values, next_log_probs, alpha, gamma)
-    return 0.5 * jnp.sum(jnp.mean(jnp.square(q_values - targets[None]), axis=-1))
+    return 0.5 * jnp.sum(weighted_mean(jnp.square(q_values - targets[None]), weights))
 
 
 def sac_actor_loss(log_probs: jax.Array, q_values: jax.Array, alpha: jax.Array | float) -> jax.Array:
@@ -528,6 +541,8 @@ def process_experience_factory(config: cfg.AlgoConfig) -> Callable:
             reward=jnp.asarray(experience.reward, jnp.float32),
             done=jnp.asarray(experience.done, jnp.float32),
             next_observation=experience.next_observation,
+            n_steps=getattr(experience, "n_steps", None),
+            weight=getattr(experience, "weight", None),
         )
 
     return process_fn
@@ -542,10 +557,11 @@ def compute_gradients_factory(config: cfg.AlgoConfig) -> Callable:
 
     Returns:
         ``grads = {"qvalue": ..., "policy": ..., "alpha": ...}`` shaped like the parameters, and
-        ``info = {"loss_critic", "loss_actor", "loss_alpha", "alpha"}`` (scalars).
+        ``info = {"loss_critic", "loss_actor", "loss_alpha", "alpha"}`` (scalars), with
+        ``td_error`` ``(B,)`` under prioritized replay (``critic_td_errors``).
     """
     params = config.algo_params
-    gamma, autotune = params.gamma, params.autotune
+    gamma, autotune, prioritized = params.gamma, params.autotune, config.replay.prioritized
     target_entropy = _target_entropy(config)
 
     def compute_gradients_fn(state: SACState, key: jax.Array, batch: tuple) -> tuple[dict, dict]:
@@ -561,16 +577,21 @@ def compute_gradients_factory(config: cfg.AlgoConfig) -> Callable:
         )
         next_q_values = qvalue.apply_fn(qvalue.target_params, batch.next_observation, next_actions)
 
-        def critic_loss_fn(q_params: Params) -> jax.Array:
+        batch_gamma = n_step_gamma(gamma, batch.n_steps)
+
+        def critic_loss_fn(q_params: Params) -> tuple[jax.Array, jax.Array]:
             q_values = qvalue.apply_fn(q_params, batch.observation, batch.action)
-            return sac_critic_loss(q_values, batch.reward, batch.done, next_q_values, next_log_probs, alpha, gamma)
+            loss = sac_critic_loss(
+                q_values, batch.reward, batch.done, next_q_values, next_log_probs, alpha, batch_gamma, batch.weight
+            )
+            return loss, q_values
 
         def actor_loss_fn(policy_params: Params) -> tuple[jax.Array, jax.Array]:
             actions, log_probs = policy.apply_fn(policy_params, batch.observation).sample_and_log_prob(actor_key)
             q_values = qvalue.apply_fn(qvalue.params, batch.observation, actions)
             return sac_actor_loss(log_probs, q_values, alpha), log_probs
 
-        critic_loss, q_grads = jax.value_and_grad(critic_loss_fn)(qvalue.params)
+        (critic_loss, q_values), q_grads = jax.value_and_grad(critic_loss_fn, has_aux=True)(qvalue.params)
         (actor_loss, log_probs), policy_grads = jax.value_and_grad(actor_loss_fn, has_aux=True)(policy.params)
         if autotune:
             alpha_loss, log_alpha_grad = jax.value_and_grad(sac_temperature_loss)(log_alpha, log_probs, target_entropy)
@@ -580,6 +601,9 @@ def compute_gradients_factory(config: cfg.AlgoConfig) -> Callable:
 
         grads = {"qvalue": q_grads, "policy": policy_grads, "alpha": {"log_alpha": log_alpha_grad}}
         info = {"loss_critic": critic_loss, "loss_actor": actor_loss, "loss_alpha": alpha_loss, "alpha": alpha}
+        if prioritized:
+            targets = sac_td_targets(batch.reward, batch.done, next_q_values, next_log_probs, alpha, batch_gamma)
+            info["td_error"] = critic_td_errors(q_values, targets)
         return grads, info
 
     return compute_gradients_fn
@@ -655,6 +679,7 @@ class SAC(OffPolicyAgent):
     learning_params = ("gamma", "tau")
     """``algo_params`` fields that only learning reads (``kitae.distributed.Algorithm``'s
     ``update_algorithm_parameter`` changes them during training)."""
+    replay_features = frozenset({"prioritized", "n_step"})
 
     def __init__(
         self,

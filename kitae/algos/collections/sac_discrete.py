@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import kitae.algos.collections.sac as sac
 import kitae.config as cfg
 from kitae.algos.gradients import update_step_from_gradients
+from kitae.algos.utils import critic_td_errors, n_step_gamma, weighted_mean
 from kitae.distributions import Categorical
 from kitae.modules.optimizer import optimizer_from_config
 from kitae.modules.policy import policy_factory
@@ -40,6 +41,7 @@ from kitae.types import AlgoType, Params
 __all__ = [
     "discrete_sac_targets",
     "discrete_sac_critic_loss",
+    "taken_q_values",
     "discrete_sac_actor_loss",
     "discrete_sac_temperature_loss",
     "target_entropy",
@@ -83,11 +85,19 @@ def discrete_sac_targets(
     return jax.lax.stop_gradient(rewards + gamma * (1.0 - dones) * values)
 
 
-def discrete_sac_critic_loss(q_values: jax.Array, actions: jax.Array, targets: jax.Array) -> jax.Array:
+def taken_q_values(q_values: jax.Array, actions: jax.Array) -> jax.Array:
+    """Every critic's value of the actions taken: ``q_values`` ``(N, B, n)``, ``actions`` ``(B,)``
+    indices -> ``(N, B)``."""
+    return jnp.take_along_axis(q_values, jnp.asarray(actions, jnp.int32)[None, :, None], axis=-1)[..., 0]
+
+
+def discrete_sac_critic_loss(
+    q_values: jax.Array, actions: jax.Array, targets: jax.Array, weights: jax.Array | None = None
+) -> jax.Array:
     """``0.5 * sum_i mean_b (Q_i(s_b, a_b) - y_b)^2``; ``q_values`` ``(N, B, n)``, ``actions``
-    ``(B,)`` indices, ``targets`` ``(B,)``."""
-    taken = jnp.take_along_axis(q_values, jnp.asarray(actions, jnp.int32)[None, :, None], axis=-1)[..., 0]
-    return 0.5 * jnp.sum(jnp.mean(jnp.square(taken - targets[None]), axis=-1))
+    ``(B,)`` indices, ``targets`` ``(B,)``; ``weights``: prioritized replay's importance weights
+    ``(B,)`` on each squared error, or ``None``."""
+    return 0.5 * jnp.sum(weighted_mean(jnp.square(taken_q_values(q_values, actions) - targets[None]), weights))
 
 
 def discrete_sac_actor_loss(
@@ -187,6 +197,8 @@ def process_experience_factory(config: cfg.AlgoConfig) -> Callable:
             reward=jnp.asarray(experience.reward, jnp.float32),
             done=jnp.asarray(experience.done, jnp.float32),
             next_observation=experience.next_observation,
+            n_steps=getattr(experience, "n_steps", None),
+            weight=getattr(experience, "weight", None),
         )
 
     return process_fn
@@ -199,6 +211,7 @@ def compute_gradients_factory(config: cfg.AlgoConfig) -> Callable:
     ``entropy``."""
     p: sac.SACParams = config.algo_params
     gamma, autotune, target = p.gamma, p.autotune, target_entropy(config)
+    prioritized = config.replay.prioritized
 
     def compute_gradients_fn(state: sac.SACState, key: jax.Array, batch: tuple) -> tuple[dict, dict]:
         del key  # expectations over actions: nothing is sampled
@@ -216,11 +229,11 @@ def compute_gradients_factory(config: cfg.AlgoConfig) -> Callable:
             next_log_probs,
             qvalue.apply_fn(qvalue.target_params, batch.next_observation),
             alpha,
-            gamma,
+            n_step_gamma(gamma, batch.n_steps),
         )
         critic_loss, q_grads = jax.value_and_grad(
             lambda q_params: discrete_sac_critic_loss(
-                qvalue.apply_fn(q_params, batch.observation), batch.action, targets
+                qvalue.apply_fn(q_params, batch.observation), batch.action, targets, batch.weight
             )
         )(qvalue.params)
         q_values = qvalue.apply_fn(qvalue.params, batch.observation)
@@ -246,6 +259,8 @@ def compute_gradients_factory(config: cfg.AlgoConfig) -> Callable:
             "alpha": alpha,
             "entropy": entropy,
         }
+        if prioritized:
+            info["td_error"] = critic_td_errors(taken_q_values(q_values, batch.action), targets)
         return grads, info
 
     return compute_gradients_fn

@@ -71,6 +71,7 @@ import numpy as np
 import kitae.config as cfg
 from kitae.action_masks import refuse_action_mask
 from kitae.algos.gradients import update_step_from_gradients
+from kitae.algos.utils import critic_td_errors, weighted_mean
 from kitae.base import OffPolicyAgent, agent_keys
 from kitae.buffer import Experience
 from kitae.config import AlgoParams, register_algo_params, validate_types
@@ -80,7 +81,7 @@ from kitae.modules.optimizer import n_gradient_steps, optimizer_factory, optimiz
 from kitae.modules.policy import policy_factory, scale_action, unscale_action
 from kitae.modules.pytree import AgentPyTree, TrainState
 from kitae.modules.qvalue import qvalue_factory
-from kitae.timesteps import compute_td_targets
+from kitae.timesteps import bootstrap_discounts, compute_td_targets
 from kitae.types import AlgoType, Params
 
 __all__ = [
@@ -105,15 +106,19 @@ __all__ = [
 
 N_CRITICS = 2
 
-TD3Batch = namedtuple("TD3Batch", ["observation", "action", "reward", "discount", "next_observation"])
+TD3Batch = namedtuple(
+    "TD3Batch", ["observation", "action", "reward", "discount", "next_observation", "weight"], defaults=(None,)
+)
 TD3Batch.__doc__ = """What ``process_fn`` hands the update, for a batch of ``B`` transitions.
 
 Attributes:
     observation: ``(B, *obs_shape)``.
     action: the action taken, unscaled to ``[-1, 1]``, ``(B, D)``.
     reward: ``(B,)``.
-    discount: ``gamma * (1 - terminated)``, ``(B,)`` (truncation still bootstraps).
+    discount: ``gamma * (1 - terminated)``, ``(B,)`` (truncation still bootstraps; ``gamma **
+        n_steps`` for n-step transitions: ``kitae.timesteps.bootstrap_discounts``).
     next_observation: the real next observation, ``(B, *obs_shape)``.
+    weight: prioritized replay's importance weights ``(B,)``, or ``None``.
 """
 
 
@@ -371,13 +376,14 @@ def process_experience_factory(config: cfg.AlgoConfig) -> Callable:
 
     def process_fn(state: TD3State, key: jax.Array, experience: Experience) -> TD3Batch:
         actions = unscale_action(jnp.asarray(experience.action, jnp.float32), low, high)
-        discounts = gamma * (1.0 - jnp.asarray(experience.done, jnp.float32))
+        discounts = bootstrap_discounts(gamma, experience.done, experience.n_steps)
         return TD3Batch(
             experience.observation,
             actions,
             jnp.asarray(experience.reward, jnp.float32),
             discounts,
             experience.next_observation,
+            experience.weight,
         )
 
     return process_fn
@@ -434,18 +440,25 @@ def td3_critic_loss(
     observations: jax.Array,
     actions: jax.Array,
     targets: jax.Array,
+    weights: jax.Array | None = None,
+    td_errors: bool = False,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """``sum_i mean_b (Q_i(s_b, a_b) - y_b)^2`` over the critics.
+    """``sum_i mean_b (Q_i(s_b, a_b) - y_b)^2`` over the critics (each squared error weighted by
+    prioritized replay's ``weights`` ``(B,)`` when given).
 
     Shapes: ``observations (B, *obs_shape)``, ``actions (B, D)`` in ``[-1, 1]``, ``targets (B,)``;
     ``critic_apply_fn(params, obs, actions) -> (n_critics, B)``.
 
     Returns:
-        ``(loss, {"loss_critic": loss, "qvalue": mean Q over critics and batch})``.
+        ``(loss, {"loss_critic": loss, "qvalue": mean Q over critics and batch})``, with
+        ``td_error`` ``(B,)`` (``critic_td_errors``) when ``td_errors`` (static).
     """
     q = critic_apply_fn(critic_params, observations, actions)
-    loss = jnp.sum(jnp.mean(jnp.square(q - targets[None]), axis=-1))
-    return loss, {"loss_critic": loss, "qvalue": jnp.mean(q)}
+    loss = jnp.sum(weighted_mean(jnp.square(q - targets[None]), weights))
+    info = {"loss_critic": loss, "qvalue": jnp.mean(q)}
+    if td_errors:
+        info["td_error"] = critic_td_errors(q, targets)
+    return loss, info
 
 
 def td3_actor_loss(
@@ -479,9 +492,11 @@ def compute_gradients_factory(config: cfg.AlgoConfig) -> Callable:
     ``batch`` is a ``TD3Batch`` (leaves ``(B, ...)``). ``grads`` is ``{"critic": ..., "actor": ...}``;
     the actor's gradient is only computed on policy-update steps (``is_policy_update_step`` of the
     critic's step) and is zeros otherwise (a ``jax.lax.cond``, so the work is skipped). ``info``:
-    ``loss_critic``, ``qvalue`` (mean Q), ``loss_actor`` (computed on every step).
+    ``loss_critic``, ``qvalue`` (mean Q), ``loss_actor`` (computed on every step), and
+    ``td_error`` ``(B,)`` under prioritized replay.
     """
     p = config.algo_params
+    prioritized = config.replay.prioritized
 
     def compute_gradients_fn(state: TD3State, key: jax.Array, batch: tuple) -> tuple[dict, dict]:
         batch = TD3Batch(*batch)
@@ -500,7 +515,7 @@ def compute_gradients_factory(config: cfg.AlgoConfig) -> Callable:
             p.noise_clip,
         )
         (_, critic_info), critic_grads = jax.value_and_grad(td3_critic_loss, has_aux=True)(
-            critic.params, critic.apply_fn, batch.observation, batch.action, targets
+            critic.params, critic.apply_fn, batch.observation, batch.action, targets, batch.weight, prioritized
         )
 
         def actor_gradients(_: None) -> tuple[dict, Params]:
@@ -585,6 +600,7 @@ class TD3(OffPolicyAgent):
     learning_params = ("gamma", "tau", "policy_noise", "noise_clip")
     """``algo_params`` fields that only learning reads (``kitae.distributed.Algorithm``'s
     ``update_algorithm_parameter`` changes them during training)."""
+    replay_features = frozenset({"prioritized", "n_step"})
 
     def __init__(
         self,

@@ -47,6 +47,7 @@ __all__ = [
     "bootstrap_discounts",
     "compute_td_targets",
     "compute_gae",
+    "compute_vtrace",
     "compute_n_step_returns",
     "compute_discounted_returns",
 ]
@@ -259,6 +260,95 @@ def compute_gae(
     init = jnp.zeros(deltas.shape[1:], dtype)
     _, advantages = jax.lax.scan(step, init, (deltas, chain), reverse=True)
     return advantages, advantages + values
+
+
+def compute_vtrace(
+    rewards,
+    values,
+    next_values,
+    terminated,
+    truncated,
+    log_rhos,
+    gamma,
+    lambda_=1.0,
+    rho_bar=1.0,
+    c_bar=1.0,
+    pg_rho_bar=1.0,
+) -> tuple[jax.Array, jax.Array]:
+    """V-trace targets and policy-gradient advantages (Espeholt et al. 2018, IMPALA) for a
+    trajectory collected by a behaviour policy ``mu`` and learned by ``pi``.
+
+    With ``rho_t = pi(a_t|s_t) / mu(a_t|s_t) = exp(log_rhos_t)``, for each step ``t``::
+
+        delta_t = min(rho_bar, rho_t) * (r_t + gamma * (1 - terminated_t) * next_values_t - values_t)
+        A_t     = delta_t + gamma * (1 - done_t) * lambda_ * min(c_bar, rho_t) * A_{t+1}   (A_T = 0)
+        vs_t    = values_t + A_t
+        q_t     = r_t + gamma * (1 - terminated_t) * next_vs_t
+        pg_t    = min(pg_rho_bar, rho_t) * (q_t - values_t)
+
+    with ``done_t = terminated_t or truncated_t`` and ``next_vs_t = lambda_ * vs_{t+1} + (1 -
+    lambda_) * values_{t+1}`` inside an episode, ``next_values_t`` where the episode ended at
+    ``t`` (its real final observation's value: truncation bootstraps, like ``compute_gae``) and on
+    the last row. Termination and truncation are handled as in ``compute_gae``: the bootstrap stops
+    at termination only, the trace at both. With every ``rho_t = 1`` and ``lambda_ = 1``, ``vs``
+    is the n-step return bootstrapped at the end of the array (``compute_gae``'s returns with
+    ``lambda_ = 1``), and ``pg`` its advantage.
+
+    Args:
+        rewards, values, next_values, terminated, truncated: as ``compute_gae``'s, ``(T, ...)``.
+        log_rhos: ``log pi(a_t|s_t) - log mu(a_t|s_t)``, ``(T, ...)``.
+        gamma: discount factor in ``[0, 1]``.
+        lambda_: trace mixing in ``[0, 1]`` (1 in the paper).
+        rho_bar: the clip of the importance weights in the TD errors (``rho``-bar, > 0; 1 in the
+            paper): the fixed point is the value of a policy between ``mu`` and ``pi``.
+        c_bar: the clip of the trace coefficients (``c``-bar, > 0; 1 in the paper): how far
+            corrections propagate.
+        pg_rho_bar: the clip of the importance weights of the policy-gradient advantages (> 0).
+
+    Returns:
+        ``(vs, pg_advantages)``, the targets of the value function and the advantages of the
+        policy gradient, ``(T, ...)``, with no gradient through them.
+
+    Raises:
+        ValueError: as ``compute_gae``; a clip that is not a positive number.
+    """
+    _check_unit_interval("gamma", gamma)
+    _check_unit_interval("lambda_", lambda_)
+    for name, value in (("rho_bar", rho_bar), ("c_bar", c_bar), ("pg_rho_bar", pg_rho_bar)):
+        if isinstance(value, (int, float)) and not value > 0:
+            raise ValueError(f"{name}={value!r} is not allowed; allowed: a number > 0")
+    (rewards, values, next_values, terminated, truncated, log_rhos), _ = _time_aligned(
+        rewards=rewards,
+        values=values,
+        next_values=next_values,
+        terminated=terminated,
+        truncated=_truncation(terminated, truncated),
+        log_rhos=log_rhos,
+    )
+    dtype = _float_dtype(rewards, values, next_values, log_rhos)
+    rewards, values, next_values, log_rhos = (x.astype(dtype) for x in (rewards, values, next_values, log_rhos))
+    rhos = jnp.exp(log_rhos)
+    not_term = 1.0 - terminated.astype(dtype)
+    done = jnp.logical_or(terminated.astype(bool), truncated.astype(bool))
+    not_done = 1.0 - done.astype(dtype)
+    gamma = jnp.asarray(gamma, dtype)
+    lambda_ = jnp.asarray(lambda_, dtype)
+
+    deltas = jnp.minimum(rho_bar, rhos) * (rewards + gamma * not_term * next_values - values)
+    chain = gamma * not_done * lambda_ * jnp.minimum(c_bar, rhos)
+
+    def step(next_correction, inputs):
+        delta, c = inputs
+        correction = delta + c * next_correction
+        return correction, correction
+
+    init = jnp.zeros(deltas.shape[1:], dtype)
+    _, corrections = jax.lax.scan(step, init, (deltas, chain), reverse=True)
+    vs = values + corrections
+    inside = lambda_ * vs[1:] + (1.0 - lambda_) * values[1:]  # the next step of the same episode
+    next_vs = jnp.concatenate([jnp.where(done[:-1], next_values[:-1], inside), next_values[-1:]], axis=0)
+    pg_advantages = jnp.minimum(pg_rho_bar, rhos) * (rewards + gamma * not_term * next_vs - values)
+    return jax.lax.stop_gradient(vs), jax.lax.stop_gradient(pg_advantages)
 
 
 def compute_n_step_returns(

@@ -209,28 +209,34 @@ class DiscreteEncoder(nn.Module):
 
 
 class DictEncoder(nn.Module):
-    """Encodes a dict of observations: ``encoders[i]`` encodes ``obs[keys[i]]`` and the features
-    are concatenated along the last axis in the order of ``keys``.
+    """Encodes a dict of observations: ``encoders[i]`` preprocesses ``obs[keys[i]]`` (a vector as
+    it is, an image through its CNN, a ``Discrete`` value one-hot), the features are concatenated
+    along the last axis in the order of ``keys``, and ``head`` (an ``MLP``) reads them together, so
+    the keys' features can interact (a goal-conditioned agent compares ``desired_goal`` with
+    ``achieved_goal``: features encoded apart and only added up cannot).
 
     Every entry must share the same leading batch dims; each encoder maps its entry to ``(..., F_i)``,
-    and the output is ``(..., sum_i F_i)``. Entries of ``obs`` whose key is not in ``keys`` (such
-    as ``"action_mask"``) are ignored.
+    and the output is ``head``'s, ``(..., hidden[-1])`` (``(..., sum_i F_i)`` with no hidden layers).
+    Entries of ``obs`` whose key is not in ``keys`` (such as ``"action_mask"``) are ignored.
 
     Attributes:
         keys: the dict keys, in concatenation order (``encoder_factory`` sorts them).
         encoders: one module per key.
+        head: the module applied to the concatenated features (default: none).
     """
 
     keys: Sequence[str]
     encoders: Sequence[nn.Module]
+    head: nn.Module | None = None
 
     def __call__(self, obs: dict[str, jax.Array]) -> jax.Array:
-        """obs: ``{key: array}`` -> ``(..., sum_i F_i)``."""
+        """obs: ``{key: array}`` -> ``(..., F)``."""
         missing = [k for k in self.keys if k not in obs]
         if missing:
             raise KeyError(f"DictEncoder: observation is missing keys {missing}; got {sorted(obs)}.")
         feats = [enc(obs[k]) for k, enc in zip(self.keys, self.encoders)]
-        return jnp.concatenate(feats, axis=-1)
+        features = jnp.concatenate(feats, axis=-1)
+        return features if self.head is None else self.head(features)
 
 
 def _accepted() -> str:
@@ -258,9 +264,11 @@ def encoder_factory(
       channels-first). ``hidden`` and ``activation`` do not apply. ``uint8`` images are scaled to
       ``[0, 1]`` inside.
     * ``Discrete(n, start)`` -> ``DiscreteEncoder``: ``(...)`` -> one-hot -> ``MLP``.
-    * ``Dict`` -> ``DictEncoder`` with one encoder per key (keys sorted, built recursively with the
-      same arguments), taking a dict of arrays and concatenating the features. The
-      ``"action_mask"`` key (``kitae.action_masks``) is left out: masks are never encoded.
+    * ``Dict`` -> ``DictEncoder``: one encoder per key (keys sorted, built recursively with no
+      hidden layers: vectors as they are, images through their CNN, ``Discrete`` one-hot), the
+      features concatenated, then ``MLP(hidden, activation)`` over them all (as SB3's
+      ``CombinedExtractor`` with its MLP). The ``"action_mask"`` key (``kitae.action_masks``) is
+      left out: masks are never encoded.
 
     With ``hidden=()`` the MLPs are the identity, so the encoder only preprocesses (one-hot, concat).
 
@@ -303,10 +311,8 @@ def encoder_factory(
                 f"Unsupported observation space {observation_space}: a Dict with nothing to encode "
                 f"(empty, or only {ACTION_MASK_KEY!r}); {_accepted()}."
             )
-        encoders = tuple(
-            encoder_factory(observation_space.spaces[k], hidden=hidden, activation=activation) for k in keys
-        )
-        return DictEncoder(keys=tuple(keys), encoders=encoders)
+        encoders = tuple(encoder_factory(observation_space.spaces[k], hidden=(), activation=activation) for k in keys)
+        return DictEncoder(keys=tuple(keys), encoders=encoders, head=MLP(hidden=hidden, activation=activation))
     raise ValueError(f"Unsupported observation space {observation_space}; {_accepted()}.")
 
 

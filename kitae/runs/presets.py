@@ -184,6 +184,8 @@ def resolve(
     A ``distributed`` section (``--workers``, a config file's, ``--set distributed.workers=2``)
     asks for the distributed executor; its collection workers share ``n_envs``: when ``n_envs``
     comes from the preset only, it is multiplied by ``workers`` (each worker steps the preset's).
+    With asynchronous collection, an algorithm whose params offer V-trace
+    (``ADVANTAGE_ESTIMATORS``: PPO's) uses it unless ``algo_params.advantage_estimator`` is given.
 
     Returns:
         A mapping with ``seed``, ``n_envs``, ``n_env_steps``, ``algo_params``, ``update_cfg``,
@@ -223,7 +225,10 @@ def resolve(
         raise ValueError(f"n_envs={resolved['n_envs']} is not allowed; allowed: an int >= 1")
     layout = resolved.get("distributed")
     if layout:
-        workers = cfg.DistributedConfig.from_dict(layout).workers  # checks the section
+        distributed = cfg.DistributedConfig.from_dict(layout)  # checks the section
         if not given_n_envs:  # each collection worker steps the preset's environments
-            resolved["n_envs"] *= workers
+            resolved["n_envs"] *= distributed.workers
+        if distributed.async_collection and "vtrace" in getattr(params_cls, "ADVANTAGE_ESTIMATORS", ()):
+            # rollouts gathered while the policy moves on: V-trace corrects for the lag, unless said otherwise
+            resolved["algo_params"] = {"advantage_estimator": "vtrace", **(resolved.get("algo_params") or {})}
     return resolved

@@ -98,7 +98,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import flax.linen as nn
 import gymnasium as gym
@@ -120,7 +120,7 @@ from kitae.modules.optimizer import optimizer_from_config
 from kitae.modules.policy import CategoricalHead, NormalHead
 from kitae.modules.pytree import AgentPyTree, TrainState
 from kitae.modules.value import ValueHead
-from kitae.timesteps import compute_gae
+from kitae.timesteps import compute_gae, compute_vtrace
 from kitae.types import AlgoType, Params
 
 __all__ = [
@@ -205,7 +205,18 @@ class PPOParams(AlgoParams):
             names (``"tanh"``, ``"relu"``, ...).
         log_std_init: initial log standard deviation of the Gaussian policy (Box actions only),
             in ``[-20, 2]``.
+        advantage_estimator: ``"gae"`` (GAE over the rollout), or ``"vtrace"``: V-trace targets and
+            advantages (``kitae.timesteps.compute_vtrace``, with ``gae_lambda`` as its ``lambda``),
+            which correct for a rollout collected by an older policy than the one learning (the
+            distributed executor's asynchronous collection, which picks it by default for PPO);
+            the clipped ratio is then taken against the policy at the update's start.
+        vtrace_rho_bar: V-trace's clip of the importance weights in its TD errors (> 0).
+        vtrace_c_bar: V-trace's clip of its trace coefficients (> 0).
     """
+
+    ADVANTAGE_ESTIMATORS: ClassVar[tuple[str, ...]] = ("gae", "vtrace")
+    """The ``advantage_estimator`` values this params class accepts (its agent's processing
+    computes them)."""
 
     gamma: float = 0.99
     gae_lambda: float = 0.95
@@ -222,10 +233,21 @@ class PPOParams(AlgoParams):
     hidden_sizes: tuple = (64, 64)
     activation: str = "tanh"
     log_std_init: float = 0.0
+    advantage_estimator: str = "gae"
+    vtrace_rho_bar: float = 1.0
+    vtrace_c_bar: float = 1.0
 
     def __post_init__(self) -> None:
         validate_types(self, "algo_params.")
         check_actor_critic_params(self)
+        _require(
+            self.advantage_estimator in self.ADVANTAGE_ESTIMATORS,
+            "advantage_estimator",
+            self.advantage_estimator,
+            f"one of {self.ADVANTAGE_ESTIMATORS}",
+        )
+        for name in ("vtrace_rho_bar", "vtrace_c_bar"):
+            _require(0.0 < getattr(self, name) < math.inf, name, getattr(self, name), "a finite float > 0")
         _require(0.0 < self.clip_coef < math.inf, "clip_coef", self.clip_coef, "a finite float > 0")
         _require(
             self.value_clip_coef is None or 0.0 < self.value_clip_coef < math.inf,
@@ -646,10 +668,15 @@ def process_experience_factory(config: cfg.AlgoConfig) -> Callable:
     truncation), scales rewards when ``normalize_rewards``, and runs ``compute_gae`` with
     ``terminated = done`` and ``truncated``: bootstrapping stops only at termination, the advantage
     chain is cut at both. Maps stored actions back to the policy's units.
+
+    With ``advantage_estimator="vtrace"``: V-trace (``compute_vtrace``) with the importance
+    weights of the current policy over the one that acted (the stored ``log_prob``) instead of
+    GAE, and the batch's ``log_prob`` the current policy's (the clipped ratio's reference).
     """
     p: PPOParams = config.algo_params
     action_map = _action_map(config.env_cfg.action_space)
     normalize = _observation_normalizer(config)
+    vtrace = getattr(p, "advantage_estimator", "gae") == "vtrace"  # A2C shares this processing
 
     def process_fn(state: PPOState, key: jax.Array, experience: Experience) -> PPOBatch:
         ac = state.actor_critic
@@ -658,13 +685,31 @@ def process_experience_factory(config: cfg.AlgoConfig) -> Callable:
         values = ac.apply_fn(ac.params, observations, method="value")
         next_values = ac.apply_fn(ac.params, next_observations, method="value")
         rewards = scale_rewards(p, state, experience.reward)
-        advantages, returns = compute_gae(
-            rewards, values, next_values, experience.done, experience.truncated, p.gamma, p.gae_lambda
-        )
+        actions = action_map.from_env(experience.action)
+        log_probs = jnp.asarray(experience.log_prob, jnp.float32)
+        if vtrace:
+            behaviour = log_probs
+            log_probs = jax.lax.stop_gradient(ac.apply_fn(ac.params, observations, method="policy").log_prob(actions))
+            returns, advantages = compute_vtrace(
+                rewards,
+                values,
+                next_values,
+                experience.done,
+                experience.truncated,
+                log_probs - behaviour,
+                p.gamma,
+                p.gae_lambda,
+                p.vtrace_rho_bar,
+                p.vtrace_c_bar,
+            )
+        else:
+            advantages, returns = compute_gae(
+                rewards, values, next_values, experience.done, experience.truncated, p.gamma, p.gae_lambda
+            )
         return PPOBatch(
             observation=observations,
-            action=action_map.from_env(experience.action),
-            log_prob=jnp.asarray(experience.log_prob, jnp.float32),
+            action=actions,
+            log_prob=log_probs,
             value=values,
             advantage=advantages,
             return_=returns,

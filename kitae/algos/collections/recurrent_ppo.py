@@ -103,6 +103,8 @@ class RecurrentPPOParams(PPOParams):
             ``max_buffer_size`` and ``batch_size``); ``None``: the whole rollout of an environment.
     """
 
+    ADVANTAGE_ESTIMATORS = ("gae",)  # its processing computes GAE only
+
     core: str = "lstm"
     core_size: int = 128
     head_sizes: tuple = ()

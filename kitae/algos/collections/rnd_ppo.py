@@ -154,6 +154,8 @@ class RNDPPOParams(ppo.PPOParams):
             ``+-rnd_observation_clip``, a finite float > 0 (paper: 5).
     """
 
+    ADVANTAGE_ESTIMATORS = ("gae",)  # its processing computes GAE only
+
     gamma: float = 0.999
     intrinsic_gamma: float = 0.99
     extrinsic_coef: float = 2.0

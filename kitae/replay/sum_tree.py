@@ -1,10 +1,11 @@
 """A sum tree in preallocated JAX arrays: the index of proportional prioritized replay.
 
 Written by hand rather than taken from flashbax (``flashbax.buffers.sum_tree``, the maintained JAX
-replay library): both were timed on this CPU at capacity 100k and batch 256
-(``benchmarks/probe_sum_tree.py``; BENCHMARKS.md has the figures), and this one is kept because
-its batched update rewrites only the ``B log N`` nodes on the updated paths, where flashbax's
-rebuilds the tree level by level.
+replay library): both were timed on this CPU at capacity 100k and batch 256, alternating
+(``benchmarks/probe_sum_tree.py``; BENCHMARKS.md has the figures): as fast as each other, but
+flashbax propagates each update by adding the leaf's change to its ancestors, so its sums drift
+from its leaves with every update, where this one recomputes each ancestor from its two children
+and stays exact; and it keeps kitae free of one more dependency.
 
 Layout: ``nodes`` has ``2 P`` entries for ``P`` the power of two at or above the capacity ``N``;
 the root is ``nodes[1]``, node ``i``'s children are ``2 i`` and ``2 i + 1``, and leaf ``j`` (the
@@ -71,10 +72,15 @@ def sum_tree_set(tree: SumTree, indices: jax.Array, priorities: jax.Array) -> Su
     """
     p = tree.leaves_offset
     nodes = tree.nodes.at[p + indices].set(jnp.asarray(priorities, jnp.float32))
-    node = p + indices
-    for _ in range(tree.depth):
+
+    def level(_: int, carry: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+        nodes, node = carry
         node = node // 2
-        nodes = nodes.at[node].set(nodes[2 * node] + nodes[2 * node + 1])
+        return nodes.at[node].set(nodes[2 * node] + nodes[2 * node + 1]), node
+
+    # a loop, not unrolled: XLA then writes each level in place (the unrolled levels copied the
+    # array, twice as slow at capacity 100k: benchmarks/probe_sum_tree.py)
+    nodes, _ = jax.lax.fori_loop(0, tree.depth, level, (nodes, p + indices))
     return SumTree(nodes)
 
 
@@ -86,12 +92,14 @@ def sum_tree_sample(tree: SumTree, key: jax.Array, batch_size: int) -> jax.Array
     total = sum_tree_total(tree)
     values = (jnp.arange(batch_size) + jax.random.uniform(key, (batch_size,))) * (total / batch_size)
     values = jnp.minimum(values, total * (1.0 - 1e-7))  # the top segment's end is not a value
-    node = jnp.ones((batch_size,), jnp.int32)
-    for _ in range(tree.depth):
+
+    def level(_: int, carry: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+        values, node = carry
         left = 2 * node
         left_sum = tree.nodes[left]
         # rounding can put a value just past the left sum with nothing on the right: it stays left
         right = jnp.logical_and(values >= left_sum, tree.nodes[left + 1] > 0)
-        values = jnp.where(right, values - left_sum, values)
-        node = left + right
+        return jnp.where(right, values - left_sum, values), left + right
+
+    _, node = jax.lax.fori_loop(0, tree.depth, level, (values, jnp.ones((batch_size,), jnp.int32)))
     return node - tree.leaves_offset

@@ -9,7 +9,9 @@
 A mistake in the input prints one line (``kitae: error: ...``) that says what is wrong and what
 is accepted, and exits with status 2, without a Python traceback and without changing the run
 directory. Ctrl-C or SIGTERM during ``train`` / ``resume`` finishes the current step, saves a
-checkpoint and exits with status 130 / 143 after saying how to resume.
+checkpoint and exits with status 130 / 143 after saying how to resume. A run whose losses or
+parameters become non-finite stops, keeps its last finite state as its newest checkpoint, writes
+``summary.json`` (``diverged``) and exits with status 3 after one line naming the step and the loss.
 """
 
 from __future__ import annotations
@@ -281,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     from kitae.distributed.executor import WorkersLost
-    from kitae.runs import RunError
+    from kitae.runs import RunDiverged, RunError
     from kitae.runs.checkpoints import CheckpointError, CheckpointWarning
 
     commands = {"train": _train, "resume": _resume, "eval": _eval, "plot": _plot}
@@ -290,6 +292,9 @@ def main(argv: list[str] | None = None) -> int:
         warnings.showwarning = _warnings_in_one_line(warnings.showwarning)
         try:
             return commands[args.command](args)
+        except RunDiverged as error:  # summary.json and the last finite checkpoint are written
+            print(f"kitae: {error}".replace("\n", " "), file=sys.stderr)
+            return 3
         except (RunError, CheckpointError, ValueError, TypeError, FileNotFoundError) as error:
             print(f"kitae: error: {error}".replace("\n", " "), file=sys.stderr)
             return 2

@@ -159,3 +159,13 @@ def test_bad_distributed_runs_fail_in_one_line_before_anything_is_written(tmp_pa
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and err.startswith("kitae: error:") and expected in err
     assert not run_dir.exists()
+
+
+def test_a_diverging_distributed_run_stops_exits_3_and_keeps_its_last_finite_parameters(ray_shared, tmp_path, capsys):
+    from kitae.cli import main
+    from tests.test_divergence import DIVERGE, _check_diverged_run
+
+    run_dir = tmp_path / "run"
+    argv = ["train", "dqn", "CartPole-v1", "--workers", "1", "--steps", "4000", "--run-dir", str(run_dir), "--quiet"]
+    assert main([*argv, *DIVERGE]) == 3
+    _check_diverged_run(run_dir, capsys.readouterr().err, steps_at_most=1100)

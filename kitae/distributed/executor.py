@@ -48,7 +48,7 @@ from kitae.distributed.workers import CollectionWorker, GradientWorker
 from kitae.envs.make import EnvSpec
 from kitae.loops.callbacks import Callback, CallbackList, LossMeans, Progress, RunInfo
 from kitae.loops.evaluate import evaluate_host, evaluate_jax
-from kitae.loops.result import Episodes, RunResult, concat_episodes
+from kitae.loops.result import Divergence, Episodes, RunResult, concat_episodes
 from kitae.loops.state import LoopState, Payload, mark_episodes_cut, payload_from_agent, strongly_typed
 from kitae.validation import check_positive_int
 
@@ -205,6 +205,8 @@ class _Run:
         self.losses = LossMeans(agent.config.train_cfg.log_frequency, self.first)
         self.found: list[Episodes] = []
         self.update_steps: list[int] = []
+        self.divergence: Divergence | None = None
+        self.update_finite = True
         self.latest_return: float | None = None
         self.timings = {"collect": 0.0, "update": 0.0, "broadcast": 0.0}
         self.policy_lags: list[float] = []  # since the last scalars were logged
@@ -343,21 +345,31 @@ class _Run:
 
     def _update(self) -> dict[str, float]:
         """One update by the gradient workers; a worker that dies is replaced and the update made
-        again from the state and key it started from (the same update: nothing is lost)."""
+        again from the state and key it started from (the same update: nothing is lost). An update
+        whose losses or new state are not finite is not kept either: the updater goes back to the
+        state before it and records the ``Divergence`` (the run then stops)."""
         state, key, steps = self.algorithm.get_state(), self.key, self.algorithm.n_gradient_steps
         while True:
             try:
-                return self._update_once()
+                info = self._update_once()
             except self.ray.exceptions.RayActorError as error:
                 self.algorithm.set_state(state)
                 self.algorithm.n_gradient_steps = steps
                 self.key = key
                 self._replace_dead_gradient_workers(error)
+                continue
+            finite = self.update_finite and all(np.isfinite(v) for v in info.values())
+            if not finite:
+                self.algorithm.set_state(state)
+                self.algorithm.n_gradient_steps = steps
+                self.key = key
+                self.divergence = Divergence(self.env_step, info)
+            return info
 
     def _update_once(self) -> dict[str, float]:
         ray, workers = self.ray, self.gradient_workers
         if len(workers) == 1:  # nothing to average, nothing to overlap: the fused update, whatever the mode
-            state, key, info, priorities = ray.get(workers[0].update.remote(self.key))
+            state, key, info, priorities, self.update_finite = ray.get(workers[0].update.remote(self.key))
             self.buffer.set_priorities(priorities)  # the worker's buffer has them already
             self.algorithm.set_state(state)
             self.key = jnp.asarray(key)
@@ -405,6 +417,11 @@ class _Run:
                     running[workers[i].gradients.remote(pending.pop(0), 0, 1)] = i
         if rollout is not None:
             self.algorithm.finish_update(rollout)
+        self.update_finite = all(
+            bool(np.all(np.isfinite(x)))
+            for x in self.algorithm.get_state()
+            if np.issubdtype(np.asarray(x).dtype, np.floating)
+        )
         return {k: float(np.mean([info[k] for info in infos])) for k in infos[0]} if infos else {}
 
     # -- the loop --------------------------------------------------------------------------------
@@ -442,6 +459,9 @@ class _Run:
                     t0 = time.perf_counter()
                     info = self._update()
                     self.timings["update"] += time.perf_counter() - t0
+                    if self.divergence is not None:  # not kept: the run stops with its last finite state
+                        stopped = True
+                        break
                     if schedule.on_policy:
                         self.buffer.reset()
                         self.ray.get([g.reset_buffer.remote() for g in self.gradient_workers])
@@ -494,6 +514,7 @@ class _Run:
             compile_seconds=compile_seconds,
             train_seconds=train_seconds,
             stopped=stopped,
+            diverged=[self.divergence],
             metrics={
                 "startup_seconds": self.startup_seconds,
                 "restarts": self.restarts,

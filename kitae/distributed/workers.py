@@ -183,16 +183,18 @@ class GradientWorker:
     def reset_buffer(self) -> None:
         self.buffer.reset()
 
-    def update(self, key: jax.Array) -> tuple[Any, np.ndarray, dict[str, float], Any]:
+    def update(self, key: jax.Array) -> tuple[Any, np.ndarray, dict[str, float], Any, bool]:
         """One whole update with the loop key (``kitae.loops.collect.update_step``, the host
         loop's compiled call): returns ``(state as get_state's list of arrays, next loop key,
-        info, priorities)`` as host arrays (``priorities``: the buffer's new prioritized-replay
-        priorities, which the updater's buffer takes too; ``None`` without them)."""
-        state, key, info, priorities = self.steps.update(self.algorithm.state, key, self.buffer.state)
-        self.buffer.set_priorities(priorities)
-        self.algorithm.set_state(state)
-        info = {k: float(v) for k, v in jax.device_get(info).items()}
-        return self.algorithm.get_state(), np.asarray(key), info, jax.device_get(priorities)
+        info, priorities, finite)`` as host arrays (``priorities``: the buffer's new
+        prioritized-replay priorities, which the updater's buffer takes too; ``None`` without
+        them; ``finite``: false where the update was not finite, and so not kept)."""
+        out = self.steps.update(self.algorithm.state, key, self.buffer.state)
+        info, finite = jax.device_get((out.info, out.finite))
+        self.buffer.set_priorities(out.priorities)  # the state before it where the update was not kept
+        self.algorithm.set_state(out.agent_state)
+        info = {k: float(v) for k, v in info.items()}
+        return self.algorithm.get_state(), np.asarray(out.key), info, jax.device_get(out.priorities), bool(finite)
 
     def begin_update(self, update_key: jax.Array) -> None:
         """The first part of an update made gradient step by gradient step (on-policy: process the

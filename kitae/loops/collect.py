@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 __all__ = [
     "Memory",
@@ -28,6 +29,8 @@ __all__ = [
     "next_memory",
     "act_step",
     "update_step",
+    "UpdateOutcome",
+    "all_finite",
     "make_experience",
     "compiled_steps",
     "CompiledSteps",
@@ -119,18 +122,60 @@ def act_step(
     return actions, log_probs, key, hidden
 
 
-def update_step(agent: Any, agent_state: Any, key: jax.Array, buffer_state: Any) -> tuple[Any, jax.Array, dict, Any]:
+def all_finite(tree: Any) -> jax.Array:
+    """Whether every floating-point leaf of ``tree`` holds only finite numbers, a bool scalar
+    (computed where the arrays are: inside a compiled program it costs no transfer)."""
+    flags = [
+        jnp.all(jnp.isfinite(x))
+        for x in jax.tree_util.tree_leaves(tree)
+        if isinstance(x, (jax.Array, np.ndarray)) and jnp.issubdtype(x.dtype, jnp.floating)
+    ]
+    return jnp.all(jnp.stack(flags)) if flags else jnp.ones((), bool)
+
+
+class UpdateOutcome(NamedTuple):
+    """What one update of a run gives (``update_step``).
+
+    Attributes:
+        agent_state: the state after the update, or the state before it where the update was not
+            kept (its result was not finite, or ``active`` was false).
+        key: the next loop key.
+        info: the mean of each entry of the update's info over its gradient steps (as computed,
+            not finite values included: they say what diverged).
+        priorities: the buffer's prioritized-replay priorities after the update (before it where
+            it was not kept); ``None`` unless the agent samples by priority.
+        finite: whether the update's losses and the new state were all finite (bool scalar).
+    """
+
+    agent_state: Any
+    key: jax.Array
+    info: dict
+    priorities: Any
+    finite: jax.Array
+
+
+def update_step(agent: Any, agent_state: Any, key: jax.Array, buffer_state: Any, active: Any = True) -> UpdateOutcome:
     """One update of a run: ``(key, update_key) = split(key)``, then ``agent.update_with_replay``
-    (``agent.update_fn`` on ``agent.update_data(buffer_state)``).
+    (``agent.update_fn`` on ``agent.update_data(buffer_state)``). An update whose losses or new
+    state hold a non-finite number is not kept (the run has diverged: every executor stops it,
+    keeping the last finite state); neither is one made while ``active`` (bool, possibly traced)
+    is false (a compiled run that diverged earlier).
 
     Returns:
-        ``(agent_state, next loop key, info, priorities)``: info holds the mean of each entry over
-        the update's gradient steps; ``priorities`` the buffer's new prioritized-replay priorities
-        (``None`` unless the agent samples by priority): the executor puts them in its buffer.
+        An ``UpdateOutcome``; the executor puts its ``priorities`` in its buffer.
     """
     key, update_key = jax.random.split(key)
-    agent_state, priorities, info = agent.update_with_replay(agent_state, update_key, buffer_state)
-    return agent_state, key, info, priorities
+    new_state, priorities, info = agent.update_with_replay(agent_state, update_key, buffer_state)
+    finite = jnp.logical_and(all_finite(new_state), all_finite(info))
+    keep = jnp.logical_and(finite, active)
+
+    def kept(new: Any, old: Any) -> Any:
+        return jax.tree_util.tree_map(lambda n, o: jnp.where(keep, n, o), new, old)
+
+    agent_state = kept(new_state, agent_state)
+    if priorities is not None:
+        priorities = kept(priorities, buffer_state.priorities)
+    return UpdateOutcome(agent_state, key, info, priorities, finite)
 
 
 def make_experience(
@@ -169,7 +214,7 @@ class CompiledSteps(NamedTuple):
     loop's)."""
 
     act: Callable[..., tuple[Any, Any, jax.Array, Any]]
-    update: Callable[[Any, jax.Array, Any], tuple[Any, jax.Array, dict, Any]]
+    update: Callable[[Any, jax.Array, Any], UpdateOutcome]
 
 
 def compiled_steps(agent: Any) -> CompiledSteps:

@@ -32,7 +32,7 @@ from kitae.compilation_cache import use_compilation_cache
 from kitae.envs.jax_env import VecJaxEnv
 from kitae.loops.callbacks import Callback, CallbackList, LossMeans, Progress, RunInfo
 from kitae.loops.program import IterationMetrics, loop_state_shape, make_loop_functions
-from kitae.loops.result import Episodes, RunResult
+from kitae.loops.result import Divergence, Episodes, RunResult
 from kitae.loops.state import (
     LoopState,
     Payload,
@@ -94,6 +94,16 @@ def _episodes_of(metrics: IterationMetrics, seed_index: int, batched: bool) -> E
 def _update_steps(metrics: IterationMetrics, seed_index: int, batched: bool) -> np.ndarray:
     m = pick_seed(metrics, seed_index) if batched else metrics  # host metrics: numpy leaves
     return np.asarray(m.env_step)[np.asarray(m.updated)].astype(np.int64)
+
+
+def _divergence(metrics: IterationMetrics, seed_index: int, batched: bool) -> Divergence | None:
+    """The seed's first iteration that diverged, as a ``Divergence`` (``None``: none did)."""
+    m = pick_seed(metrics, seed_index) if batched else metrics  # host metrics: numpy leaves
+    rows = np.flatnonzero(np.asarray(m.diverged))
+    if not len(rows):
+        return None
+    j = int(rows[0])
+    return Divergence(int(m.env_step[j]), {k: float(v[j]) for k, v in m.info.items()})
 
 
 def _concat_metrics(chunks: list[IterationMetrics], batched: bool) -> IterationMetrics:
@@ -221,12 +231,15 @@ class CompiledExecutor:
             if schedule.save_frequency != -1:
                 length = min(length, max(1, -(-schedule.save_frequency // per_iteration)))
 
-            def segment(state: LoopState, n: jax.Array, index: jax.Array) -> tuple[LoopState, IterationMetrics]:
+            def segment(
+                state: LoopState, n: jax.Array, index: jax.Array, diverged: jax.Array
+            ) -> tuple[LoopState, IterationMetrics]:
                 if batched:
-                    return jax.vmap(lambda s: run(s, n, index, length=length))(state)
-                return run(state, n, index, length=length)
+                    return jax.vmap(lambda s, d: run(s, n, index, length=length, diverged=d))(state, diverged)
+                return run(state, n, index, length=length, diverged=diverged)
 
-            compiled = jax.jit(segment).lower(state, jnp.int32(0), jnp.int32(0)).compile()
+            no_divergence = jnp.zeros((len(seed_list),) if batched else (), bool)
+            compiled = jax.jit(segment).lower(state, jnp.int32(0), jnp.int32(0), no_divergence).compile()
             compile_seconds = time.perf_counter() - clock
             state, metrics, train_seconds, stopped, done = self._segments(
                 compiled, state, first, n_iterations, length, schedule, seed_list, batched, agent, callbacks
@@ -241,6 +254,7 @@ class CompiledExecutor:
             state=state,
             episodes=[_episodes_of(metrics, i, batched) for i in range(len(seed_list))],
             update_steps=[_update_steps(metrics, i, batched) for i in range(len(seed_list))],
+            diverged=[_divergence(metrics, i, batched) for i in range(len(seed_list))],
             start_step=first_step,
             env_steps=env_steps,
             compile_seconds=compile_seconds,
@@ -272,10 +286,12 @@ class CompiledExecutor:
         first_step = first * schedule.steps_per_iteration
         losses = LossMeans(agent.config.train_cfg.log_frequency, first_step)
         chunks, train_seconds, stopped, done = [], 0.0, False, first
+        diverged = jnp.zeros((len(seeds),) if batched else (), bool)
         for index, n, save in segment_plan(first, total, schedule, length):
             clock = time.perf_counter()
-            state, rows = compiled(state, jnp.int32(n), jnp.int32(index))
+            state, rows = compiled(state, jnp.int32(n), jnp.int32(index), diverged)
             rows = jax.tree_util.tree_map(lambda x, n=n: np.asarray(x)[:, :n] if batched else np.asarray(x)[:n], rows)
+            diverged = jnp.asarray(rows.diverged[:, -1] if batched else rows.diverged[-1])  # carried on
             train_seconds += time.perf_counter() - clock
             chunks.append(rows)
             done = index + n
@@ -296,7 +312,9 @@ class CompiledExecutor:
                     step, (step - first_step) / max(train_seconds, 1e-9), float(np.mean(latest)) if latest else None
                 )
             )
-            stopped = done < total and callbacks.should_stop()
+            # a single run that diverged stops here (its state is the last finite one); seeds trained
+            # together go on, the diverged ones no longer updating
+            stopped = done < total and (callbacks.should_stop() or bool(not batched and diverged))
             if save or stopped:
                 logged = losses.flush(step)  # the loss points do not depend on where a run was cut
                 if logged is not None:

@@ -32,7 +32,7 @@ from kitae.loops.callbacks import Callback, CallbackList, LossMeans, Progress, R
 from kitae.loops.collect import Memory, compiled_steps, initial_memory, make_experience, next_memory
 from kitae.loops.episodes import track_episodes
 from kitae.loops.multi_agent import AgentEpisodes
-from kitae.loops.result import Episodes, RunResult, concat_episodes
+from kitae.loops.result import Divergence, Episodes, RunResult, concat_episodes
 from kitae.loops.state import LoopState, Payload, mark_episodes_cut, payload_from_agent, reset_seed, strongly_typed
 from kitae.validation import check_positive_int
 
@@ -408,6 +408,7 @@ class HostExecutor:
         callbacks.on_start(RunInfo(self.name, [seed], first, end, agent))
         collector.reset(reset_seed(seed, first))
         env_step, compile_seconds, stopped = first, 0.0, False
+        divergence: Divergence | None = None
         begin = last_progress = time.perf_counter()
         latest_return = None
         while env_step < end:
@@ -424,11 +425,17 @@ class HostExecutor:
 
             if schedule.update_due(env_step, buffer.size):
                 t0 = time.perf_counter()
-                agent_state, key, info, priorities = steps.update(agent_state, key, buffer.state)
-                buffer.set_priorities(priorities)
-                info = {name: float(value) for name, value in jax.device_get(info).items()}  # one transfer
+                out = steps.update(agent_state, key, buffer.state)
+                info, finite = jax.device_get((out.info, out.finite))  # one transfer
+                info = {name: float(value) for name, value in info.items()}
                 if not update_steps:
                     compile_seconds += time.perf_counter() - t0
+                if not finite:  # not kept: the run stops with its last finite state
+                    divergence = Divergence(env_step, info)
+                    stopped = True
+                    break
+                agent_state, key = out.agent_state, out.key
+                buffer.set_priorities(out.priorities)
                 if schedule.on_policy:
                     buffer.reset()
                 acting = agent.acting_params(agent_state)
@@ -466,6 +473,7 @@ class HostExecutor:
             compile_seconds=compile_seconds,
             train_seconds=train_seconds,
             stopped=stopped,
+            diverged=[divergence],
         )
         callbacks.on_end(result)
         return result

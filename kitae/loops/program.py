@@ -26,7 +26,7 @@ import numpy as np
 
 from kitae.buffer import buffer_add, buffer_init, buffer_reset
 from kitae.envs.jax_env import VecJaxEnv
-from kitae.loops.collect import act_step, initial_memory, make_experience, update_step
+from kitae.loops.collect import UpdateOutcome, act_step, initial_memory, make_experience, update_step
 from kitae.loops.jax_collect import jax_vector_step, reset_env_carry
 from kitae.loops.multi_agent import env_agents
 from kitae.loops.state import LoopState, env_reset_key, mark_episodes_cut, strongly_typed
@@ -44,10 +44,14 @@ class IterationMetrics(NamedTuple):
             team returns, each the sum of the agents' returns).
         length_sum: sum of their lengths.
         episodes: how many ended.
-        updated: whether the iteration updated the agent.
-        info: the update's info (zeros where it did not update).
+        updated: whether the iteration updated the agent (an update that was not kept does not count).
+        info: the update's info (zeros where no update was made; as computed, not finite values
+            included, where one was made and not kept).
         agent_return_sum: multi-agent only: ``{agent: sum of that agent's returns over the same
             episodes}``; ``None`` for a single agent.
+        diverged: whether the run has diverged by the end of the iteration (an update of this
+            iteration or an earlier one had a non-finite loss or state; from then on no update is
+            kept: the state stays the last finite one).
     """
 
     env_step: jax.Array | np.ndarray
@@ -57,6 +61,7 @@ class IterationMetrics(NamedTuple):
     updated: jax.Array | np.ndarray
     info: dict[str, jax.Array | np.ndarray]
     agent_return_sum: dict[str, jax.Array | np.ndarray] | None = None
+    diverged: jax.Array | np.ndarray | None = None
 
 
 def _check_env(agent: Any, env: Any) -> tuple[str, ...] | None:
@@ -168,8 +173,9 @@ def make_loop_functions(agent: Any, env: VecJaxEnv) -> tuple[Callable, Callable,
         state = state._replace(agent_key=out.agent_key, buffer=buffer, env_step=state.env_step + n_envs, env=out.env)
         return (state, return_sum, length_sum, episodes, agent_return_sum), None
 
-    def iteration(state: LoopState, index: jax.Array) -> tuple[LoopState, IterationMetrics]:
+    def iteration(carry: tuple[LoopState, jax.Array], index: jax.Array) -> tuple[tuple, IterationMetrics]:
         del index
+        state, diverged = carry
         zero = (
             jnp.zeros((), jnp.float32),
             jnp.zeros((), jnp.int32),
@@ -180,35 +186,47 @@ def make_loop_functions(agent: Any, env: VecJaxEnv) -> tuple[Callable, Callable,
             vector_step, (state, *zero), None, length=steps_per_iteration
         )
         assert state.buffer is not None  # attach() gives every compiled state a buffer
+        active = jnp.logical_not(diverged)  # a diverged run keeps its last finite state
         if schedule.on_policy:  # an iteration is one rollout: it always ends with an update
-            agent_state, agent_key, info, _ = update_step(agent, state.agent_state, state.agent_key, state.buffer)
-            buffer, updated = buffer_reset(state.buffer), jnp.ones((), bool)
+            out = update_step(agent, state.agent_state, state.agent_key, state.buffer, active)
+            buffer, made = buffer_reset(state.buffer), jnp.ones((), bool)
         else:
-            updated = jnp.asarray(schedule.update_due(state.env_step, state.buffer.size))
-            info_shape = jax.eval_shape(
-                lambda s, k: update_step(agent, s, k, state.buffer), state.agent_state, state.agent_key
-            )[2]
-            agent_state, agent_key, info, priorities = jax.lax.cond(
-                updated,
-                lambda s, k, p: update_step(agent, s, k, state.buffer),
-                lambda s, k, p: (s, k, jax.tree_util.tree_map(lambda x: jnp.zeros(x.shape, x.dtype), info_shape), p),
+            made = jnp.asarray(schedule.update_due(state.env_step, state.buffer.size))
+            skipped_info = jax.tree_util.tree_map(
+                lambda x: jnp.zeros(x.shape, x.dtype),
+                jax.eval_shape(
+                    lambda s, k: update_step(agent, s, k, state.buffer).info, state.agent_state, state.agent_key
+                ),
+            )
+            out = jax.lax.cond(
+                made,
+                lambda s, k, p: update_step(agent, s, k, state.buffer, active),
+                lambda s, k, p: UpdateOutcome(s, k, skipped_info, p, jnp.ones((), bool)),
                 state.agent_state,
                 state.agent_key,
                 state.buffer.priorities,
             )
-            buffer = state.buffer._replace(priorities=priorities)
+            buffer = state.buffer._replace(priorities=out.priorities)
+        updated = jnp.logical_and(made, jnp.logical_and(active, out.finite))
+        diverged = jnp.logical_or(diverged, jnp.logical_and(made, jnp.logical_not(out.finite)))
         state = state._replace(
-            agent_state=agent_state,
-            agent_key=agent_key,
+            agent_state=out.agent_state,
+            agent_key=out.key,
             buffer=buffer,
             n_updates=state.n_updates + updated.astype(jnp.int32),
         )
-        return state, IterationMetrics(
-            state.env_step, return_sum, length_sum, episodes, updated, info, agent_return_sum
+        metrics = IterationMetrics(
+            state.env_step, return_sum, length_sum, episodes, updated, out.info, agent_return_sum, diverged
         )
+        return (state, diverged), metrics
 
     def run(
-        state: LoopState, n_iterations: int | jax.Array, first_index: int | jax.Array = 0, *, length: int | None = None
+        state: LoopState,
+        n_iterations: int | jax.Array,
+        first_index: int | jax.Array = 0,
+        *,
+        length: int | None = None,
+        diverged: Any = False,
     ) -> tuple[LoopState, IterationMetrics]:
         """Runs ``n_iterations`` iterations, numbered from ``first_index``.
 
@@ -217,21 +235,25 @@ def make_loop_functions(agent: Any, env: VecJaxEnv) -> tuple[Callable, Callable,
         (``<= length``): one compiled program then runs segments of any length up to ``length``,
         and the metrics have a leading axis of ``length`` (rows past ``n_iterations`` are zeros).
         Each iteration runs the same computation either way, so cutting a run into segments
-        gives the same bits as one program.
+        gives the same bits as one program. ``diverged``: the run diverged before (the last
+        ``IterationMetrics.diverged`` of the previous segment): no update is kept.
         """
+        carry = (state, jnp.asarray(diverged, bool))
         if length is None:
-            return jax.lax.scan(iteration, state, first_index + jnp.arange(n_iterations))
+            (state, _), metrics = jax.lax.scan(iteration, carry, first_index + jnp.arange(n_iterations))
+            return state, metrics
         index = jnp.asarray(first_index, jnp.int32)
-        metrics_shape = jax.eval_shape(iteration, state, index)[1]
+        metrics_shape = jax.eval_shape(iteration, carry, index)[1]
         rows = jax.tree_util.tree_map(lambda x: jnp.zeros((length, *x.shape), x.dtype), metrics_shape)
 
-        def body(i: jax.Array, carry: tuple[LoopState, IterationMetrics]) -> tuple[LoopState, IterationMetrics]:
-            state, rows = carry
-            state, metrics = iteration(state, index + i)
+        def body(i: jax.Array, loop: tuple[tuple, IterationMetrics]) -> tuple[tuple, IterationMetrics]:
+            carry, rows = loop
+            carry, metrics = iteration(carry, index + i)
             rows = jax.tree_util.tree_map(lambda r, x: r.at[i].set(x), rows, metrics)
-            return state, rows
+            return carry, rows
 
-        return jax.lax.fori_loop(0, jnp.minimum(n_iterations, length), body, (state, rows))
+        (state, _), rows = jax.lax.fori_loop(0, jnp.minimum(n_iterations, length), body, (carry, rows))
+        return state, rows
 
     return fresh, attach, run
 

@@ -7,7 +7,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["Episodes", "RunResult", "concat_episodes"]
+__all__ = ["Episodes", "RunResult", "Divergence", "concat_episodes"]
 
 
 class Episodes(NamedTuple):
@@ -73,6 +73,24 @@ def concat_episodes(parts: list[Episodes], seed_index: int = 0, agents: tuple[st
     )
 
 
+class Divergence(NamedTuple):
+    """Where a run diverged: the first update whose losses or new parameters were not finite.
+
+    Attributes:
+        step: the environment step after which that update was made.
+        losses: its info, ``{name: value}`` (the non-finite values say which loss diverged).
+    """
+
+    step: int
+    losses: dict[str, float]
+
+    def describe(self) -> str:
+        """``"loss_qvalue=nan"`` (the non-finite losses), or ``"a parameter is not finite (every
+        loss is)"``."""
+        bad = [f"{name}={value}" for name, value in self.losses.items() if not np.isfinite(value)]
+        return ", ".join(bad) if bad else "a parameter is not finite (every loss is)"
+
+
 @dataclasses.dataclass
 class RunResult:
     """The result of a training run, from any executor.
@@ -93,6 +111,9 @@ class RunResult:
         metrics: compiled runs: the per-iteration ``IterationMetrics`` (numpy); distributed runs:
             ``{name: float}`` (start-up and time spent per part in seconds, restarts, the policy
             and gradient lags' means and maxima over the run); host runs ``None``.
+        diverged: one entry per seed: a ``Divergence`` where the seed's run diverged (its state
+            is then the last finite one: the diverged update was not kept, nor any after it), else
+            ``None``. A single run that diverges stops (``stopped``); seeds trained together go on.
     """
 
     executor: str
@@ -107,6 +128,11 @@ class RunResult:
     stopped: bool = False
     batched: bool = False
     metrics: Any = None
+    diverged: list[Divergence | None] = dataclasses.field(default_factory=list)
+
+    def divergence(self, seed_index: int = 0) -> Divergence | None:
+        """The seed's ``Divergence``, or ``None`` where it did not diverge."""
+        return self.diverged[seed_index] if seed_index < len(self.diverged) else None
 
     @property
     def n_updates(self) -> int:

@@ -21,7 +21,7 @@ implemented by ``python_api.PythonRuns``).
 from __future__ import annotations
 
 from kitae.run_service import install_run_service
-from kitae.runs.errors import RunError
+from kitae.runs.errors import RunDiverged, RunError
 from kitae.runs.evaluation import eval_run
 from kitae.runs.load import load_agent
 from kitae.runs.plotting import plot_runs
@@ -31,6 +31,7 @@ from kitae.runs.session import resume_run, train_run
 
 __all__ = [
     "RunError",
+    "RunDiverged",
     "RunSpec",
     "ResolvedRun",
     "train_run",

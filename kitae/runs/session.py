@@ -36,7 +36,7 @@ from kitae.loops.result import RunResult
 from kitae.loops.state import LoopState, apply_loop_state, pick_seed
 from kitae.runs.callbacks import CheckpointSaver, MetricsLogger
 from kitae.runs.checkpoints import Checkpointer, CheckpointError
-from kitae.runs.errors import RunError
+from kitae.runs.errors import RunDiverged, RunError
 from kitae.runs.load import checkpoint_dirs, restore_error, restore_payload, run_seeds
 from kitae.runs.plotting import curves_from_metrics, plot_curves
 from kitae.runs.progress import ProgressBar
@@ -124,6 +124,7 @@ def execute(
     results: list[RunResult] = []
     fingerprints: list[str] = []
     stopped: dict | None = None
+    divergences: list[dict] = []
     steps = 0
     try:
         with _tensorboard(run_dir, purge_step) as writer, stop_on_signals() as stop:
@@ -170,7 +171,9 @@ def execute(
                 results.append(result)
                 fingerprints.extend(_fingerprints(result))
                 steps = result.env_steps
-                if result.stopped:
+                diverged = _divergences(result, run_dir, saver.last)
+                divergences.extend(diverged)
+                if result.stopped and not diverged:
                     stopped = _stopped(run_dir, saver.last, result.env_steps, stop)
                     break
     finally:
@@ -198,9 +201,45 @@ def execute(
         peak_rss_mb=peak_rss_mb(),
         state_fingerprint=fingerprints if seeds else fingerprints[0],
         **_distributed_summary(trained),
+        **({"diverged": divergences} if divergences else {}),
         **(extra_summary or {}),
     )
+    if divergences:
+        raise RunDiverged("; ".join(_describe(d, several=bool(seeds)) for d in divergences))
     return {**summary, "run_dir": str(run_dir)}, results
+
+
+def _divergences(result: RunResult, run_dir: Path, checkpoint: Path | None) -> list[dict]:
+    """``summary.json``'s ``diverged`` entries of a result: ``{"seed", "step", "losses",
+    "checkpoint"}`` for each seed that diverged (``checkpoint``: the newest, which holds the last
+    finite parameters)."""
+    out = []
+    for seed, divergence in zip(result.seeds, result.diverged):
+        if divergence is not None:
+            where = _relative(run_dir, checkpoint)
+            losses = {k: (v if np.isfinite(v) else str(v)) for k, v in divergence.losses.items()}  # JSON: no NaN
+            out.append({"seed": seed, "step": divergence.step, "what": divergence.describe(), "losses": losses,
+                        "checkpoint": where})  # fmt: skip
+    return out
+
+
+def _describe(entry: dict, several: bool) -> str:
+    who = f"seed {entry['seed']} " if several else ""
+    where = (
+        f"; the newest checkpoint ({entry['checkpoint']}) holds the last finite parameters"
+        if entry["checkpoint"]
+        else ""
+    )
+    return f"{who}diverged at step {entry['step']:,}: {entry['what']}{where}"
+
+
+def _relative(run_dir: Path, checkpoint: Path | None) -> str | None:
+    """The checkpoint's path as the user named the run directory."""
+    if checkpoint is None:
+        return None
+    if checkpoint.is_relative_to(run_dir.absolute()):
+        return str(run_dir / checkpoint.relative_to(run_dir.absolute()))
+    return str(checkpoint)
 
 
 def _distributed_summary(results: list[RunResult]) -> dict:
@@ -219,9 +258,7 @@ def _plot(run: ResolvedRun, rows: list[dict]) -> None:
 
 
 def _stopped(run_dir: Path, checkpoint: Path | None, steps: int, stop: StopRequest) -> dict:
-    where = str(checkpoint) if checkpoint is not None else None
-    if checkpoint is not None and checkpoint.is_relative_to(run_dir.absolute()):  # as the user named the run
-        where = str(run_dir / checkpoint.relative_to(run_dir.absolute()))
+    where = _relative(run_dir, checkpoint)
     return {
         "stopped": True,
         "signal": stop.name,

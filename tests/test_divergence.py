@@ -1,0 +1,72 @@
+"""A diverged run is an outcome, not a success: in each executor, a run made to diverge (a learning
+rate of 1e12, no gradient clipping) stops with one line naming the step and the loss, exits with
+status 3, says so in ``summary.json`` and keeps its last finite parameters as its newest checkpoint;
+seeds trained together go on where they did not diverge."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from kitae.cli import main
+from kitae.loops.collect import all_finite
+from kitae.runs.load import load_agent
+
+pytestmark = pytest.mark.timeout(240)
+
+DIVERGE = ["--set", "update_cfg.learning_rate=1e12", "--set", "update_cfg.max_grad_norm=null"]
+
+
+def _check_diverged_run(run_dir, err, *, steps_at_most):
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "kitae: diverged at step" in err and "loss_qvalue=nan" in err
+    summary = json.loads((run_dir / "summary.json").read_text())
+    (entry,) = summary["diverged"]
+    assert f"step {entry['step']:,}" in err and entry["losses"]["loss_qvalue"] == "nan"
+    assert entry["step"] <= steps_at_most
+    agent = load_agent(run_dir)  # the newest checkpoint
+    assert bool(all_finite(agent.state)) and agent.checkpoint_step >= entry["step"]
+    assert entry["checkpoint"].endswith(str(agent.checkpoint_step))
+    return entry
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "gymnax:CartPole-v1"])
+def test_a_diverging_run_stops_exits_3_and_keeps_its_last_finite_parameters(tmp_path, capsys, env_id):
+    run_dir = tmp_path / "run"
+    code = main(["train", "dqn", env_id, "--steps", "20000", "--run-dir", str(run_dir), "--quiet", *DIVERGE])
+    err = capsys.readouterr().err
+    assert code == 3
+    entry = _check_diverged_run(run_dir, err, steps_at_most=5120)
+    assert entry["step"] >= 1000  # the preset learns from step 1,000 on: the first update diverges
+
+
+def test_seeds_trained_together_go_on_where_they_did_not_diverge():
+    import kitae.config as cfg
+    from kitae.algos.collections.dqn import DQN, DQNParams
+    from kitae.envs.make import make_jax_env
+    from kitae.loops.compiled import CompiledExecutor
+
+    env = make_jax_env("gymnax:CartPole-v1", 1)
+    config = cfg.AlgoConfig(
+        seed=0,
+        algo_params=DQNParams(start_step=100, skip_steps=1),
+        update_cfg=cfg.UpdateConfig(learning_rate=1e-3, max_buffer_size=1000, batch_size=32),
+        train_cfg=cfg.TrainConfig(n_env_steps=600),
+        env_cfg=cfg.EnvConfig("gymnax:CartPole-v1", env.single_observation_space, env.single_action_space),
+    )
+    agent = DQN("dqn", config, run_dir="unused")
+    # seed 1 diverges: its starting parameters hold a NaN, which the first update spreads
+    fresh = CompiledExecutor().run(agent, env, 200, seeds=[0, 1])
+    state = fresh.state._replace(
+        agent_state=jax.tree_util.tree_map(
+            lambda x: x.at[1].set(np.nan) if np.issubdtype(x.dtype, np.floating) else x, fresh.state.agent_state
+        )
+    )
+    result = CompiledExecutor().run(agent, env, 600, seeds=[0, 1], start=state, segment_iterations=50)
+    assert result.divergence(0) is None and result.divergence(1) is not None
+    assert result.divergence(1).step == 201 and not result.stopped  # the first update after the restart
+    assert len(result.update_steps[0]) == 400 and len(result.update_steps[1]) == 0  # seed 1 no longer learns
+    assert "nan" in result.divergence(1).describe()

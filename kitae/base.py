@@ -39,6 +39,7 @@ environment transitions summed over all environments.
 from __future__ import annotations
 
 import abc
+import copy
 import dataclasses
 from collections.abc import Callable
 from functools import partial
@@ -295,29 +296,56 @@ class BaseAgent(IAgent):
         self.preprocess_fn = preprocess_fn
         self.parallel = config.env_cfg.n_agents > 1
         self.vectorized = True  # the executors always hand over (E, ...) batches
-        self.schedule = Schedule.from_config(config, self.algo_type)
 
         self.train_state_factory = train_state_factory
         self.key, self.state = self.initial_state(config.seed, tabulate=tabulate)
         self._key_block, self._key_index = np.zeros((0, 2), np.uint32), 0
         self._pure_keys = False  # True while act() runs a guide-style explore as a pure function
 
-        self.explore_fn = explore_general_factory(explore_factory(config), self.vectorized, self.parallel)
+        self.explore_factory = explore_factory
         self.process_experience_factory = process_experience_factory
         self.update_step_factory = update_step_factory
-        self.process_experience_fn = process_experience_factory(config)
-        self.update_step_fn = update_step_factory(config)
+        self._build_functions()
+        self.buffer = self.make_buffer()
+        self.n_updates = 0
+        self.env_step = 0
+
+    def _build_functions(self) -> None:
+        """Makes the agent's functions from ``self.config`` (its factories' outputs, the update
+        and the compiled entry points). Run by ``__init__`` and by ``with_config``."""
+        config = self.config
+        self.schedule = Schedule.from_config(config, self.algo_type)
+        self.explore_fn = explore_general_factory(self.explore_factory(config), self.vectorized, self.parallel)
+        self.process_experience_fn = self.process_experience_factory(config)
+        self.update_step_fn = self.update_step_factory(config)
         self.process_experience_pipeline = ExperiencePipeline(
             [self.process_experience_fn],
             vectorized=self.algo_type is AlgoType.ON_POLICY,
             parallel=self.parallel,
         )
-        self.buffer = self.make_buffer()
         self.update_fn = self._make_update_fn()
         self._update_jit = jax.jit(self.update_with_replay)
         self._act_jit = jax.jit(self.act, static_argnames=("deterministic",))
-        self.n_updates = 0
-        self.env_step = 0
+        self._configure()
+
+    def _configure(self) -> None:
+        """What a subclass makes from ``self.config`` beside the four factories' functions (its
+        gradient functions, exploration constants...): run when the agent is made and by
+        ``with_config``. Subclasses that override it call ``super()._configure()``."""
+
+    def with_config(self, config: AlgoConfig) -> BaseAgent:
+        """A copy of the agent whose functions are rebuilt from ``config`` (its state, key and
+        counters are this agent's, shared, not copied).
+
+        ``config`` may hold traced values (``kitae.config.traced_config``): inside ``jax.jit`` or
+        ``jax.vmap``, the copy's update and acting then compute with them, which is how a sweep
+        trains several hyperparameter values in one program. ``config`` must keep every shape
+        of this agent's (spaces, sizes, counts); it is not validated again.
+        """
+        clone = copy.copy(self)
+        clone.config = config
+        clone._build_functions()
+        return clone
 
     def initial_state(self, seed: int | jax.Array, *, tabulate: bool = False) -> tuple[jax.Array, Any]:
         """The key and state a fresh agent made with ``seed`` starts from.

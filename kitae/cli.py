@@ -2,6 +2,8 @@
 
     kitae train [ALGO] [ENV] [--steps N] [--seed S] [--seeds K] [--n-envs E]
                 [--config FILE.yaml] [--set KEY=VALUE ...] [--run-dir DIR] [--quiet]
+    kitae sweep ALGO ENV --grid KEY=V1,V2,... [--grid ...] [--seeds K] [--steps N] [--seed S]
+                [--n-envs E] [--config FILE.yaml] [--set KEY=VALUE ...] [--sweep-dir DIR] [--quiet]
     kitae resume RUN_DIR [--steps N] [--quiet]
     kitae eval RUN_DIR [--episodes N] [--video] [--seed S]
     kitae plot RUN_DIR [RUN_DIR ...] [-o FILE.png]
@@ -32,6 +34,18 @@ EXAMPLES_TRAIN = """examples:
 
 Checkpoints go to RUN_DIR/checkpoints/<step>/ every train_cfg.save_frequency steps (-1: only at
 the end), at the end, and on Ctrl-C / SIGTERM, which stop the run cleanly; kitae resume goes on.
+"""
+
+EXAMPLES_SWEEP = """examples:
+  kitae sweep ppo gymnax:CartPole-v1 --grid update_cfg.learning_rate=1e-4,3e-4,1e-3,3e-3 --seeds 4
+  kitae sweep ppo gymnax:CartPole-v1 --grid update_cfg.learning_rate=3e-4,1e-3 --grid algo_params.clip_coef=0.1,0.2
+  kitae sweep dqn CartPole-v1 --grid update_cfg.learning_rate=1e-4,1e-3   # host loop: one after another
+
+Every combination x seed of a JAX environment trains in ONE compiled program (the swept values
+are traced, vmapped like seeds). Only float fields can be swept (integers, booleans and strings
+decide shapes): the error lists those of the algorithm. Writes SWEEP_DIR/<combination>/ (a run
+directory each: kitae resume, eval and plot take them), sweep.json, table.txt and curves.png.
+A combination that diverges is marked in the table; the others go on.
 """
 
 EXAMPLES_RESUME = """examples:
@@ -87,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
         "kitae COMMAND --help tells more.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", parser_class=_Parser, metavar="{train,resume,eval,plot}")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser, metavar="{train,sweep,resume,eval,plot}")
 
     train = sub.add_parser(
         "train",
@@ -139,6 +153,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.add_argument("--run-dir", help="where to write the run (default runs/<algo>-<env>-s<seed>-<time>)")
     train.add_argument("--quiet", action="store_true", help="no progress bar (for scripts and CI)")
+
+    sweep = sub.add_parser(
+        "sweep",
+        help="train a grid of hyperparameters x seeds (one compiled program for JAX environments)",
+        description="Train every combination of --grid values with every seed; writes a sweep directory with "
+        "one run directory per combination, sweep.json, table.txt and curves.png.",
+        epilog=EXAMPLES_SWEEP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sweep.add_argument("algo", help="a kitae train algorithm (ppo, dqn, sac, ...)")
+    sweep.add_argument("env", help="SOURCE:ID, e.g. gymnax:CartPole-v1")
+    sweep.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        required=True,
+        metavar="KEY=V1,V2,...",
+        help="a float field and its values, e.g. update_cfg.learning_rate=1e-4,3e-4 (repeatable: the product)",
+    )
+    sweep.add_argument("--seeds", type=_positive_int, default=1, help="seeds per combination (default 1)")
+    sweep.add_argument("--steps", type=_positive_int, help="environment steps of each run")
+    sweep.add_argument("--seed", type=_positive_int, help="the first seed (default from the preset: 0)")
+    sweep.add_argument("--n-envs", type=_positive_int, help="number of environments")
+    sweep.add_argument("--config", help="a YAML file, as for kitae train")
+    sweep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="as for kitae train")
+    sweep.add_argument("--sweep-dir", help="where to write the sweep (default runs/sweep-<algo>-<env>-s<seed>-<time>)")
+    sweep.add_argument("--quiet", action="store_true", help="no progress bar")
 
     resume = sub.add_parser(
         "resume",
@@ -210,6 +251,44 @@ def _train(args: argparse.Namespace) -> int:
         address=args.address,
     )
     return _report(train_run(spec), args.quiet)
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from kitae.runs.sweep import SweepSpec, format_table, sweep_run
+
+    spec = SweepSpec(
+        algo=args.algo,
+        env_id=args.env,
+        grid=args.grid,
+        seeds=args.seeds,
+        steps=args.steps,
+        seed=args.seed,
+        n_envs=args.n_envs,
+        config_file=args.config,
+        sets=args.set,
+        sweep_dir=args.sweep_dir,
+        quiet=args.quiet,
+    )
+    report = sweep_run(spec)
+    if report.get("stopped"):
+        print(
+            f"kitae: sweep stopped by {report['signal']} at step {report['steps']:,}; each combination's checkpoint "
+            f"is in {report['sweep_dir']}/<combination>/ (kitae resume goes on with one)",
+            file=sys.stderr,
+        )
+        return 128 + int(report["signum"])
+    print(format_table(report))
+    how = "one program" if report["one_program"] else "one after another"
+    timing = (
+        f", compile {report['compile_seconds']:.1f} s, train {report['train_seconds']:.1f} s"
+        if report["one_program"]
+        else ""
+    )
+    print(
+        f"{len(report['combinations'])} combinations x {len(report['seeds'])} seeds ({how}){timing}, "
+        f"wall {report['wall_seconds']:.1f} s -> {report['sweep_dir']}"
+    )
+    return 0
 
 
 def _resume(args: argparse.Namespace) -> int:
@@ -286,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     from kitae.runs import RunDiverged, RunError
     from kitae.runs.checkpoints import CheckpointError, CheckpointWarning
 
-    commands = {"train": _train, "resume": _resume, "eval": _eval, "plot": _plot}
+    commands = {"train": _train, "sweep": _sweep, "resume": _resume, "eval": _eval, "plot": _plot}
     with warnings.catch_warnings():  # restores the warning filters and display afterwards
         warnings.simplefilter("always", CheckpointWarning)
         warnings.showwarning = _warnings_in_one_line(warnings.showwarning)

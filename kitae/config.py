@@ -15,6 +15,7 @@ transitions (for on-policy agents, the rollout length).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import types
 import typing
@@ -570,4 +571,56 @@ def _algo_params_to_dict(params: Any) -> dict[str, Any]:
                 "use a named schedule or a number"
             )
         out[f.name] = value
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Configs with traced values (sweeps)
+# ---------------------------------------------------------------------------------------------
+
+SWEEP_SECTIONS = ("algo_params", "update_cfg", "replay")
+"""The config sections whose float fields a sweep may vary."""
+
+
+def sweepable_keys(config: AlgoConfig) -> list[str]:
+    """The dotted keys of ``config`` a sweep may vary: its float fields (``update_cfg.learning_rate``,
+    ``algo_params.clip_eps``...), which the agent reads as numbers in its computations. Integers,
+    booleans, strings and ``None`` decide shapes or the program's structure: one program cannot
+    vary them."""
+    keys = []
+    for section in SWEEP_SECTIONS:
+        obj = getattr(config, section)
+        for field in dataclasses.fields(obj):
+            value = getattr(obj, field.name)
+            if isinstance(value, float):
+                keys.append(f"{section}.{field.name}")
+    return sorted(keys)
+
+
+def config_value(config: AlgoConfig, key: str) -> Any:
+    """The value of the dotted ``key`` (``"update_cfg.learning_rate"``) in ``config``."""
+    section, _, name = key.partition(".")
+    return getattr(getattr(config, section), name)
+
+
+def traced_config(config: AlgoConfig, values: dict[str, Any]) -> AlgoConfig:
+    """``config`` with ``values`` (``{dotted key: value}``) put in place WITHOUT validation, so the
+    values may be JAX tracers (inside ``jax.vmap``/``jax.jit``): what ``BaseAgent.with_config``
+    builds a sweep's agent from. Validate each concrete value first (``dataclasses.replace``).
+
+    Raises:
+        ValueError: for a key that ``sweepable_keys`` does not list.
+    """
+    allowed = sweepable_keys(config)
+    out = copy.copy(config)
+    sections: dict[str, Any] = {}
+    for key, value in values.items():
+        if key not in allowed:
+            raise ValueError(f"{key!r} cannot be swept; allowed: {', '.join(allowed)}")
+        section, _, name = key.partition(".")
+        if section not in sections:
+            sections[section] = copy.copy(getattr(config, section))
+        object.__setattr__(sections[section], name, value)  # ReplayConfig is frozen
+    for section, obj in sections.items():
+        setattr(out, section, obj)
     return out

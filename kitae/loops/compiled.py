@@ -31,7 +31,7 @@ import numpy as np
 from kitae.compilation_cache import use_compilation_cache
 from kitae.envs.jax_env import VecJaxEnv
 from kitae.loops.callbacks import Callback, CallbackList, LossMeans, Progress, RunInfo
-from kitae.loops.program import IterationMetrics, loop_state_shape, make_loop_functions
+from kitae.loops.program import IterationMetrics, loop_state_shape, make_loop_functions, make_variant_functions
 from kitae.loops.result import Divergence, Episodes, RunResult
 from kitae.loops.state import (
     LoopState,
@@ -106,6 +106,31 @@ def _divergence(metrics: IterationMetrics, seed_index: int, batched: bool) -> Di
     return Divergence(int(m.env_step[j]), {k: float(v[j]) for k, v in m.info.items()})
 
 
+def _variant_values(variants: dict[str, Any] | None, seeds: list[int], batched: bool) -> dict[str, jax.Array]:
+    """``{key: float32 (S,)}`` from ``CompiledExecutor.run``'s ``variants``, checked."""
+    if not variants:
+        return {}
+    if not batched:
+        raise ValueError("variants need seeds: one row of values per seed of the batch")
+    out = {}
+    for key, column in variants.items():
+        column = np.asarray(column, np.float32)
+        if column.shape != (len(seeds),):
+            raise ValueError(
+                f"variants[{key!r}] has shape {column.shape}; allowed: one value per seed, ({len(seeds)},)"
+            )
+        out[key] = jnp.asarray(column)
+    return out
+
+
+def _first_of_each(values: dict[str, jax.Array], n_rows: int) -> list[int]:
+    """The first row of each distinct configuration (``[0]`` without variants)."""
+    seen: dict[tuple, int] = {}
+    for row in range(n_rows):
+        seen.setdefault(tuple(float(v[row]) for v in values.values()), row)
+    return sorted(seen.values())
+
+
 def _concat_metrics(chunks: list[IterationMetrics], batched: bool) -> IterationMetrics:
     return jax.tree_util.tree_map(lambda *xs: np.concatenate(xs, axis=1 if batched else 0), *chunks)
 
@@ -129,6 +154,7 @@ class CompiledExecutor:
         use_cache: bool = True,
         shard: bool = True,
         segment_iterations: int | None = None,
+        variants: dict[str, Any] | None = None,
     ) -> RunResult:
         """Trains ``agent`` in ``env`` until ``n_env_steps`` environment steps in all.
 
@@ -155,6 +181,11 @@ class CompiledExecutor:
                 seed axis across devices (``jax.sharding``).
             segment_iterations: the longest segment, in iterations (default: a twentieth of the run,
                 at most the checkpoint period).
+            variants: ``{dotted config key: values}``, one value per entry of ``seeds``: each row of
+                the batch trains with its own values of these float hyperparameters (traced in the
+                program: ``kitae.loops.program.make_variant_functions``), so a grid of
+                configurations x seeds is one program (``kitae sweep``). The agent's config holds
+                the other fields.
 
         Returns:
             A ``RunResult`` (its ``state`` is the final ``LoopState``; the agent is not changed).
@@ -164,7 +195,8 @@ class CompiledExecutor:
             use_compilation_cache()
         callbacks = callbacks if isinstance(callbacks, Callback) else CallbackList(callbacks)
         segmented = bool(getattr(callbacks, "callbacks", [callbacks])) or segment_iterations is not None
-        fresh, attach, run = make_loop_functions(agent, env)
+        keys = tuple(variants or {})
+        fresh, attach, run = make_variant_functions(agent, env, keys)
         schedule = agent.schedule
         per_iteration = schedule.steps_per_iteration
         n_iterations = schedule.n_iterations(n_env_steps)
@@ -174,6 +206,7 @@ class CompiledExecutor:
             if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**32:
                 raise ValueError(f"seed={seed!r} is not allowed; allowed: an int in [0, 2**32)")
         seed_array = jnp.asarray(seed_list if batched else seed_list[0], dtype=jnp.uint32)
+        values = _variant_values(variants, seed_list, batched)
         sharding = None
         if batched and shard and jax.device_count() > 1 and len(seed_list) % jax.device_count() == 0:
             mesh = jax.sharding.Mesh(np.array(jax.devices()), ("seeds",))
@@ -188,7 +221,7 @@ class CompiledExecutor:
             # vmapped initial-state programs (recurrent PPO's, 3 seeds x 8 envs: every thread
             # idle, the result never ready); a seed's own state is the same either way
             one = jax.jit(fresh)
-            states = [one(seed) for seed in seed_array]
+            states = [one(seed, {k: v[i] for k, v in values.items()}) for i, seed in enumerate(seed_array)]
             state = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *states)
             if sharding is not None:
                 state = jax.device_put(state, sharding)
@@ -212,15 +245,15 @@ class CompiledExecutor:
         if not segmented:
             count = n_iterations - first
 
-            def program(state: LoopState) -> tuple[LoopState, IterationMetrics]:
+            def program(state: LoopState, values: dict) -> tuple[LoopState, IterationMetrics]:
                 if batched:
-                    return jax.vmap(lambda s: run(s, count, first))(state)
-                return run(state, count, first)
+                    return jax.vmap(lambda s, v: run(s, v, count, first))(state, values)
+                return run(state, values, count, first)
 
-            compiled = jax.jit(program).lower(state).compile()
+            compiled = jax.jit(program).lower(state, values).compile()
             compile_seconds = time.perf_counter() - clock
             clock = time.perf_counter()
-            state, metrics = compiled(state)
+            state, metrics = compiled(state, values)
             jax.block_until_ready(state)
             train_seconds = time.perf_counter() - clock
             metrics = jax.tree_util.tree_map(np.asarray, metrics)
@@ -232,17 +265,34 @@ class CompiledExecutor:
                 length = min(length, max(1, -(-schedule.save_frequency // per_iteration)))
 
             def segment(
-                state: LoopState, n: jax.Array, index: jax.Array, diverged: jax.Array
+                state: LoopState, values: dict, n: jax.Array, index: jax.Array, diverged: jax.Array
             ) -> tuple[LoopState, IterationMetrics]:
                 if batched:
-                    return jax.vmap(lambda s, d: run(s, n, index, length=length, diverged=d))(state, diverged)
-                return run(state, n, index, length=length, diverged=diverged)
+                    return jax.vmap(lambda s, v, d: run(s, v, n, index, length=length, diverged=d))(
+                        state, values, diverged
+                    )
+                return run(state, values, n, index, length=length, diverged=diverged)
 
             no_divergence = jnp.zeros((len(seed_list),) if batched else (), bool)
-            compiled = jax.jit(segment).lower(state, jnp.int32(0), jnp.int32(0), no_divergence).compile()
+            lowered = jax.jit(segment).lower(state, values, jnp.int32(0), jnp.int32(0), no_divergence)
+            executable = lowered.compile()
+
+            def segment_call(state: LoopState, n: jax.Array, index: jax.Array, diverged: jax.Array) -> tuple:
+                return executable(state, values, n, index, diverged)
+
             compile_seconds = time.perf_counter() - clock
             state, metrics, train_seconds, stopped, done = self._segments(
-                compiled, state, first, n_iterations, length, schedule, seed_list, batched, agent, callbacks
+                segment_call,
+                state,
+                first,
+                n_iterations,
+                length,
+                schedule,
+                seed_list,
+                batched,
+                agent,
+                callbacks,
+                _first_of_each(values, len(seed_list)),
             )
 
         env_steps = done * per_iteration
@@ -281,10 +331,12 @@ class CompiledExecutor:
         batched: bool,
         agent: Any,
         callbacks: Callback,
+        loss_rows: list[int],
     ) -> tuple:
         """Runs the plan's segments, reporting to the callbacks between them."""
         first_step = first * schedule.steps_per_iteration
-        losses = LossMeans(agent.config.train_cfg.log_frequency, first_step)
+        # losses are logged for the first seed of each configuration (of the run: seed index 0)
+        losses = {row: LossMeans(agent.config.train_cfg.log_frequency, first_step) for row in loss_rows}
         chunks, train_seconds, stopped, done = [], 0.0, False, first
         diverged = jnp.zeros((len(seeds),) if batched else (), bool)
         for index, n, save in segment_plan(first, total, schedule, length):
@@ -301,11 +353,12 @@ class CompiledExecutor:
                 if len(episodes):
                     callbacks.on_episodes(episodes)
                     latest.append(float(np.sum(episodes.return_ * episodes.count) / np.sum(episodes.count)))
-            first_seed = pick_seed(rows, 0) if batched else rows
-            for j in np.flatnonzero(first_seed.updated):
-                logged = losses.add(int(first_seed.env_step[j]), {k: float(v[j]) for k, v in first_seed.info.items()})
-                if logged is not None:
-                    callbacks.on_losses(*logged, 0 if batched else None)
+            for row, means in losses.items():
+                seed_rows = pick_seed(rows, row) if batched else rows
+                for j in np.flatnonzero(seed_rows.updated):
+                    logged = means.add(int(seed_rows.env_step[j]), {k: float(v[j]) for k, v in seed_rows.info.items()})
+                    if logged is not None:
+                        callbacks.on_losses(*logged, row if batched else None)
             step = done * schedule.steps_per_iteration
             callbacks.on_progress(
                 Progress(
@@ -316,9 +369,10 @@ class CompiledExecutor:
             # together go on, the diverged ones no longer updating
             stopped = done < total and (callbacks.should_stop() or bool(not batched and diverged))
             if save or stopped:
-                logged = losses.flush(step)  # the loss points do not depend on where a run was cut
-                if logged is not None:
-                    callbacks.on_losses(*logged, 0 if batched else None)
+                for row, means in losses.items():
+                    logged = means.flush(step)  # the loss points do not depend on where a run was cut
+                    if logged is not None:
+                        callbacks.on_losses(*logged, row if batched else None)
                 callbacks.on_checkpoint(self._payload(state, seeds if batched else None))
             if stopped:
                 break

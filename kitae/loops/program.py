@@ -31,7 +31,7 @@ from kitae.loops.jax_collect import jax_vector_step, reset_env_carry
 from kitae.loops.multi_agent import env_agents
 from kitae.loops.state import LoopState, env_reset_key, mark_episodes_cut, strongly_typed
 
-__all__ = ["IterationMetrics", "make_loop_functions", "loop_state_shape"]
+__all__ = ["IterationMetrics", "make_loop_functions", "make_variant_functions", "loop_state_shape"]
 
 
 class IterationMetrics(NamedTuple):
@@ -254,6 +254,60 @@ def make_loop_functions(agent: Any, env: VecJaxEnv) -> tuple[Callable, Callable,
 
         (state, _), rows = jax.lax.fori_loop(0, jnp.minimum(n_iterations, length), body, (carry, rows))
         return state, rows
+
+    return fresh, attach, run
+
+
+def _rebind(tree: Any, like: Any) -> Any:
+    """``tree``'s leaves in ``like``'s structure: the same arrays, with the static parts (an
+    optimizer, an apply function: made from a config) of ``like``."""
+    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(like), jax.tree_util.tree_leaves(tree))
+
+
+def make_variant_functions(agent: Any, env: VecJaxEnv, keys: tuple[str, ...]) -> tuple[Callable, Callable, Callable]:
+    """``make_loop_functions`` for an agent whose float hyperparameters ``keys`` are arguments:
+    ``fresh(seed, values)``, ``attach(state, seed)`` and ``run(state, values, n_iterations,
+    first_index=0, *, length=None, diverged=False)``, with ``values`` a ``{key: scalar}`` dict (traced
+    in the program: ``jax.vmap`` over it trains several configurations in one program, as over
+    seeds).
+
+    Inside each function the agent is rebuilt from ``kitae.config.traced_config`` with the given
+    values (``BaseAgent.with_config``). A state's static parts (a ``TrainState``'s optimizer, made
+    from the learning rate) are made from the config too: the functions take and return states in
+    the structure of ``agent``'s own state, and rebuild the traced agent's inside.
+
+    Raises:
+        ValueError: for a key that is not a float field of the config
+            (``kitae.config.sweepable_keys``).
+    """
+    from kitae.config import traced_config
+
+    traced_config(agent.config, dict.fromkeys(keys, 0.0))  # refuses unknown or non-float keys now
+    base_fresh, attach, base_run = make_loop_functions(agent, env)
+    if not keys:
+
+        def plain_fresh(seed: jax.Array, values: dict) -> LoopState:
+            return base_fresh(seed)
+
+        def plain_run(state: LoopState, values: dict, *args: Any, **kwargs: Any) -> tuple[LoopState, Any]:
+            return base_run(state, *args, **kwargs)
+
+        return plain_fresh, attach, plain_run
+    like = jax.eval_shape(lambda: agent.initial_state(jnp.zeros((), jnp.uint32))[1])
+
+    def agent_of(values: dict[str, jax.Array]) -> Any:
+        return agent.with_config(traced_config(agent.config, {k: values[k] for k in keys}))
+
+    def fresh(seed: jax.Array, values: dict[str, jax.Array]) -> LoopState:
+        state = make_loop_functions(agent_of(values), env)[0](seed)
+        return state._replace(agent_state=_rebind(state.agent_state, like))
+
+    def run(state: LoopState, values: dict[str, jax.Array], *args: Any, **kwargs: Any) -> tuple[LoopState, Any]:
+        variant = agent_of(values)
+        own = jax.eval_shape(lambda: variant.initial_state(jnp.zeros((), jnp.uint32))[1])
+        run_fn = make_loop_functions(variant, env)[2]
+        state, metrics = run_fn(state._replace(agent_state=_rebind(state.agent_state, own)), *args, **kwargs)
+        return state._replace(agent_state=_rebind(state.agent_state, like)), metrics
 
     return fresh, attach, run
 

@@ -56,7 +56,16 @@ from kitae.runs.rundir import (
 from kitae.runs.signals import StopRequest, stop_on_signals
 from kitae.validation import check_positive_int
 
-__all__ = ["train_run", "resume_run", "train_agent", "resume_agent", "Plan", "execute"]
+__all__ = [
+    "train_run",
+    "resume_run",
+    "train_agent",
+    "resume_agent",
+    "Plan",
+    "execute",
+    "train_plans",
+    "write_run_summary",
+]
 
 
 @dataclasses.dataclass
@@ -182,31 +191,47 @@ def execute(
     _plot(run, rows)
     if stopped is not None:
         return stopped, results
-    trained = results
-    train_seconds = sum(r.train_seconds for r in trained)
-    done = sum((r.env_steps - r.start_step) * len(r.seeds) for r in trained)
+    summary = write_run_summary(
+        run, results, rows, fingerprints, divergences, steps, time.perf_counter() - clock, extra_summary
+    )
+    if divergences:
+        raise RunDiverged("; ".join(_describe(d, several=bool(run.seeds)) for d in divergences))
+    return {**summary, "run_dir": str(run_dir)}, results
+
+
+def write_run_summary(
+    run: ResolvedRun,
+    results: list[RunResult],
+    rows: list[dict],
+    fingerprints: list[str],
+    divergences: list[dict],
+    steps: int,
+    wall_seconds: float,
+    extra: dict | None = None,
+) -> dict:
+    """Writes the run directory's ``summary.json`` (``docs/runs.md``) from what trained it and
+    its ``metrics.jsonl`` rows; returns it."""
+    train_seconds = sum(r.train_seconds for r in results)
+    done = sum((r.env_steps - r.start_step) * len(r.seeds) for r in results)
     seeds = run.seeds
     finals = [final_return_from_rows(rows, seed) for seed in (seeds or [run.config.seed])]
-    summary = write_summary(
-        run_dir,
+    return write_summary(
+        run.run_dir,
         algo=run.algo,
         env=run.env.id,
         **({"seeds": seeds} if seeds else {"seed": run.config.seed}),
         steps=steps,
-        wall_seconds=time.perf_counter() - clock,
-        compile_seconds=float(np.mean([r.compile_seconds for r in trained])) if trained else 0.0,
+        wall_seconds=wall_seconds,
+        compile_seconds=float(np.mean([r.compile_seconds for r in results])) if results else 0.0,
         train_seconds=train_seconds,
         sps=(done / train_seconds / (len(seeds) if seeds else 1)) if train_seconds else float("nan"),
         final_return=finals if seeds else finals[0],
         peak_rss_mb=peak_rss_mb(),
         state_fingerprint=fingerprints if seeds else fingerprints[0],
-        **_distributed_summary(trained),
+        **_distributed_summary(results),
         **({"diverged": divergences} if divergences else {}),
-        **(extra_summary or {}),
+        **(extra or {}),
     )
-    if divergences:
-        raise RunDiverged("; ".join(_describe(d, several=bool(seeds)) for d in divergences))
-    return {**summary, "run_dir": str(run_dir)}, results
 
 
 def _divergences(result: RunResult, run_dir: Path, checkpoint: Path | None) -> list[dict]:
@@ -293,15 +318,19 @@ def train_run(spec: RunSpec) -> dict:
     agent = run.make_agent()
     run.run_dir.mkdir(parents=True, exist_ok=True)
     write_config(run.run_dir, run.config)
+    return execute(run, train_plans(run, agent, env), run.total, quiet=spec.quiet)[0]
+
+
+def train_plans(run: ResolvedRun, agent: Any, env: Any) -> list[Plan]:
+    """The plans of a new run: one per seed in the host loop (``checkpoints/seed-<seed>/``), one
+    for all its seeds where the executor trains them together."""
     root = run.run_dir / "checkpoints"
     if run.seeds and not run.executor.batches_seeds:
-        plans = [
+        return [
             Plan(root / f"seed-{seed}", seed, agent=agent if i == 0 else None, env=env if i == 0 else None)
             for i, seed in enumerate(run.seeds)
         ]
-    else:
-        plans = [Plan(root, run.config.seed, seeds=run.seeds, agent=agent, env=env)]
-    return execute(run, plans, run.total, quiet=spec.quiet)[0]
+    return [Plan(root, run.config.seed, seeds=run.seeds, agent=agent, env=env)]
 
 
 def train_agent(agent: Any, env: Any, n_env_steps: int | None, *, callbacks: Any = (), quiet: bool = True) -> RunResult:

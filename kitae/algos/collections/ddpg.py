@@ -223,13 +223,17 @@ class DDPG(OffPolicyAgent):
             experience_type=Experience,
             run_dir=run_dir,
         )
-        self.algo_params: DDPGParams = p
+
+    def _configure(self) -> None:
+        super()._configure()
+        config = self.config
+        self.algo_params: DDPGParams = config.algo_params
         self.compute_gradients_fn = compute_gradients_factory(config)
         self.gradient_factories = (compute_gradients_factory, apply_gradients_factory)
         self.apply_gradients_fn = apply_gradients_factory(config)
         self._action_dim = int(np.prod(config.env_cfg.action_space.shape or (1,)))  # a 1-D Box
         self._explore = explore_factory(config)  # per agent in multi-agent mode (act splits the keys)
-        self._not_random = np.asarray(p.start_step, np.int32)  # env_step >= start_step
+        self._not_random = np.asarray(self.algo_params.start_step, np.int32)  # env_step >= start_step
 
     def acting_params(self, state: td3.TD3State) -> td3.TD3State:
         """The actor without its optimizer state and target parameters (what acting reads)."""

@@ -645,6 +645,9 @@ class DQN(OffPolicyAgent):
             experience_type=Experience,
             run_dir=run_dir,
         )
+
+    def _configure(self) -> None:
+        super()._configure()
         self.algo_params = self.config.algo_params
         self.compute_gradients_fn = compute_gradients_factory(self.config)
         self.gradient_factories = (compute_gradients_factory, apply_gradients_factory)

@@ -616,6 +616,10 @@ class MPO(OffPolicyAgent):
             experience_type=Experience,
             run_dir=run_dir,
         )
+
+    def _configure(self) -> None:
+        super()._configure()
+        config = self.config
         self.algo_params: MPOParams = config.algo_params
         self.compute_gradients_fn = compute_gradients_factory(config)
         self.gradient_factories = (compute_gradients_factory, apply_gradients_factory)

@@ -1061,6 +1061,10 @@ class PPO(OnPolicyAgent):
             experience_type=Experience,
             run_dir=run_dir,
         )
+
+    def _configure(self) -> None:
+        super()._configure()
+        config, factories = self.config, self.collection_factories()
         self.algo_params: Any = config.algo_params
         self.compute_gradients_fn = factories.compute_gradients(config)
         self.gradient_factories = (factories.compute_gradients, factories.apply_gradients)

@@ -514,7 +514,10 @@ class RecurrentPPO(OnPolicyAgent):
             experience_type=RecurrentExperience,
             run_dir=run_dir,
         )
-        self.algo_params = config.algo_params
+
+    def _configure(self) -> None:
+        super()._configure()
+        self.algo_params = self.config.algo_params
         self.gradient_factories = (compute_gradients_factory, apply_gradients_factory)
 
     @property

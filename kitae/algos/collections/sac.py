@@ -725,6 +725,10 @@ class SAC(OffPolicyAgent):
             experience_type=SACExperience,
             run_dir=run_dir,
         )
+
+    def _configure(self) -> None:
+        super()._configure()
+        compute_gradients = DISCRETE_FACTORIES["compute_gradients"] if self.discrete else compute_gradients_factory
         self.algo_params: SACParams = self.config.algo_params
         self.compute_gradients_fn = compute_gradients(self.config)
         self.gradient_factories = (compute_gradients, apply_gradients_factory)

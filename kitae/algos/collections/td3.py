@@ -629,11 +629,15 @@ class TD3(OffPolicyAgent):
             experience_type=Experience,
             run_dir=run_dir,
         )
+
+    def _configure(self) -> None:
+        super()._configure()
+        config = self.config
         self.algo_params: TD3Params = config.algo_params
         self.compute_gradients_fn = compute_gradients_factory(config)
         self.gradient_factories = (compute_gradients_factory, apply_gradients_factory)
         self.apply_gradients_fn = apply_gradients_factory(config)
-        self._exploration_noise = np.asarray(self.algo_params.exploration_noise, np.float32)
+        self._exploration_noise = jnp.asarray(self.algo_params.exploration_noise, jnp.float32)
         self._no_noise = np.asarray(0.0, np.float32)
         self._not_random = np.asarray(self.algo_params.start_step, np.int32)  # env_step >= start_step
 

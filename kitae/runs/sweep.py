@@ -1,0 +1,390 @@
+"""Hyperparameter sweeps: ``kitae sweep ALGO ENV --grid KEY=V1,V2,... --seeds K``.
+
+Every combination of the grid's values trains with every seed. In a JAX environment the whole
+sweep is ONE compiled program: the swept float hyperparameters become traced values of the agent
+(``kitae.loops.program.make_variant_functions``), vmapped beside the seeds, so C combinations x K
+seeds cost one compile and one batched run. Fields that decide shapes or the program's structure
+(integers, booleans, strings, ``None``) cannot be traced; the sweep refuses them and names the
+keys it can sweep (``kitae.config.sweepable_keys``). In the host loop (Gymnasium, EnvPool,
+PettingZoo) the combinations train one after another, each as ``kitae train`` would.
+
+The sweep directory::
+
+    SWEEP_DIR/
+      <key>=<value>,.../   one run directory per combination (docs/runs.md: config.yaml,
+                           checkpoints/, logs/, metrics.jsonl, summary.json, curve.png), which
+                           kitae resume, eval and plot take like any other
+      sweep.json           the grid, and per combination its values, final returns (per seed,
+                           mean, std, min, max), whether it diverged, its run directory; timings
+      table.txt            the same as a table, best mean final return first
+      curves.png           one line (mean over seeds) and band (min-max) per combination
+
+A combination that diverges (``kitae.loops.collect.update_step``: a non-finite loss or state) is
+marked ``diverged`` in the table and ``sweep.json``; its seeds stop updating and the other
+combinations go on. Ctrl-C stops the sweep after the current segment with each combination's
+checkpoint saved (``kitae resume`` goes on with each combination's directory).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kitae.config import AlgoConfig, sweepable_keys
+from kitae.loops.callbacks import Callback, RunInfo, WriterLogger
+from kitae.loops.compiled import CompiledExecutor
+from kitae.loops.result import Episodes, RunResult
+from kitae.loops.state import Payload, pick_seed
+from kitae.runs.callbacks import CheckpointSaver, MetricsLogger
+from kitae.runs.checkpoints import Checkpointer
+from kitae.runs.errors import RunDiverged, RunError
+from kitae.runs.plotting import curves_from_metrics, plot_curves
+from kitae.runs.presets import parse_value
+from kitae.runs.progress import ProgressBar
+from kitae.runs.resolve import ResolvedRun, RunSpec, resolve_train
+from kitae.runs.rundir import MetricsFile, read_metrics, state_fingerprint, write_config
+from kitae.runs.session import _divergences, _plot, _tensorboard, execute, train_plans, write_run_summary
+from kitae.runs.signals import stop_on_signals
+
+__all__ = ["SweepSpec", "parse_grid", "sweep_run", "format_table"]
+
+
+@dataclasses.dataclass
+class SweepSpec:
+    """What ``kitae sweep`` was asked for.
+
+    Attributes:
+        algo, env_id: as ``kitae train``.
+        grid: ``["update_cfg.learning_rate=1e-4,3e-4", ...]``: each key's values.
+        seeds: seeds per combination (``seed``, ``seed + 1``, ...).
+        steps, seed, n_envs, config_file, sets: as ``kitae train`` (the fields not swept).
+        sweep_dir: the sweep directory (default ``runs/sweep-<algo>-<env>-<time>``).
+        quiet: no progress bar.
+    """
+
+    algo: str
+    env_id: str
+    grid: list[str]
+    seeds: int = 1
+    steps: int | None = None
+    seed: int | None = None
+    n_envs: int | None = None
+    config_file: str | None = None
+    sets: list[str] = dataclasses.field(default_factory=list)
+    sweep_dir: str | None = None
+    quiet: bool = False
+
+
+def parse_grid(items: list[str]) -> dict[str, list[float]]:
+    """``["update_cfg.learning_rate=1e-4,3e-4"]`` -> ``{"update_cfg.learning_rate": [1e-4, 3e-4]}``.
+
+    Raises:
+        RunError: for an item that is not ``KEY=V1,V2,...`` with numbers, or a key given twice.
+    """
+    if not items:
+        raise RunError("give at least one --grid KEY=V1,V2,...")
+    grid: dict[str, list[float]] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key or not text.strip():
+            raise RunError(f"--grid {item!r} is not KEY=V1,V2,...")
+        if key in grid:
+            raise RunError(f"--grid {key} is given twice; give all its values in one --grid")
+        values = []
+        for part in text.split(","):
+            value = parse_value(part.strip())
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise RunError(f"--grid {key}: {part.strip()!r} is not allowed; allowed: numbers, V1,V2,...")
+            values.append(float(value))
+        if len(set(values)) != len(values):
+            raise RunError(f"--grid {key}: the values {text} repeat one")
+        grid[key] = values
+    return grid
+
+
+def _combination_name(values: dict[str, float]) -> str:
+    return ",".join(f"{key.split('.')[-1]}={value:g}" for key, value in values.items())
+
+
+def _with_values(config: AlgoConfig, values: dict[str, float]) -> AlgoConfig:
+    """``config`` with the combination's values, validated as any config is."""
+    sections: dict[str, dict[str, float]] = {}
+    for key, value in values.items():
+        section, _, name = key.partition(".")
+        sections.setdefault(section, {})[name] = value
+    changes = {s: dataclasses.replace(getattr(config, s), **fields) for s, fields in sections.items()}
+    return dataclasses.replace(config, **changes)
+
+
+class _Split(Callback):
+    """Hands each combination's share of a sweep program's events to that combination's callbacks:
+    rows ``c * K .. c * K + K - 1`` of the batch are combination ``c``'s seeds."""
+
+    def __init__(self, children: list[list[Callback]], seeds: list[int]) -> None:
+        self.children, self.seeds = children, seeds
+
+    def _of(self, row: int) -> tuple[list[Callback], int]:
+        return self.children[row // len(self.seeds)], row % len(self.seeds)
+
+    def on_start(self, info: RunInfo) -> None:
+        for callbacks in self.children:
+            for cb in callbacks:
+                cb.on_start(dataclasses.replace(info, seeds=self.seeds))
+
+    def on_episodes(self, episodes: Episodes) -> None:
+        callbacks, index = self._of(episodes.seed_index)
+        for cb in callbacks:
+            cb.on_episodes(
+                Episodes(
+                    episodes.step, episodes.return_, episodes.length, episodes.count, episodes.agent_returns, index
+                )
+            )
+
+    def on_losses(self, step: int, losses: dict[str, float], seed_index: int | None) -> None:
+        callbacks, index = self._of(seed_index or 0)
+        for cb in callbacks:
+            cb.on_losses(step, losses, index)
+
+    def on_checkpoint(self, payload: Payload) -> None:
+        k = len(self.seeds)
+        for c, callbacks in enumerate(self.children):
+            rows = payload.state.__class__(*(_rows(x, c * k, k) for x in payload.state))
+            for cb in callbacks:
+                cb.on_checkpoint(Payload(rows, {**payload.meta, "seeds": self.seeds}))
+
+
+def _rows(tree: Any, first: int, count: int) -> Any:
+    import jax
+
+    return None if tree is None else jax.tree_util.tree_map(lambda x: x[first : first + count], tree)
+
+
+def _share(result: RunResult, c: int, seeds: list[int]) -> RunResult:
+    """Combination ``c``'s part of the sweep program's result (its seeds' rows)."""
+    k = len(seeds)
+    return dataclasses.replace(
+        result,
+        seeds=seeds,
+        state=type(result.state)(*(_rows(x, c * k, k) for x in result.state)),
+        episodes=result.episodes[c * k : (c + 1) * k],
+        update_steps=result.update_steps[c * k : (c + 1) * k],
+        diverged=result.diverged[c * k : (c + 1) * k],
+        metrics=_rows(result.metrics, c * k, k),
+    )
+
+
+def _compiled_sweep(
+    run: ResolvedRun, env: Any, combos: list[tuple[dict[str, float], ResolvedRun]], quiet: bool, clock: float
+) -> tuple[list[RunResult] | None, dict | None]:
+    """Trains every combination x seed in one program; writes each combination's logs and
+    checkpoints as it goes. Returns each combination's result (``None`` if stopped) and the stop."""
+    seeds = run.seeds or [run.config.seed]
+    rows = [s for _ in combos for s in seeds]
+    variants = {key: [values[key] for values, _ in combos for _ in seeds] for key in combos[0][0]}
+    agent = run.make_agent()
+    executor = CompiledExecutor()
+    with contextlib.ExitStack() as stack:
+        stop = stack.enter_context(stop_on_signals())
+        children, savers = [], []
+        for _, combo in combos:
+            metrics = MetricsFile(combo.run_dir / "metrics.jsonl")
+            stack.callback(metrics.close)
+            writer = stack.enter_context(_tensorboard(combo.run_dir))
+            writer.add_text("config", "```\n" + combo.config.to_yaml() + "\n```")
+
+            def flush(metrics: MetricsFile = metrics, writer: Any = writer) -> None:
+                metrics.flush()
+                writer.flush()
+
+            saver = CheckpointSaver(Checkpointer(combo.run_dir / "checkpoints", before_save=flush))
+            savers.append(saver)
+            children.append([MetricsLogger(metrics, seeds), saver, WriterLogger(writer)])
+        bar = ProgressBar(f"sweep {len(combos)} x {len(seeds)} {type(agent).__name__} {run.env.id}", quiet)
+        if not quiet:
+            bar.message(f"compiling the sweep ({len(combos)} combinations x {len(seeds)} seeds, one program)...")
+        try:
+            result = executor.run(
+                agent, env, run.total, seeds=rows, variants=variants, callbacks=[_Split(children, seeds), bar, stop]
+            )
+        finally:
+            bar.close()
+        shares = [_share(result, c, seeds) for c in range(len(combos))]
+        if result.stopped:
+            return None, {"stopped": True, "signal": stop.name, "signum": stop.signal, "steps": result.env_steps}
+        for (_, combo), share, saver in zip(combos, shares, savers):
+            divergences = _divergences(share, combo.run_dir, saver.last)
+            share_rows = (
+                read_metrics(combo.run_dir / "metrics.jsonl") if (combo.run_dir / "metrics.jsonl").exists() else []
+            )
+            _plot(combo, share_rows)
+            fingerprints = [state_fingerprint(pick_seed(share.state.agent_state, i)) for i in range(len(seeds))]
+            write_run_summary(
+                combo,
+                [share],
+                share_rows,
+                fingerprints,
+                divergences,
+                share.env_steps,
+                time.perf_counter() - clock,
+                {"sweep": str(run.run_dir)},
+            )
+    return shares, None
+
+
+def _host_sweep(run: ResolvedRun, env: Any, combos: list[tuple[dict[str, float], ResolvedRun]], quiet: bool) -> None:
+    """Trains the combinations one after another, each as ``kitae train`` would."""
+    for i, (_, combo) in enumerate(combos):
+        combo_env = env if i == 0 else None
+        agent = combo.make_agent()
+        with contextlib.suppress(RunDiverged):  # recorded in its summary.json; the others go on
+            execute(
+                combo,
+                train_plans(combo, agent, combo_env),
+                combo.total,
+                quiet=quiet,
+                extra_summary={"sweep": str(run.run_dir)},
+            )
+
+
+def sweep_run(spec: SweepSpec) -> dict:
+    """Runs a sweep (see the module docstring) and writes its directory; returns ``sweep.json``'s
+    content (or ``{"stopped": True, ...}`` when a signal stopped it).
+
+    Raises:
+        RunError, ValueError, TypeError: for bad input (a key that cannot be swept, a value its
+            field refuses), before anything is written.
+    """
+    grid = parse_grid(spec.grid)
+    if spec.seeds < 1:
+        raise RunError(f"--seeds {spec.seeds} is not allowed; allowed: an int >= 1")
+    run, env = resolve_train(
+        RunSpec(
+            spec.algo,
+            spec.env_id,
+            steps=spec.steps,
+            seed=spec.seed,
+            seeds=spec.seeds,
+            n_envs=spec.n_envs,
+            config_file=spec.config_file,
+            sets=list(spec.sets),
+            run_dir=spec.sweep_dir,
+        )
+    )
+    try:
+        allowed = sweepable_keys(run.config)
+        for key in grid:
+            if key not in allowed:
+                what = (
+                    "not a field of the config"
+                    if "." not in key
+                    else "not a float field (it decides shapes or the program's structure)"
+                )
+                raise RunError(f"--grid {key} cannot be swept: {what}; allowed: {', '.join(allowed)}")
+        if run.config.distributed is not None:
+            raise RunError("kitae sweep does not train distributed runs; drop --set distributed.*")
+        sweep_dir = Path(spec.sweep_dir) if spec.sweep_dir else Path("runs") / f"sweep-{run.run_dir.name}"
+        if sweep_dir.exists() and any(sweep_dir.iterdir()):
+            raise RunError(
+                f"sweep directory {str(sweep_dir)!r} already exists and is not empty; choose another --sweep-dir"
+            )
+        seeds = [run.config.seed + i for i in range(spec.seeds)]
+        run = dataclasses.replace(run, run_dir=sweep_dir, seeds=seeds)
+        combos = []
+        for point in itertools.product(*grid.values()):
+            values = dict(zip(grid, point))
+            config = _with_values(run.config, values)  # validates each value: refused before anything is written
+            combo_dir = sweep_dir / _combination_name(values)
+            combos.append((values, dataclasses.replace(run, config=config, run_dir=combo_dir)))
+    except BaseException:
+        env.close()
+        raise
+    clock = time.perf_counter()
+    for _, combo in combos:
+        combo.run_dir.mkdir(parents=True, exist_ok=True)
+        write_config(combo.run_dir, combo.config)
+    compiled = isinstance(run.executor, CompiledExecutor)
+    if compiled:
+        results, stopped = _compiled_sweep(run, env, combos, spec.quiet, clock)
+        if stopped is not None:
+            return {**stopped, "sweep_dir": str(sweep_dir)}
+        assert results is not None
+        compile_seconds, train_seconds = results[0].compile_seconds, results[0].train_seconds
+    else:
+        _host_sweep(run, env, combos, spec.quiet)
+        compile_seconds = train_seconds = float("nan")
+    return _write_sweep(
+        sweep_dir, run, grid, combos, compiled, time.perf_counter() - clock, compile_seconds, train_seconds
+    )
+
+
+def _write_sweep(
+    sweep_dir: Path,
+    run: ResolvedRun,
+    grid: dict[str, list[float]],
+    combos: list[tuple[dict[str, float], ResolvedRun]],
+    one_program: bool,
+    wall_seconds: float,
+    compile_seconds: float,
+    train_seconds: float,
+) -> dict:
+    entries, curves = [], {}
+    for values, combo in combos:
+        summary = json.loads((combo.run_dir / "summary.json").read_text())
+        finals = np.asarray(summary["final_return"], float).reshape(-1)
+        diverged = sorted({d["seed"] for d in summary.get("diverged", [])})
+        entries.append(
+            {
+                "values": values,
+                "run_dir": str(combo.run_dir),
+                "final_return": finals.tolist(),
+                "mean": float(np.nanmean(finals)) if np.isfinite(finals).any() else float("nan"),
+                "std": float(np.nanstd(finals)) if np.isfinite(finals).any() else float("nan"),
+                "min": float(np.nanmin(finals)) if np.isfinite(finals).any() else float("nan"),
+                "max": float(np.nanmax(finals)) if np.isfinite(finals).any() else float("nan"),
+                "diverged_seeds": diverged,
+            }
+        )
+        rows = read_metrics(combo.run_dir / "metrics.jsonl") if (combo.run_dir / "metrics.jsonl").exists() else []
+        curves[_combination_name(values) + (" (diverged)" if diverged else "")] = curves_from_metrics(rows, counts=True)
+    plot_curves(curves, sweep_dir / "curves.png", title=f"{run.algo} {run.env.id}: {len(combos)} combinations")
+    report = {
+        "algo": run.algo,
+        "env": run.env.id,
+        "grid": grid,
+        "seeds": run.seeds,
+        "steps": run.total,
+        "one_program": one_program,
+        "wall_seconds": wall_seconds,
+        "compile_seconds": compile_seconds,
+        "train_seconds": train_seconds,
+        "combinations": entries,
+    }
+    (sweep_dir / "sweep.json").write_text(json.dumps(report, indent=2, allow_nan=True) + "\n")
+    (sweep_dir / "table.txt").write_text(format_table(report) + "\n")
+    return {**report, "sweep_dir": str(sweep_dir)}
+
+
+def format_table(report: dict) -> str:
+    """``sweep.json``'s combinations as a table, best mean final return first."""
+    keys = list(report["grid"])
+    header = [k.split(".")[-1] for k in keys] + ["final return (mean +- std over seeds)", "min", "max", "note"]
+    lines = []
+    order = sorted(report["combinations"], key=lambda e: -e["mean"] if np.isfinite(e["mean"]) else np.inf)
+    for e in order:
+        note = f"diverged (seeds {', '.join(map(str, e['diverged_seeds']))})" if e["diverged_seeds"] else ""
+        lines.append(
+            [f"{e['values'][k]:g}" for k in keys]
+            + [f"{e['mean']:.1f} +- {e['std']:.1f}", f"{e['min']:.1f}", f"{e['max']:.1f}", note]
+        )
+    widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    table = [fmt.format(*header), fmt.format(*("-" * w for w in widths))] + [fmt.format(*line) for line in lines]
+    return "\n".join(line.rstrip() for line in table)

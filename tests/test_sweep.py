@@ -1,0 +1,187 @@
+"""Sweeps: ``kitae sweep`` trains a grid x seeds of a JAX environment in one compiled program (the
+swept floats traced, vmapped like seeds), host environments one combination after another; each
+combination is a run directory; diverged combinations are marked and the others go on; what
+cannot be swept is refused before anything is written."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kitae.cli import main
+from kitae.config import sweepable_keys, traced_config
+from kitae.loops.program import make_loop_functions, make_variant_functions
+from kitae.runs.errors import RunError
+from kitae.runs.load import load_agent
+from kitae.runs.resolve import preset_agent
+from kitae.runs.sweep import SweepSpec, parse_grid, sweep_run
+
+pytestmark = pytest.mark.timeout(300)
+
+LR = "update_cfg.learning_rate"
+
+
+def _leaves(tree):
+    return [np.asarray(x) for x in jax.tree_util.tree_leaves(tree)]
+
+
+@pytest.mark.parametrize(
+    ("item", "message"),
+    [
+        ("update_cfg.learning_rate", "is not KEY=V1,V2"),
+        ("update_cfg.learning_rate=", "is not KEY=V1,V2"),
+        ("update_cfg.learning_rate=1e-3,fast", "'fast' is not allowed; allowed: numbers"),
+        ("update_cfg.learning_rate=1e-3,true", "'true' is not allowed"),
+        ("update_cfg.learning_rate=1e-3,1e-3", "repeat one"),
+    ],
+)
+def test_grid_items_are_refused_when_malformed(item, message):
+    with pytest.raises(RunError, match=message):
+        parse_grid([item])
+
+
+def test_grid_keys_given_twice_are_refused_and_values_parse_as_floats():
+    assert parse_grid(["update_cfg.learning_rate=1e-4,3e-4", "algo_params.clip_coef=0.1,1"]) == {
+        LR: [1e-4, 3e-4],
+        "algo_params.clip_coef": [0.1, 1.0],
+    }
+    with pytest.raises(RunError, match="given twice"):
+        parse_grid([f"{LR}=1e-4", f"{LR}=1e-3"])
+    with pytest.raises(RunError, match="at least one --grid"):
+        parse_grid([])
+
+
+def test_sweepable_keys_are_the_float_fields_and_traced_config_refuses_others():
+    agent, env = preset_agent("ppo", "gymnax:CartPole-v1", steps=1024)
+    keys = sweepable_keys(agent.config)
+    assert LR in keys and "algo_params.clip_coef" in keys and "algo_params.gamma" in keys
+    assert "update_cfg.batch_size" not in keys and "update_cfg.learning_rate_annealing" not in keys
+    with pytest.raises(ValueError, match="'update_cfg.n_epochs' cannot be swept; allowed: .*learning_rate"):
+        traced_config(agent.config, {"update_cfg.n_epochs": 2.0})
+    changed = traced_config(agent.config, {LR: 1e-3})
+    assert changed.update_cfg.learning_rate == 1e-3 and agent.config.update_cfg.learning_rate != 1e-3
+
+
+def test_with_config_rebuilds_the_update_as_a_fresh_agent_of_that_config():
+    agent, env = preset_agent("ppo", "gymnax:CartPole-v1", steps=1024, seed=3)
+    config = dataclasses.replace(
+        agent.config, update_cfg=dataclasses.replace(agent.config.update_cfg, learning_rate=1e-2)
+    )
+    fresh = type(agent)("other", config, run_dir="unused")
+    clone = agent.with_config(config)
+    assert clone.config is config and agent.config.update_cfg.learning_rate != 1e-2  # the original is unchanged
+    _, _, run_clone = make_loop_functions(clone, env)
+    f, _, run_fresh = make_loop_functions(fresh, env)
+    start = jax.jit(f)(jnp.uint32(3))
+    a = jax.jit(lambda s: run_clone(s, 2))(start)[0].agent_state
+    b = jax.jit(lambda s: run_fresh(s, 2))(start)[0].agent_state
+    assert all(np.array_equal(x, y) for x, y in zip(_leaves(a), _leaves(b)))
+
+
+def test_vmapped_values_train_as_separate_programs_with_those_values():
+    """Two learning rates x one clip coefficient vmapped in one program: each row is the plain
+    program of that config (to float rounding: a traced value is not folded as a constant)."""
+    agent, env = preset_agent("ppo", "gymnax:CartPole-v1", steps=1024, seed=0)
+    keys = (LR, "algo_params.clip_coef")
+    fresh, _, run = make_variant_functions(agent, env, keys)
+    values = {LR: jnp.asarray([1e-3, 1e-2], jnp.float32), "algo_params.clip_coef": jnp.asarray([0.2, 0.1], jnp.float32)}
+    seeds = jnp.asarray([0, 0], jnp.uint32)
+    start = jax.vmap(fresh)(seeds, values)
+    state, metrics = jax.jit(jax.vmap(lambda s, v: run(s, v, 3)))(start, values)
+    assert metrics.updated.shape == (2, 3) and bool(np.all(metrics.updated))
+    for row in range(2):
+        config = traced_config(agent.config, {k: float(v[row]) for k, v in values.items()})
+        plain = type(agent)("plain", config, run_dir="unused")
+        f, _, r = make_loop_functions(plain, env)
+        expected = jax.jit(lambda s, r=r: r(s, 3))(jax.jit(f)(jnp.uint32(0)))[0].agent_state
+        got = jax.tree_util.tree_map(lambda x, row=row: x[row], state.agent_state)
+        for x, y in zip(_leaves(got), _leaves(expected)):
+            np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+    rows = _leaves(state.agent_state)
+    assert any(not np.allclose(x[0], x[1]) for x in rows)  # the two configurations differ
+
+
+def test_a_compiled_sweep_writes_one_run_directory_per_combination(tmp_path, capsys):
+    sweep_dir = tmp_path / "sweep"
+    code = main(
+        ["sweep", "ppo", "gymnax:CartPole-v1", "--grid", f"{LR}=2.5e-4,1e-2", "--seeds", "2", "--steps", "4096",
+         "--sweep-dir", str(sweep_dir), "--quiet"]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "2 combinations x 2 seeds (one program)" in out and "learning_rate" in out.splitlines()[0]
+    report = json.loads((sweep_dir / "sweep.json").read_text())
+    assert report["one_program"] and report["seeds"] == [0, 1] and report["grid"] == {LR: [2.5e-4, 1e-2]}
+    assert (sweep_dir / "table.txt").read_text().splitlines()[0].startswith("learning_rate")
+    assert (sweep_dir / "curves.png").stat().st_size > 0
+    for entry, lr in zip(report["combinations"], [2.5e-4, 1e-2]):
+        run_dir = sweep_dir / f"learning_rate={lr:g}"
+        assert entry["run_dir"] == str(run_dir) and entry["values"] == {LR: lr}
+        for name in ("config.yaml", "metrics.jsonl", "summary.json", "curve.png", "logs", "checkpoints"):
+            assert (run_dir / name).exists(), name
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["seeds"] == [0, 1] and summary["final_return"] == entry["final_return"]
+        assert entry["mean"] == pytest.approx(np.mean(entry["final_return"]))
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        assert {r["seed"] for r in rows} == {0, 1}
+        agent = load_agent(run_dir, seed_index=1)  # a combination's run loads like any run
+        assert agent.config.update_cfg.learning_rate == lr and agent.env_step == summary["steps"]
+        assert not entry["diverged_seeds"]
+
+
+def test_a_diverging_combination_is_marked_and_the_others_go_on(tmp_path, capsys):
+    sweep_dir = tmp_path / "sweep"
+    code = main(
+        ["sweep", "dqn", "gymnax:CartPole-v1", "--grid", f"{LR}=1e-3,1e12", "--steps", "3000",
+         "--set", "update_cfg.max_grad_norm=null", "--set", "algo_params.start_step=500",
+         "--sweep-dir", str(sweep_dir), "--quiet"]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0 and "diverged (seeds 0)" in out
+    report = json.loads((sweep_dir / "sweep.json").read_text())
+    fine, diverged = report["combinations"]
+    assert fine["diverged_seeds"] == [] and diverged["diverged_seeds"] == [0]
+    summary = json.loads((sweep_dir / "learning_rate=1e+12" / "summary.json").read_text())
+    assert summary["diverged"][0]["step"] >= 500
+    assert json.loads((sweep_dir / "learning_rate=0.001" / "summary.json").read_text()).get("diverged") is None
+
+
+def test_a_host_sweep_trains_the_combinations_one_after_another(tmp_path, capsys):
+    sweep_dir = tmp_path / "sweep"
+    code = main(
+        ["sweep", "dqn", "CartPole-v1", "--grid", f"{LR}=1e-4,1e-3", "--steps", "600",
+         "--set", "algo_params.start_step=200", "--sweep-dir", str(sweep_dir), "--quiet"]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0 and "(one after another)" in out
+    report = json.loads((sweep_dir / "sweep.json").read_text())
+    assert not report["one_program"] and len(report["combinations"]) == 2
+    for lr in (1e-4, 1e-3):
+        run_dir = sweep_dir / f"learning_rate={lr:g}"
+        assert load_agent(run_dir).config.update_cfg.learning_rate == lr
+
+
+@pytest.mark.parametrize(
+    ("grid", "message"),
+    [
+        ("update_cfg.batch_size=32,64", "update_cfg.batch_size cannot be swept: not a float field"),
+        ("algo_params.nope=0.1,0.2", "algo_params.nope cannot be swept"),
+        ("update_cfg.learning_rate=1e-3,-1", "update_cfg.learning_rate=-1.0 is not allowed; allowed: a float > 0"),
+    ],
+)
+def test_what_cannot_be_swept_is_refused_before_anything_is_written(tmp_path, capsys, grid, message):
+    sweep_dir = tmp_path / "sweep"
+    code = main(["sweep", "ppo", "gymnax:CartPole-v1", "--grid", grid, "--sweep-dir", str(sweep_dir), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, err
+    assert not sweep_dir.exists()
+
+
+def test_sweep_run_refuses_bad_seed_counts():
+    with pytest.raises(RunError, match="--seeds 0 is not allowed"):
+        sweep_run(SweepSpec("ppo", "gymnax:CartPole-v1", [f"{LR}=1e-3"], seeds=0))

@@ -4,6 +4,9 @@
                 [--config FILE.yaml] [--set KEY=VALUE ...] [--run-dir DIR] [--quiet]
     kitae sweep ALGO ENV --grid KEY=V1,V2,... [--grid ...] [--seeds K] [--steps N] [--seed S]
                 [--n-envs E] [--config FILE.yaml] [--set KEY=VALUE ...] [--sweep-dir DIR] [--quiet]
+    kitae tune ALGO ENV --trials N [--space KEY=LOW:HIGH[:log] ...] [--seeds K] [--batch B]
+               [--steps N] [--seed S] [--n-envs E] [--config FILE.yaml] [--set KEY=VALUE ...]
+               [--study-dir DIR] [--quiet]
     kitae resume RUN_DIR [--steps N] [--quiet]
     kitae eval RUN_DIR [--episodes N] [--video] [--seed S]
     kitae plot RUN_DIR [RUN_DIR ...] [-o FILE.png]
@@ -46,6 +49,17 @@ are traced, vmapped like seeds). Only float fields can be swept (integers, boole
 decide shapes): the error lists those of the algorithm. Writes SWEEP_DIR/<combination>/ (a run
 directory each: kitae resume, eval and plot take them), sweep.json, table.txt and curves.png.
 A combination that diverges is marked in the table; the others go on.
+"""
+
+EXAMPLES_TUNE = """examples:
+  kitae tune ppo gymnax:CartPole-v1 --trials 16                 # 8 trials per compiled program
+  kitae tune ppo gymnax:CartPole-v1 --trials 32 --space update_cfg.learning_rate=1e-5:1e-2:log
+  kitae tune dqn CartPole-v1 --trials 10 --steps 50000           # host loop: one trial at a time
+  kitae train ppo gymnax:CartPole-v1 --config runs/tune-ppo-CartPole-v1-s0/best.yaml
+
+Optuna's TPE sampler and median pruner (intermediate returns, 20 per trial); a trial whose update
+diverges is pruned. The study is STUDY_DIR/study.db (SQLite): the same command started again
+continues it until --trials trials have finished. Writes STUDY_DIR/best.yaml and trials.csv.
 """
 
 EXAMPLES_RESUME = """examples:
@@ -101,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
         "kitae COMMAND --help tells more.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", parser_class=_Parser, metavar="{train,sweep,resume,eval,plot}")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser, metavar="{train,sweep,tune,resume,eval,plot}")
 
     train = sub.add_parser(
         "train",
@@ -180,6 +194,34 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="as for kitae train")
     sweep.add_argument("--sweep-dir", help="where to write the sweep (default runs/sweep-<algo>-<env>-s<seed>-<time>)")
     sweep.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    tune = sub.add_parser(
+        "tune",
+        help="search hyperparameters with Optuna (trials vmapped in batches for JAX environments)",
+        description="Search float hyperparameters with Optuna (TPE, median pruning); the study is kept in "
+        "STUDY_DIR/study.db and the best configuration written as STUDY_DIR/best.yaml.",
+        epilog=EXAMPLES_TUNE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    tune.add_argument("algo", help="a kitae train algorithm (ppo, dqn, sac, ...)")
+    tune.add_argument("env", help="SOURCE:ID, e.g. gymnax:CartPole-v1")
+    tune.add_argument("--trials", type=_positive_int, required=True, help="trials to finish in the study, in all")
+    tune.add_argument(
+        "--space",
+        action="append",
+        default=[],
+        metavar="KEY=LOW:HIGH[:log]",
+        help="a float field's range (repeatable; default: the algorithm's, see kitae.runs.tune.DEFAULT_SPACES)",
+    )
+    tune.add_argument("--seeds", type=_positive_int, default=1, help="seeds per trial, scored by their mean")
+    tune.add_argument("--batch", type=_positive_int, default=8, help="trials per compiled program (default 8)")
+    tune.add_argument("--steps", type=_positive_int, help="environment steps of each trial")
+    tune.add_argument("--seed", type=_positive_int, help="the first seed, and the sampler's (default 0)")
+    tune.add_argument("--n-envs", type=_positive_int, help="number of environments")
+    tune.add_argument("--config", help="a YAML file, as for kitae train")
+    tune.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="as for kitae train")
+    tune.add_argument("--study-dir", help="where the study goes (default runs/tune-<algo>-<env>-s<seed>)")
+    tune.add_argument("--quiet", action="store_true", help="no progress bar")
 
     resume = sub.add_parser(
         "resume",
@@ -291,6 +333,43 @@ def _sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tune(args: argparse.Namespace) -> int:
+    from kitae.runs.tune import TuneSpec, tune_run
+
+    report = tune_run(
+        TuneSpec(
+            algo=args.algo,
+            env_id=args.env,
+            trials=args.trials,
+            space=args.space,
+            seeds=args.seeds,
+            batch=args.batch,
+            steps=args.steps,
+            seed=args.seed,
+            n_envs=args.n_envs,
+            config_file=args.config,
+            sets=args.set,
+            study_dir=args.study_dir,
+            quiet=args.quiet,
+        )
+    )
+    counts = (
+        f"{report['finished']}/{report['trials']} trials finished ({report['pruned']} pruned, "
+        f"{report['diverged']} diverged), wall {report['wall_seconds']:.1f} s"
+    )
+    if report["stopped"]:
+        print(f"kitae: tune stopped: {counts}; the same command continues the study", file=sys.stderr)
+        return 130
+    if report["best"] is None:
+        print(f"{counts}; no trial completed -> {report['study_dir']}")
+        return 0
+    best = report["best"]
+    values = ", ".join(f"{k}={v:.4g}" for k, v in best["params"].items())
+    print(f"best trial {best['number']}: final return {best['value']:.1f} with {values}")
+    print(f"{counts} -> {report['best_config']}")
+    return 0
+
+
 def _resume(args: argparse.Namespace) -> int:
     from kitae.runs import resume_run
 
@@ -365,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     from kitae.runs import RunDiverged, RunError
     from kitae.runs.checkpoints import CheckpointError, CheckpointWarning
 
-    commands = {"train": _train, "sweep": _sweep, "resume": _resume, "eval": _eval, "plot": _plot}
+    commands = {"train": _train, "sweep": _sweep, "tune": _tune, "resume": _resume, "eval": _eval, "plot": _plot}
     with warnings.catch_warnings():  # restores the warning filters and display afterwards
         warnings.simplefilter("always", CheckpointWarning)
         warnings.showwarning = _warnings_in_one_line(warnings.showwarning)

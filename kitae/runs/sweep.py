@@ -53,7 +53,7 @@ from kitae.runs.rundir import MetricsFile, read_metrics, state_fingerprint, writ
 from kitae.runs.session import _divergences, _plot, _tensorboard, execute, train_plans, write_run_summary
 from kitae.runs.signals import stop_on_signals
 
-__all__ = ["SweepSpec", "parse_grid", "sweep_run", "format_table"]
+__all__ = ["SweepSpec", "parse_grid", "sweep_run", "format_table", "with_values"]
 
 
 @dataclasses.dataclass
@@ -114,7 +114,7 @@ def _combination_name(values: dict[str, float]) -> str:
     return ",".join(f"{key.split('.')[-1]}={value:g}" for key, value in values.items())
 
 
-def _with_values(config: AlgoConfig, values: dict[str, float]) -> AlgoConfig:
+def with_values(config: AlgoConfig, values: dict[str, float]) -> AlgoConfig:
     """``config`` with the combination's values, validated as any config is."""
     sections: dict[str, dict[str, float]] = {}
     for key, value in values.items():
@@ -300,7 +300,7 @@ def sweep_run(spec: SweepSpec) -> dict:
         combos = []
         for point in itertools.product(*grid.values()):
             values = dict(zip(grid, point))
-            config = _with_values(run.config, values)  # validates each value: refused before anything is written
+            config = with_values(run.config, values)  # validates each value: refused before anything is written
             combo_dir = sweep_dir / _combination_name(values)
             combos.append((values, dataclasses.replace(run, config=config, run_dir=combo_dir)))
     except BaseException:

@@ -1,0 +1,382 @@
+"""Hyperparameter search: ``kitae tune ALGO ENV --trials N``, with Optuna as rl-zoo uses it.
+
+Trials are sampled by Optuna's TPE sampler (seeded by the run's seed) over a search space of float
+fields (``--space KEY=LOW:HIGH[:log]``; a default per algorithm, ``DEFAULT_SPACES``), scored by the
+mean over their seeds of the final training return (the mean of the last 10 episodes), and
+pruned by Optuna's median pruner on intermediate returns (reported 20 times per trial). A trial
+whose update diverges (a non-finite loss or state, ``kitae.loops.collect.update_step``) is pruned
+and marked ``diverged``.
+
+In a JAX environment, ``--batch`` trials (x ``--seeds``) train together in ONE compiled program:
+their sampled values are traced and vmapped like seeds (``kitae.loops.program.make_variant_functions``);
+a batch stops early when all its trials are pruned. In the host loop, trials train one after another
+and a pruned trial stops at once.
+
+The study lives in ``STUDY_DIR/study.db`` (SQLite): a search that is killed and started again with
+the same command continues the same study (the trials it had finished are kept; those it was
+running are marked failed and asked again with the same values), until ``--trials`` trials have
+finished in all. ``STUDY_DIR/best.yaml`` is the best configuration as a config file
+(``kitae train ALGO ENV --config STUDY_DIR/best.yaml``) and ``STUDY_DIR/trials.csv`` lists the
+trials.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from kitae.config import AlgoConfig, sweepable_keys
+from kitae.loops.callbacks import Callback, Progress
+from kitae.loops.compiled import CompiledExecutor
+from kitae.loops.result import Episodes, RunResult
+from kitae.runs.errors import RunError
+from kitae.runs.progress import ProgressBar
+from kitae.runs.resolve import ResolvedRun, RunSpec, make_run_env, resolve_train
+from kitae.runs.rundir import final_return_from_rows
+from kitae.runs.signals import stop_on_signals
+from kitae.runs.sweep import with_values
+
+__all__ = ["TuneSpec", "DEFAULT_SPACES", "parse_space", "tune_run", "best_config_yaml"]
+
+Space = dict[str, tuple[float, float, bool]]
+"""``{dotted key: (low, high, log)}``."""
+
+DEFAULT_SPACES: dict[str, Space] = {
+    # rl-zoo's PPO sampler's float ranges, narrowed to those that train on a small budget
+    "ppo": {
+        "update_cfg.learning_rate": (1e-4, 3e-3, True),
+        "algo_params.clip_coef": (0.1, 0.4, False),
+        "algo_params.entropy_coef": (1e-5, 3e-2, True),
+        "algo_params.gae_lambda": (0.8, 0.99, False),
+        "algo_params.gamma": (0.95, 0.999, False),
+    },
+    "default": {
+        "update_cfg.learning_rate": (1e-5, 1e-2, True),
+        "algo_params.gamma": (0.9, 0.999, False),
+    },
+}
+"""The search space of ``kitae tune`` when no ``--space`` is given (``default`` for the algorithms
+without their own; keys an algorithm lacks are left out)."""
+
+REPORTS = 20
+"""Intermediate returns reported to the pruner per trial."""
+
+STUDY_NAME = "kitae"
+
+
+@dataclasses.dataclass
+class TuneSpec:
+    """What ``kitae tune`` was asked for.
+
+    Attributes:
+        algo, env_id: as ``kitae train``.
+        trials: trials to finish in the study, in all (a restarted search counts those it has).
+        space: ``["update_cfg.learning_rate=1e-4:1e-2:log", ...]`` (default ``DEFAULT_SPACES``).
+        seeds: seeds per trial (its score is their mean).
+        batch: trials per compiled program (JAX environments).
+        steps, seed, n_envs, config_file, sets: as ``kitae train`` (what is not searched).
+        study_dir: where the study goes (default ``runs/tune-<algo>-<env>-s<seed>``).
+        quiet: no progress bar.
+    """
+
+    algo: str
+    env_id: str
+    trials: int
+    space: list[str] = dataclasses.field(default_factory=list)
+    seeds: int = 1
+    batch: int = 8
+    steps: int | None = None
+    seed: int | None = None
+    n_envs: int | None = None
+    config_file: str | None = None
+    sets: list[str] = dataclasses.field(default_factory=list)
+    study_dir: str | None = None
+    quiet: bool = False
+
+
+def parse_space(items: list[str]) -> Space:
+    """``["update_cfg.learning_rate=1e-4:1e-2:log"]`` -> ``{"update_cfg.learning_rate": (1e-4, 1e-2, True)}``.
+
+    Raises:
+        RunError: for an item that is not ``KEY=LOW:HIGH[:log]`` with ``LOW < HIGH`` (``LOW > 0``
+            with ``log``), or a key given twice.
+    """
+    space: Space = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key, parts = key.strip(), text.split(":")
+        if not sep or not key or len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] != "log"):
+            raise RunError(f"--space {item!r} is not KEY=LOW:HIGH or KEY=LOW:HIGH:log")
+        try:
+            low, high = float(parts[0]), float(parts[1])
+        except ValueError:
+            raise RunError(f"--space {item!r}: LOW and HIGH must be numbers") from None
+        log = len(parts) == 3
+        if not (math.isfinite(low) and math.isfinite(high) and low < high) or (log and low <= 0):
+            allowed = "0 < LOW < HIGH" if log else "LOW < HIGH"
+            raise RunError(f"--space {item!r}: LOW={low:g}, HIGH={high:g} is not allowed; allowed: {allowed}")
+        if key in space:
+            raise RunError(f"--space {key} is given twice")
+        space[key] = (low, high, log)
+    return space
+
+
+def _default_space(algo: str, config: AlgoConfig) -> Space:
+    allowed = set(sweepable_keys(config))
+    space = DEFAULT_SPACES.get(algo, DEFAULT_SPACES["default"])
+    return {k: v for k, v in space.items() if k in allowed}
+
+
+class _Reporter(Callback):
+    """Reports each trial's intermediate return (the mean over its seeds of the episodes that ended
+    since the last report) about ``REPORTS`` times, and prunes as the pruner says. Rows ``t * K ..
+    t * K + K - 1`` of a batch are trial ``t``'s seeds."""
+
+    def __init__(self, trials: list[Any], seeds: int, total: int, first_row: int = 0) -> None:
+        self.trials, self.seeds, self.first_row = trials, seeds, first_row
+        self.every = max(1, total // REPORTS)
+        self.next = self.every
+        self.pending: dict[int, list[float]] = {}
+        self.history: dict[int, list[dict]] = {}  # row -> metrics-like rows (final_return_from_rows)
+        self.pruned: set[int] = set()
+
+    def on_episodes(self, episodes: Episodes) -> None:
+        row = self.first_row + episodes.seed_index
+        self.history.setdefault(row, []).extend(
+            {"seed": row, "episodic_return": float(r), "episodes": int(n)}
+            for r, n in zip(episodes.return_, episodes.count)
+        )
+        total = self.pending.setdefault(row // self.seeds, [0.0, 0.0])
+        total[0] += float(np.sum(episodes.return_ * episodes.count))
+        total[1] += float(np.sum(episodes.count))
+
+    def on_progress(self, progress: Progress) -> None:
+        if progress.step < self.next:
+            return
+        self.next = (progress.step // self.every + 1) * self.every
+        for index, (value, count) in self.pending.items():
+            if index in self.pruned or not count:
+                continue
+            trial = self.trials[index]
+            trial.report(value / count, progress.step)
+            if trial.should_prune():
+                self.pruned.add(index)
+        self.pending = {}
+
+    def should_stop(self) -> bool:
+        return len(self.pruned) == len(self.trials)
+
+    def score(self, index: int) -> float:
+        """Trial ``index``'s mean over its seeds of the final return (the last 10 episodes)."""
+        rows = range(index * self.seeds, (index + 1) * self.seeds)
+        finals = [final_return_from_rows(self.history.get(r, []), r) for r in rows]
+        return float(np.mean(finals))
+
+
+def _open_study(study_dir: Path, run: ResolvedRun, space: Space, seeds: int) -> Any:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(
+        study_name=STUDY_NAME,
+        storage=f"sqlite:///{(study_dir / 'study.db').absolute()}",
+        load_if_exists=True,
+        direction="maximize",
+        sampler=optuna.samplers.TPESampler(seed=run.config.seed),
+        pruner=optuna.pruners.MedianPruner(n_startup_trials=4, n_warmup_steps=run.total // 4),
+    )
+    spec = {"algo": run.algo, "env": run.env.id, "steps": run.total, "seeds": seeds,
+            "space": {k: list(v) for k, v in space.items()}}  # fmt: skip
+    recorded = study.user_attrs.get("spec")
+    if recorded is None:
+        study.set_user_attr("spec", spec)
+    elif recorded != spec:
+        differs = sorted(k for k in spec if recorded.get(k) != spec[k])
+        raise RunError(
+            f"{study_dir} holds a study of another search ({', '.join(differs)} differ: {recorded}); "
+            "give the same command to continue it, or another --study-dir"
+        )
+    # trials left running by a search that was killed: failed, and asked again with their values
+    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+        study.enqueue_trial(trial.params, skip_if_exists=False)
+    return study
+
+
+def _finished(study: Any) -> int:
+    import optuna
+
+    states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    return len(study.get_trials(deepcopy=False, states=states))
+
+
+def _tell(study: Any, trial: Any, value: float, pruned: bool, diverged: bool) -> None:
+    import optuna
+
+    if diverged:
+        trial.set_user_attr("diverged", True)
+    if pruned or diverged or not math.isfinite(value):
+        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+    else:
+        study.tell(trial, value)
+
+
+def _batch_compiled(
+    run: ResolvedRun, env: Any, trials: list[Any], seeds: list[int], stop: Any, bar: ProgressBar
+) -> tuple[_Reporter, RunResult]:
+    values = {key: [t.params[key] for t in trials for _ in seeds] for key in trials[0].params}
+    reporter = _Reporter(trials, len(seeds), run.total)
+    result = CompiledExecutor().run(
+        run.make_agent(),
+        env,
+        run.total,
+        seeds=[s for _ in trials for s in seeds],
+        variants=values,
+        callbacks=[reporter, bar, stop],
+    )
+    return reporter, result
+
+
+def _trial_host(run: ResolvedRun, trial: Any, seeds: list[int], stop: Any, bar: ProgressBar) -> tuple[_Reporter, bool]:
+    config = with_values(run.config, trial.params)
+    trial_run = dataclasses.replace(run, config=config)
+    reporter, diverged = _Reporter([trial], len(seeds), run.total), False
+    for i, seed in enumerate(seeds):
+        reporter.first_row, reporter.next = i, reporter.every
+        env = make_run_env(run.env, config.env_cfg.n_envs)
+        try:
+            result = run.executor.run(trial_run.make_agent(seed), env, run.total, callbacks=[reporter, bar, stop])
+        finally:
+            env.close()
+        diverged = diverged or any(d is not None for d in result.diverged)
+        if reporter.pruned or diverged or stop():
+            break
+    reporter.first_row = 0
+    return reporter, diverged
+
+
+def tune_run(spec: TuneSpec) -> dict:
+    """Runs (or continues) a search (see the module docstring); returns its report (``best``:
+    the best trial's number, score and values; ``best_config``: the path of ``best.yaml``).
+
+    Raises:
+        RunError, ValueError, TypeError: for bad input, before the study is touched.
+    """
+    if spec.trials < 1:
+        raise RunError(f"--trials {spec.trials} is not allowed; allowed: an int >= 1")
+    if spec.batch < 1:
+        raise RunError(f"--batch {spec.batch} is not allowed; allowed: an int >= 1")
+    if spec.seeds < 1:
+        raise RunError(f"--seeds {spec.seeds} is not allowed; allowed: an int >= 1")
+    space = parse_space(spec.space)
+    run, env = resolve_train(
+        RunSpec(spec.algo, spec.env_id, steps=spec.steps, seed=spec.seed, n_envs=spec.n_envs,
+                config_file=spec.config_file, sets=list(spec.sets))
+    )  # fmt: skip
+    try:
+        allowed = sweepable_keys(run.config)
+        space = space or _default_space(run.algo, run.config)
+        if not space:
+            raise RunError(f"{run.algo} has no default search space here; give --space KEY=LOW:HIGH[:log]")
+        for key, (low, high, _) in space.items():
+            if key not in allowed:
+                raise RunError(f"--space {key} cannot be searched: not a float field; allowed: {', '.join(allowed)}")
+            with_values(run.config, {key: low})  # each end is a value the config takes
+            with_values(run.config, {key: high})
+        if run.config.distributed is not None:
+            raise RunError("kitae tune does not train distributed runs; drop --set distributed.*")
+    except BaseException:
+        env.close()
+        raise
+    study_dir = (
+        Path(spec.study_dir) if spec.study_dir else Path("runs") / f"tune-{run.algo}-{run.env.name}-s{run.config.seed}"
+    )
+    study_dir.mkdir(parents=True, exist_ok=True)
+    seeds = [run.config.seed + i for i in range(spec.seeds)]
+    study = _open_study(study_dir, run, space, spec.seeds)
+    compiled = isinstance(run.executor, CompiledExecutor)
+    import optuna
+
+    distributions = {k: optuna.distributions.FloatDistribution(lo, hi, log=log) for k, (lo, hi, log) in space.items()}
+    clock, stopped = time.perf_counter(), False
+    with stop_on_signals() as stop:
+        while not stopped and (left := spec.trials - _finished(study)) > 0:
+            trials = [study.ask(distributions) for _ in range(min(left, spec.batch if compiled else 1))]
+            bar = ProgressBar(f"trials {trials[0].number}-{trials[-1].number} {run.algo} {run.env.id}", spec.quiet)
+            try:
+                if compiled:
+                    reporter, result = _batch_compiled(run, env, trials, seeds, stop, bar)
+                    k = len(seeds)
+                    diverged = [
+                        any(d is not None for d in result.diverged[t * k : (t + 1) * k]) for t in range(len(trials))
+                    ]
+                else:
+                    reporter, one = _trial_host(run, trials[0], seeds, stop, bar)
+                    diverged = [one]
+            finally:
+                bar.close()
+            stopped = bool(stop())
+            if stopped:  # the unfinished trials stay RUNNING: the next start asks them again
+                break
+            for t, trial in enumerate(trials):
+                _tell(study, trial, reporter.score(t), t in reporter.pruned, diverged[t])
+    env.close()
+    return _report(study, study_dir, run, space, spec, stopped, time.perf_counter() - clock)
+
+
+def _report(
+    study: Any, study_dir: Path, run: ResolvedRun, space: Space, spec: TuneSpec, stopped: bool, wall: float
+) -> dict:
+    import optuna
+
+    trials = study.get_trials(deepcopy=False)
+    with open(study_dir / "trials.csv", "w", newline="") as file:
+        writer = csv.writer(file)
+        writer.writerow(["number", "state", "value", "diverged", *space])
+        for t in trials:
+            writer.writerow([t.number, t.state.name, "" if t.value is None else t.value,
+                             bool(t.user_attrs.get("diverged")), *(t.params.get(k, "") for k in space)])  # fmt: skip
+    complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+    report: dict[str, Any] = {
+        "study_dir": str(study_dir),
+        "finished": _finished(study),
+        "trials": spec.trials,
+        "pruned": sum(t.state == optuna.trial.TrialState.PRUNED for t in trials),
+        "diverged": sum(bool(t.user_attrs.get("diverged")) for t in trials),
+        "stopped": stopped,
+        "wall_seconds": wall,
+        "best": None,
+        "best_config": None,
+    }
+    if complete:
+        best = study.best_trial
+        config = with_values(run.config, best.params)
+        path = study_dir / "best.yaml"
+        path.write_text(best_config_yaml(config, best.number, best.value))
+        report["best"] = {"number": best.number, "value": best.value, "params": best.params}
+        report["best_config"] = str(path)
+    return report
+
+
+def best_config_yaml(config: AlgoConfig, number: int, value: float) -> str:
+    """A config file (the keys of a preset section) holding ``config``: what ``kitae train
+    --config`` takes."""
+    data = config.to_dict()
+    section = {
+        "seed": data["seed"],
+        "n_envs": config.env_cfg.n_envs,
+        "n_env_steps": config.train_cfg.n_env_steps,
+        "algo_params": data["algo_params"],
+        "update_cfg": data["update_cfg"],
+        "train_cfg": {k: v for k, v in data["train_cfg"].items() if k != "n_env_steps"},
+        "replay": data["replay"],
+    }
+    header = f"# kitae tune: the best trial ({number}), final return {value:.2f}\n"
+    return header + yaml.safe_dump(section, sort_keys=False)

@@ -1,0 +1,188 @@
+"""Tuning: ``kitae tune`` searches float hyperparameters with Optuna (TPE, median pruning), trials
+of a JAX environment in batches vmapped in one program, host trials one at a time; the study
+lives in SQLite so a killed search continues; the best configuration is a config file that
+``kitae train --config`` takes; diverged trials are pruned; bad input is refused first."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import numpy as np
+import optuna
+import pytest
+import yaml
+
+from kitae.cli import main
+from kitae.loops.result import Episodes
+from kitae.runs.errors import RunError
+from kitae.runs.rundir import read_run_config
+from kitae.runs.tune import REPORTS, _Reporter, parse_space
+
+pytestmark = pytest.mark.timeout(300)
+
+LR = "update_cfg.learning_rate"
+
+
+def _trials(study_dir):
+    with open(study_dir / "trials.csv") as file:
+        return list(csv.DictReader(file))
+
+
+def _study(study_dir):
+    return optuna.load_study(study_name="kitae", storage=f"sqlite:///{study_dir / 'study.db'}")
+
+
+def _finished_read_only(path):
+    """Finished trials in a study file another process writes (read-only: never makes its tables)."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+            return db.execute("SELECT COUNT(*) FROM trials WHERE state IN ('COMPLETE', 'PRUNED')").fetchone()[0]
+    except sqlite3.Error:  # not made yet
+        return 0
+
+
+def test_space_items_parse_and_bad_ones_are_refused():
+    assert parse_space([f"{LR}=1e-4:1e-2:log", "algo_params.gamma=0.9:0.99"]) == {
+        LR: (1e-4, 1e-2, True),
+        "algo_params.gamma": (0.9, 0.99, False),
+    }
+    for item, message in [
+        (f"{LR}=1e-4", "is not KEY=LOW:HIGH"),
+        (f"{LR}=1e-4:1e-2:exp", "is not KEY=LOW:HIGH"),
+        (f"{LR}=a:b", "LOW and HIGH must be numbers"),
+        (f"{LR}=1e-2:1e-4", "allowed: LOW < HIGH"),
+        (f"{LR}=0:1e-2:log", "allowed: 0 < LOW < HIGH"),
+    ]:
+        with pytest.raises(RunError, match=message):
+            parse_space([item])
+    with pytest.raises(RunError, match="given twice"):
+        parse_space([f"{LR}=1e-4:1e-3", f"{LR}=1e-3:1e-2"])
+
+
+@pytest.mark.parametrize(
+    ("space", "message"),
+    [
+        ("update_cfg.batch_size=32:64", "update_cfg.batch_size cannot be searched: not a float field"),
+        ("update_cfg.learning_rate=-1:1", "update_cfg.learning_rate=-1.0 is not allowed; allowed: a float > 0"),
+    ],
+)
+def test_what_cannot_be_searched_is_refused_before_the_study_is_made(tmp_path, capsys, space, message):
+    study_dir = tmp_path / "study"
+    code = main(["tune", "ppo", "gymnax:CartPole-v1", "--trials", "2", "--space", space, "--study-dir", str(study_dir)])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, err
+    assert not study_dir.exists()
+
+
+def test_the_reporter_reports_intermediate_returns_and_prunes_as_the_median_pruner_says():
+    study = optuna.create_study(
+        direction="maximize", pruner=optuna.pruners.MedianPruner(n_startup_trials=1, n_warmup_steps=0)
+    )
+    good = study.ask()
+    for step in (100, 200):
+        good.report(200.0, step)
+    study.tell(good, 200.0)
+    trials = [study.ask(), study.ask()]
+    reporter = _Reporter(trials, seeds=2, total=100 * REPORTS)  # rows 0, 1: trial 0; rows 2, 3: trial 1
+    returns = {0: 300.0, 1: 340.0, 2: 10.0, 3: 30.0}
+    for row, value in returns.items():
+        reporter.on_episodes(Episodes(np.array([90]), np.array([value]), np.array([value]), np.array([2]), None, row))
+    from kitae.loops.callbacks import Progress
+
+    reporter.on_progress(Progress(100, 1.0))
+    assert trials[0].storage.get_trial(trials[0]._trial_id).intermediate_values == {100: 320.0}
+    assert reporter.pruned == {1} and not reporter.should_stop()  # 20 < the median 200: pruned
+    assert reporter.score(0) == pytest.approx(320.0) and reporter.score(1) == pytest.approx(20.0)
+
+
+def test_a_compiled_search_writes_the_best_config_that_kitae_train_takes(tmp_path, capsys):
+    study_dir = tmp_path / "study"
+    code = main(
+        ["tune", "ppo", "gymnax:CartPole-v1", "--trials", "3", "--batch", "2", "--steps", "4096",
+         "--space", f"{LR}=1e-4:3e-3:log", "--space", "algo_params.clip_coef=0.1:0.3",
+         "--study-dir", str(study_dir), "--quiet"]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0 and "3/3 trials finished" in out and "best trial" in out
+    trials = _trials(study_dir)
+    assert [t["number"] for t in trials] == ["0", "1", "2"] and {t["state"] for t in trials} <= {"COMPLETE", "PRUNED"}
+    study = _study(study_dir)
+    best = study.best_trial
+    assert 1e-4 <= best.params[LR] <= 3e-3 and 0.1 <= best.params["algo_params.clip_coef"] <= 0.3
+    best_yaml = yaml.safe_load((study_dir / "best.yaml").read_text())
+    assert best_yaml["update_cfg"]["learning_rate"] == best.params[LR] and best_yaml["n_env_steps"] == 4096
+    run_dir = tmp_path / "best"
+    code = main(["train", "ppo", "gymnax:CartPole-v1", "--config", str(study_dir / "best.yaml"),
+                 "--run-dir", str(run_dir), "--quiet"])  # fmt: skip
+    assert code == 0
+    config = read_run_config(run_dir)
+    assert config.update_cfg.learning_rate == best.params[LR]
+    assert config.algo_params.clip_coef == best.params["algo_params.clip_coef"]
+
+
+def test_a_search_killed_mid_way_continues_the_same_study(tmp_path):
+    study_dir = tmp_path / "study"
+    command = [sys.executable, "-m", "kitae.cli", "tune", "ppo", "gymnax:CartPole-v1", "--trials", "4",
+               "--batch", "2", "--steps", "16384", "--space", f"{LR}=1e-4:3e-3:log", "--study-dir", str(study_dir),
+               "--quiet"]  # fmt: skip
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 200
+        while time.monotonic() < deadline:  # the first batch finished: kill it in the second
+            finished = _finished_read_only(study_dir / "study.db")
+            if finished >= 2:
+                break
+            assert process.poll() is None, process.communicate()
+            time.sleep(0.2)
+        else:
+            pytest.fail("the first batch did not finish in time")
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    before = {t.number: (t.params, t.value, t.state) for t in _study(study_dir).get_trials() if t.state.is_finished()}
+    assert len(before) >= 2
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=250)
+    assert result.returncode == 0, result.stderr
+    assert "4/4 trials finished" in result.stdout
+    trials = _study(study_dir).get_trials()
+    for number, kept in before.items():  # what the killed search finished is kept as it was
+        assert (trials[number].params, trials[number].value, trials[number].state) == kept
+    finished = [t for t in trials if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)]
+    assert len(finished) == 4
+    failed = [t for t in trials if t.state == optuna.trial.TrialState.FAIL]  # killed while running
+    for trial in failed:  # asked again with the same values
+        assert any(t.params == trial.params and t.number > trial.number for t in finished)
+
+
+def test_diverging_trials_are_pruned_in_the_host_loop(tmp_path, capsys):
+    study_dir = tmp_path / "study"
+    code = main(
+        ["tune", "dqn", "CartPole-v1", "--trials", "1", "--steps", "1000", "--space", f"{LR}=1e11:1e12:log",
+         "--set", "update_cfg.max_grad_norm=null", "--set", "algo_params.start_step=200",
+         "--study-dir", str(study_dir), "--quiet"]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0 and "1/1 trials finished (1 pruned, 1 diverged)" in out and "no trial completed" in out
+    (trial,) = _trials(study_dir)
+    assert trial["state"] == "PRUNED" and trial["diverged"] == "True"
+    assert not (study_dir / "best.yaml").exists()
+
+
+def test_a_host_search_runs_its_trials_one_after_another(tmp_path, capsys):
+    study_dir = tmp_path / "study"
+    code = main(
+        ["tune", "dqn", "CartPole-v1", "--trials", "2", "--steps", "800", "--set", "algo_params.start_step=200",
+         "--study-dir", str(study_dir), "--quiet"]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0 and "2/2 trials finished" in out
+    assert yaml.safe_load((study_dir / "best.yaml").read_text())["n_env_steps"] == 800
+    assert {t["state"] for t in _trials(study_dir)} == {"COMPLETE"}

@@ -1,0 +1,150 @@
+"""Benchmarks of issue 16 (experiments at XLA speed): sweeps in one program and tuning.
+
+Cases (whole processes, PPO on gymnax CartPole-v1 with its preset: CleanRL / PureJaxRL settings,
+4 envs x 128 steps, 4 epochs of 4 minibatches, annealed learning rate, 500k steps):
+
+- ``sweep``: a 4 learning rates x 4 seeds sweep as ONE ``kitae sweep`` call against the 16
+  ``kitae train --seed S --set update_cfg.learning_rate=X`` commands it replaces, one after the
+  other in each round, each process with a cold compilation cache (an empty ``KITAE_CACHE_DIR``):
+  the ratio of their wall times per round, median over ``--rounds`` rounds. Met when the median
+  ratio is <= 0.35.
+- ``tune``: ``kitae tune ppo gymnax:CartPole-v1 --trials 16`` (batches of 8 trials vmapped, the
+  default PPO search space), then ``kitae train --config best.yaml --seeds 3`` to check the
+  configuration it found. Met when the best trial's score (the mean of its last 10 training
+  episodes) is >= 475.
+
+Run::
+
+    .venv/bin/python benchmarks/bench_experiments.py sweep [--rounds 3]
+    .venv/bin/python benchmarks/bench_experiments.py tune
+
+Results: ``benchmarks/results/experiments.json`` (merged case by case).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+KITAE = [sys.executable, "-m", "kitae.cli"]
+LEARNING_RATES = ["1e-4", "2.5e-4", "1e-3", "2.5e-3"]
+SEEDS = 4
+
+
+def _timed(command: list[str], cache: Path) -> tuple[float, str]:
+    env = {**os.environ, "KITAE_CACHE_DIR": str(cache)}
+    start = time.perf_counter()
+    result = subprocess.run(command, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed: {result.stderr[-2000:]}")
+    return wall, result.stdout
+
+
+def case_sweep(rounds: int) -> dict:
+    report: dict = {
+        "sweep_command": "kitae sweep ppo gymnax:CartPole-v1 --grid update_cfg.learning_rate="
+        + ",".join(LEARNING_RATES)
+        + f" --seeds {SEEDS} --quiet",
+        "train_command": "kitae train ppo gymnax:CartPole-v1 --seed S --set update_cfg.learning_rate=X --quiet "
+        f"(16 processes: {len(LEARNING_RATES)} rates x seeds 0..{SEEDS - 1})",
+        "rounds": [],
+    }
+    for r in range(rounds):
+        with tempfile.TemporaryDirectory() as tmp_name:
+            tmp = Path(tmp_name)
+            sweep_wall, out = _timed(
+                [*KITAE, "sweep", "ppo", "gymnax:CartPole-v1", "--grid",
+                 "update_cfg.learning_rate=" + ",".join(LEARNING_RATES), "--seeds", str(SEEDS),
+                 "--sweep-dir", str(tmp / "sweep"), "--quiet"],
+                tmp / "cache-sweep",
+            )  # fmt: skip
+            sweep = json.loads((tmp / "sweep" / "sweep.json").read_text())
+            train_walls, finals = [], {}
+            for lr in LEARNING_RATES:
+                for seed in range(SEEDS):
+                    run_dir = tmp / f"train-{lr}-{seed}"
+                    wall, _ = _timed(
+                        [*KITAE, "train", "ppo", "gymnax:CartPole-v1", "--seed", str(seed),
+                         "--set", f"update_cfg.learning_rate={lr}", "--run-dir", str(run_dir), "--quiet"],
+                        tmp / f"cache-{lr}-{seed}",
+                    )  # fmt: skip
+                    train_walls.append(wall)
+                    finals.setdefault(lr, []).append(json.loads((run_dir / "summary.json").read_text())["final_return"])
+            row = {
+                "sweep_wall_seconds": sweep_wall,
+                "sweep_compile_seconds": sweep["compile_seconds"],
+                "sweep_train_seconds": sweep["train_seconds"],
+                "trains_wall_seconds": sum(train_walls),
+                "train_wall_median_seconds": statistics.median(train_walls),
+                "ratio": sweep_wall / sum(train_walls),
+                "sweep_final_mean": {
+                    f"{c['values']['update_cfg.learning_rate']:g}": c["mean"] for c in sweep["combinations"]
+                },
+                "trains_final_mean": {f"{float(lr):g}": statistics.mean(v) for lr, v in finals.items()},
+            }
+            print(json.dumps({"round": r, **row}), flush=True)
+            report["rounds"].append(row)
+    report["median_ratio"] = statistics.median(r["ratio"] for r in report["rounds"])
+    report["met"] = report["median_ratio"] <= 0.35
+    return report
+
+
+def case_tune() -> dict:
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        study = tmp / "study"
+        wall, out = _timed(
+            [*KITAE, "tune", "ppo", "gymnax:CartPole-v1", "--trials", "16", "--study-dir", str(study), "--quiet"],
+            tmp / "cache",
+        )
+        print(out, flush=True)
+        trials = (study / "trials.csv").read_text()
+        best_yaml = (study / "best.yaml").read_text()
+        check_wall, check_out = _timed(
+            [*KITAE, "train", "ppo", "gymnax:CartPole-v1", "--config", str(study / "best.yaml"), "--seeds", "3",
+             "--run-dir", str(tmp / "best"), "--quiet"],
+            tmp / "cache",
+        )  # fmt: skip
+        check = json.loads((tmp / "best" / "summary.json").read_text())
+    best_line = next(line for line in out.splitlines() if line.startswith("best trial"))
+    best_value = float(best_line.split("final return ")[1].split(" ")[0])
+    return {
+        "command": "kitae tune ppo gymnax:CartPole-v1 --trials 16",
+        "wall_seconds": wall,
+        "output": out.strip().splitlines(),
+        "trials_csv": trials.strip().splitlines(),
+        "best_yaml": best_yaml,
+        "best_value": best_value,
+        "check_command": "kitae train ppo gymnax:CartPole-v1 --config best.yaml --seeds 3",
+        "check_final_return": check["final_return"],
+        "check_wall_seconds": check_wall,
+        "met": best_value >= 475,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("case", choices=["sweep", "tune"])
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    result = case_sweep(args.rounds) if args.case == "sweep" else case_tune()
+    result.update(machine=f"{platform.machine()}, {os.cpu_count()} cores", date=time.strftime("%Y-%m-%d"))
+    path = RESULTS / "experiments.json"
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data[args.case] = result
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k not in ("rounds", "trials_csv", "output")}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -298,7 +298,7 @@ class BaseAgent(IAgent):
         self.vectorized = True  # the executors always hand over (E, ...) batches
 
         self.train_state_factory = train_state_factory
-        self.key, self.state = self.initial_state(config.seed, tabulate=tabulate)
+        self.key, self.state = self._first_state(config.seed, tabulate)
         self._key_block, self._key_index = np.zeros((0, 2), np.uint32), 0
         self._pure_keys = False  # True while act() runs a guide-style explore as a pure function
 
@@ -346,6 +346,18 @@ class BaseAgent(IAgent):
         clone.config = config
         clone._build_functions()
         return clone
+
+    def _first_state(self, seed: int, tabulate: bool) -> tuple[jax.Array, Any]:
+        """``initial_state(seed)`` as one compiled program: run op by op, a network's initialisation
+        compiles dozens of tiny programs (a second or more of a cold start); the values are the
+        same. Eager where it cannot be traced (a custom factory with Python-side work) or to print
+        the networks' tables."""
+        if not tabulate:
+            try:
+                return jax.jit(self.initial_state)(np.uint32(seed))
+            except (jax.errors.JAXTypeError, TypeError):  # not traceable: op by op below
+                pass
+        return self.initial_state(seed, tabulate=tabulate)
 
     def initial_state(self, seed: int | jax.Array, *, tabulate: bool = False) -> tuple[jax.Array, Any]:
         """The key and state a fresh agent made with ``seed`` starts from.

@@ -63,6 +63,36 @@ class JaxEnv(Protocol):
     def step(self, key: jax.Array, state: Any, action: Any, params: Any) -> JaxTimeStep: ...
 
 
+def _import_lazily(name: str) -> None:
+    """Puts a stand-in for module ``name`` in ``sys.modules`` that imports the real module on its
+    first attribute use, unless it is imported already or not installed.
+
+    gymnax imports seaborn at module level for its renderers only (``gymnax.environments.misc``):
+    about 1 s of a cold ``kitae train`` (seaborn pulls pandas and scipy.stats) that no training
+    uses. (``importlib.util.LazyLoader`` does not help: the ``import`` statement reads the
+    module's ``__spec__``, which loads it.)
+    """
+    import importlib.util
+    import sys
+    import types
+
+    if name in sys.modules:
+        return
+    spec = importlib.util.find_spec(name)
+    if spec is None:
+        return
+
+    class ImportedOnUse(types.ModuleType):
+        def __getattr__(self, attr: str) -> Any:  # only for attributes the stand-in lacks
+            if sys.modules.get(name) is self:
+                del sys.modules[name]
+            return getattr(importlib.import_module(name), attr)
+
+    stand_in = ImportedOnUse(name)
+    stand_in.__spec__ = spec
+    sys.modules[name] = stand_in
+
+
 class GymnaxEnv:
     """Adapts a gymnax 1.x environment to ``JaxEnv``.
 
@@ -75,6 +105,7 @@ class GymnaxEnv:
     """
 
     def __init__(self, name: str, **env_kwargs: Any) -> None:
+        _import_lazily("seaborn")  # before gymnax, which imports it for rendering only
         import gymnax
         from gymnax.environments.spaces import gymnax_space_to_gym_space
 

@@ -1,5 +1,10 @@
 """Configuration dataclasses: what an agent is, what it trains on and how it updates.
 
+Why this module is long: every config section (environment, update, training, replay,
+distribution), its validation and its YAML round trip live together, and a config with traced
+values for sweeps (``traced_config``) next to the fields it may vary, so the whole contract of
+``config.yaml`` is read in one file.
+
 Every config validates its fields when it is made and raises ``TypeError`` (wrong type) or
 ``ValueError`` (value out of range, unknown field) with a message naming the field, the value
 and what is allowed. Configs round-trip through YAML (``AlgoConfig.to_yaml`` /

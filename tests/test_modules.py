@@ -63,7 +63,7 @@ def shapes(tree):
 
 @pytest.mark.parametrize(
     "name, cls, features",
-    [("box", MLP, 64), ("discrete", DiscreteEncoder, 64), ("dict", DictEncoder, 128)],
+    [("box", MLP, 64), ("discrete", DiscreteEncoder, 64), ("dict", DictEncoder, 64)],
 )
 def test_encoder_factory(name, cls, features):
     space = OBS_SPACES[name]

@@ -148,7 +148,12 @@ def dict_to_tuple(experience: dict[str, tuple]) -> tuple:
                 f"but agent {agent!r} has a {type(value).__name__} of length "
                 f"{len(value) if isinstance(value, tuple) else 'n/a'}"
             )
-    fields = [{agent: experience[agent][i] for agent in agents} for i in range(len(first))]
+    fields = [
+        None  # an optional field every agent leaves out stays out
+        if all(experience[agent][i] is None for agent in agents)
+        else {agent: experience[agent][i] for agent in agents}
+        for i in range(len(first))
+    ]
     return _rebuild_tuple(first, fields)
 
 
@@ -174,18 +179,25 @@ def tuple_to_dict(experience: tuple) -> dict[str, tuple]:
         raise ValueError("tuple_to_dict: expected a non-empty tuple whose fields are dicts keyed by agent")
     names = getattr(type(experience), "_fields", None) or [str(i) for i in range(len(experience))]
     for name, value in zip(names, experience):
-        if not isinstance(value, dict):
+        if value is not None and not isinstance(value, dict):  # None: an optional field left out
             raise ValueError(
-                f"tuple_to_dict: every field must be a dict keyed by agent, field {name!r} is a {type(value).__name__}"
+                f"tuple_to_dict: every field must be a dict keyed by agent (or None), field {name!r} is a "
+                f"{type(value).__name__}"
             )
-    agents = list(experience[0].keys())
+    first = next((i for i, value in enumerate(experience) if value is not None), None)
+    if first is None:
+        raise ValueError("tuple_to_dict: every field is None; expected dicts keyed by agent")
+    agents = list(experience[first].keys())
     for name, value in zip(names, experience):
-        if set(value.keys()) != set(agents):
+        if value is not None and set(value.keys()) != set(agents):
             raise ValueError(
-                f"tuple_to_dict: fields have different agent keys: field {names[0]!r} has "
+                f"tuple_to_dict: fields have different agent keys: field {names[first]!r} has "
                 f"{sorted(map(str, agents))} but field {name!r} has {sorted(map(str, value.keys()))}"
             )
-    return {agent: _rebuild_tuple(experience, [value[agent] for value in experience]) for agent in agents}
+    return {
+        agent: _rebuild_tuple(experience, [None if value is None else value[agent] for value in experience])
+        for agent in agents
+    }
 
 
 # --------------------------------------------------------------------------------------------

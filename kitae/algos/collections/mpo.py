@@ -1,6 +1,11 @@
 """MPO: Maximum a Posteriori Policy Optimisation (Abdolmaleki et al., 2018,
 https://arxiv.org/abs/1806.06920), for continuous actions.
 
+Why this module is long: one algorithm is one module (params, state, networks, the E-step's
+dual, the M-step's decoupled KL constraints and their Lagrange multipliers, the four factories,
+``compute_gradients`` / ``apply_gradients``, the agent class), so a reader finds all of MPO in
+one place; split, each part would need the others to be read.
+
 On the template of the collection (params with documented defaults, state, networks, the four
 factories, ``compute_gradients`` / ``apply_gradients``, the agent class). Off-policy, from a replay
 buffer, with a Gaussian policy ``N(mu(s), Sigma(s))`` with a full covariance ``Sigma = L L^T``

@@ -105,6 +105,15 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _add_shared_run_flags(parser: argparse.ArgumentParser, unit: str) -> None:
+    """The flags ``kitae sweep`` and ``kitae tune`` take as ``kitae train`` does (what is not varied)."""
+    parser.add_argument("--steps", type=_positive_int, help=f"environment steps of each {unit}")
+    parser.add_argument("--seed", type=_positive_int, help="the first seed (default from the preset: 0)")
+    parser.add_argument("--n-envs", type=_positive_int, help="number of environments")
+    parser.add_argument("--config", help="a YAML file, as for kitae train")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="as for kitae train")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="kitae",
@@ -187,11 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="a float field and its values, e.g. update_cfg.learning_rate=1e-4,3e-4 (repeatable: the product)",
     )
     sweep.add_argument("--seeds", type=_positive_int, default=1, help="seeds per combination (default 1)")
-    sweep.add_argument("--steps", type=_positive_int, help="environment steps of each run")
-    sweep.add_argument("--seed", type=_positive_int, help="the first seed (default from the preset: 0)")
-    sweep.add_argument("--n-envs", type=_positive_int, help="number of environments")
-    sweep.add_argument("--config", help="a YAML file, as for kitae train")
-    sweep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="as for kitae train")
+    _add_shared_run_flags(sweep, "run")
     sweep.add_argument("--sweep-dir", help="where to write the sweep (default runs/sweep-<algo>-<env>-s<seed>-<time>)")
     sweep.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -215,11 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tune.add_argument("--seeds", type=_positive_int, default=1, help="seeds per trial, scored by their mean")
     tune.add_argument("--batch", type=_positive_int, default=8, help="trials per compiled program (default 8)")
-    tune.add_argument("--steps", type=_positive_int, help="environment steps of each trial")
-    tune.add_argument("--seed", type=_positive_int, help="the first seed, and the sampler's (default 0)")
-    tune.add_argument("--n-envs", type=_positive_int, help="number of environments")
-    tune.add_argument("--config", help="a YAML file, as for kitae train")
-    tune.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="as for kitae train")
+    _add_shared_run_flags(tune, "trial")
     tune.add_argument("--study-dir", help="where the study goes (default runs/tune-<algo>-<env>-s<seed>)")
     tune.add_argument("--quiet", action="store_true", help="no progress bar")
 

@@ -92,7 +92,7 @@ class Plan:
 
 
 @contextlib.contextmanager
-def _tensorboard(run_dir: Path, purge_step: int | None = None) -> Iterator[Any]:
+def tensorboard_writer(run_dir: Path, purge_step: int | None = None) -> Iterator[Any]:
     from tensorboardX import SummaryWriter
 
     writer = SummaryWriter(str(run_dir / "logs"), purge_step=purge_step)
@@ -136,7 +136,7 @@ def execute(
     divergences: list[dict] = []
     steps = 0
     try:
-        with _tensorboard(run_dir, purge_step) as writer, stop_on_signals() as stop:
+        with tensorboard_writer(run_dir, purge_step) as writer, stop_on_signals() as stop:
             if describe_config:
                 writer.add_text("config", "```\n" + run.config.to_yaml() + "\n```")
 
@@ -180,7 +180,7 @@ def execute(
                 results.append(result)
                 fingerprints.extend(_fingerprints(result))
                 steps = result.env_steps
-                diverged = _divergences(result, run_dir, saver.last)
+                diverged = run_divergences(result, run_dir, saver.last)
                 divergences.extend(diverged)
                 if result.stopped and not diverged:
                     stopped = _stopped(run_dir, saver.last, result.env_steps, stop)
@@ -188,7 +188,7 @@ def execute(
     finally:
         metrics.close()
     rows = read_metrics(run_dir / "metrics.jsonl")
-    _plot(run, rows)
+    plot_run(run, rows)
     if stopped is not None:
         return stopped, results
     summary = write_run_summary(
@@ -234,7 +234,7 @@ def write_run_summary(
     )
 
 
-def _divergences(result: RunResult, run_dir: Path, checkpoint: Path | None) -> list[dict]:
+def run_divergences(result: RunResult, run_dir: Path, checkpoint: Path | None) -> list[dict]:
     """``summary.json``'s ``diverged`` entries of a result: ``{"seed", "step", "losses",
     "checkpoint"}`` for each seed that diverged (``checkpoint``: the newest, which holds the last
     finite parameters)."""
@@ -274,7 +274,7 @@ def _distributed_summary(results: list[RunResult]) -> dict:
     return {"distributed": {k: float(v) for k, v in last[-1].items()}} if last else {}
 
 
-def _plot(run: ResolvedRun, rows: list[dict]) -> None:
+def plot_run(run: ResolvedRun, rows: list[dict]) -> None:
     plot_curves(
         {f"{run.algo} {run.env.id}": curves_from_metrics(rows, counts=True)},
         run.run_dir / "curve.png",

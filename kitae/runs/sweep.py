@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 
 from kitae.config import AlgoConfig, sweepable_keys
@@ -50,7 +51,7 @@ from kitae.runs.presets import parse_value
 from kitae.runs.progress import ProgressBar
 from kitae.runs.resolve import ResolvedRun, RunSpec, resolve_train
 from kitae.runs.rundir import MetricsFile, read_metrics, state_fingerprint, write_config
-from kitae.runs.session import _divergences, _plot, _tensorboard, execute, train_plans, write_run_summary
+from kitae.runs.session import execute, plot_run, run_divergences, tensorboard_writer, train_plans, write_run_summary
 from kitae.runs.signals import stop_on_signals
 
 __all__ = ["SweepSpec", "parse_grid", "sweep_run", "format_table", "with_values"]
@@ -156,15 +157,14 @@ class _Split(Callback):
     def on_checkpoint(self, payload: Payload) -> None:
         k = len(self.seeds)
         for c, callbacks in enumerate(self.children):
-            rows = payload.state.__class__(*(_rows(x, c * k, k) for x in payload.state))
+            rows = _rows(payload.state, c * k, k)
             for cb in callbacks:
                 cb.on_checkpoint(Payload(rows, {**payload.meta, "seeds": self.seeds}))
 
 
 def _rows(tree: Any, first: int, count: int) -> Any:
-    import jax
-
-    return None if tree is None else jax.tree_util.tree_map(lambda x: x[first : first + count], tree)
+    """Rows ``first .. first + count - 1`` of every leaf of a batched tree (a ``LoopState``, metrics)."""
+    return jax.tree_util.tree_map(lambda x: x[first : first + count], tree)
 
 
 def _share(result: RunResult, c: int, seeds: list[int]) -> RunResult:
@@ -173,7 +173,7 @@ def _share(result: RunResult, c: int, seeds: list[int]) -> RunResult:
     return dataclasses.replace(
         result,
         seeds=seeds,
-        state=type(result.state)(*(_rows(x, c * k, k) for x in result.state)),
+        state=_rows(result.state, c * k, k),
         episodes=result.episodes[c * k : (c + 1) * k],
         update_steps=result.update_steps[c * k : (c + 1) * k],
         diverged=result.diverged[c * k : (c + 1) * k],
@@ -197,7 +197,7 @@ def _compiled_sweep(
         for _, combo in combos:
             metrics = MetricsFile(combo.run_dir / "metrics.jsonl")
             stack.callback(metrics.close)
-            writer = stack.enter_context(_tensorboard(combo.run_dir))
+            writer = stack.enter_context(tensorboard_writer(combo.run_dir))
             writer.add_text("config", "```\n" + combo.config.to_yaml() + "\n```")
 
             def flush(metrics: MetricsFile = metrics, writer: Any = writer) -> None:
@@ -220,11 +220,11 @@ def _compiled_sweep(
         if result.stopped:
             return None, {"stopped": True, "signal": stop.name, "signum": stop.signal, "steps": result.env_steps}
         for (_, combo), share, saver in zip(combos, shares, savers):
-            divergences = _divergences(share, combo.run_dir, saver.last)
+            divergences = run_divergences(share, combo.run_dir, saver.last)
             share_rows = (
                 read_metrics(combo.run_dir / "metrics.jsonl") if (combo.run_dir / "metrics.jsonl").exists() else []
             )
-            _plot(combo, share_rows)
+            plot_run(combo, share_rows)
             fingerprints = [state_fingerprint(pick_seed(share.state.agent_state, i)) for i in range(len(seeds))]
             write_run_summary(
                 combo,

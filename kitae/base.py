@@ -54,6 +54,7 @@ from kitae.algos.experience import ExperiencePipeline
 from kitae.algos.factory import explore_general_factory
 from kitae.algos.update import UpdateHooks, mean_over_steps, on_policy_update, process_rollout, with_update_hooks
 from kitae.buffer import BufferState, Experience, ReplayBuffer, RolloutBuffer, buffer_rollout, buffer_sample
+from kitae.compilation_cache import jit_once
 from kitae.config import AlgoConfig, DistributedConfig
 from kitae.envs.goals import goal_reward_fn
 from kitae.replay.prioritized import annealed_beta, update_priorities
@@ -298,7 +299,7 @@ class BaseAgent(IAgent):
         self.vectorized = True  # the executors always hand over (E, ...) batches
 
         self.train_state_factory = train_state_factory
-        self.key, self.state = self._first_state(config.seed, tabulate)
+        self._set_first_state(config.seed, tabulate)
         self._key_block, self._key_index = np.zeros((0, 2), np.uint32), 0
         self._pure_keys = False  # True while act() runs a guide-style explore as a pure function
 
@@ -347,24 +348,71 @@ class BaseAgent(IAgent):
         clone._build_functions()
         return clone
 
-    def _first_state(self, seed: int, tabulate: bool) -> tuple[jax.Array, Any]:
-        """``initial_state(seed)`` as one compiled program: run op by op, a network's initialisation
-        compiles dozens of tiny programs (a second or more of a cold start); the values are the
-        same. Eager where it cannot be traced (a custom factory with Python-side work) or to print
-        the networks' tables."""
+    def _set_first_state(self, seed: int, tabulate: bool) -> None:
+        """Checks ``initial_state(seed)`` by tracing it (``jax.eval_shape``: errors surface now)
+        and leaves its values to be computed on first use of ``key`` or ``state``, as one compiled
+        program (run op by op, a network's initialisation compiles dozens of tiny programs: a
+        second or more of a cold start; the values are the same).
+
+        Deferred because a compiled run needs only the state's shapes to start compiling its
+        training program (``first_state_shape``) and computes the values meanwhile; a run of
+        several seeds never needs this seed's. Eager where it cannot be traced (a custom factory
+        with Python-side work) or to print the networks' tables."""
+        self._first: tuple[jax.Array, Any] | None = None
+        self._first_shape: tuple[Any, Any] | None = None
+        self._first_seed = seed
         if not tabulate:
             try:
-                return jax.jit(self.initial_state)(np.uint32(seed))
+                self._first_shape = jax.eval_shape(self.initial_state, np.uint32(seed))
+                return
             except (jax.errors.JAXTypeError, TypeError):  # not traceable: op by op below
                 pass
-        return self.initial_state(seed, tabulate=tabulate)
+        self._first = self.initial_state(seed, tabulate=tabulate)
+
+    def _materialize(self) -> tuple[jax.Array, Any]:
+        if self._first is None:
+            try:
+                first = jit_once(self.initial_state)(np.uint32(self._first_seed))
+            except ValueError:  # asked for inside a trace (a nested jit takes no compiler options)
+                first = None
+            if first is None or any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(first)):
+                with jax.ensure_compile_time_eval():  # values, not the trace's tracers
+                    first = self.initial_state(self._first_seed)
+            self._first = first
+        return self._first
+
+    @property
+    def key(self) -> jax.Array:
+        """The agent's PRNG key (the host loop's; a compiled run carries its own in its state)."""
+        return self._materialize()[0]
+
+    @key.setter
+    def key(self, value: jax.Array) -> None:
+        self._first = (value, self._materialize()[1])
+
+    @property
+    def state(self) -> Any:
+        """The agent's state (``train_state_factory``'s pytree: parameters, optimizer states...)."""
+        return self._materialize()[1]
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self._first = (self._materialize()[0], value)
+
+    def first_state_shape(self) -> tuple[Any, Any]:
+        """``(key, state)`` of ``initial_state(config.seed)`` as ``jax.ShapeDtypeStruct`` leaves:
+        what ``key`` and ``state`` hold before any training, without computing them."""
+        if self._first_shape is None:
+            self._first_shape = jax.eval_shape(lambda: self._materialize())
+        return self._first_shape
 
     def initial_state(self, seed: int | jax.Array, *, tabulate: bool = False) -> tuple[jax.Array, Any]:
         """The key and state a fresh agent made with ``seed`` starts from.
 
         Pure and traceable (``seed`` may be a traced integer), so the compiled loop can build one
-        state per seed inside ``jax.vmap``; with ``config.seed`` it gives exactly ``agent.key`` and
-        ``agent.state``.
+        state per seed inside ``jax.vmap``; compiled as every starting state is
+        (``kitae.compilation_cache.jit_once``), with ``config.seed`` it gives exactly ``agent.key``
+        and ``agent.state``.
         """
         key, state_key = jax.random.split(jax.random.PRNGKey(seed))
         state = self.train_state_factory(state_key, self.config, preprocess_fn=self.preprocess_fn, tabulate=tabulate)
@@ -398,12 +446,13 @@ class BaseAgent(IAgent):
         the call: meant to be traced (``jax.jit``, the compiled loop), which gives a pure program
         from an ``explore`` written against the agent's attributes.
         """
-        saved = self.state, self.key, self.env_step, self._pure_keys
-        self.state, self.key, self.env_step, self._pure_keys = acting_params, key, env_step, True
+        # swapped whole, the agent's own (key, state) untouched: computed or not, it stays as it was
+        saved = self._first, self.env_step, self._pure_keys
+        self._first, self.env_step, self._pure_keys = (key, acting_params), env_step, True
         try:
             return self.select_action(observation) if deterministic else self.explore(observation)
         finally:
-            self.state, self.key, self.env_step, self._pure_keys = saved
+            self._first, self.env_step, self._pure_keys = saved
 
     def initial_hidden(self, n: int) -> Any:
         """A recurrent agent's initial hidden state of ``n`` rows (leaves ``(n, ...)``)."""

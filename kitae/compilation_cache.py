@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import jax
 
@@ -39,3 +40,16 @@ def use_compilation_cache() -> None:
     """Enables the cache once per process unless ``KITAE_NO_COMPILATION_CACHE`` is set."""
     if not _ENABLED and not os.environ.get("KITAE_NO_COMPILATION_CACHE"):
         enable_compilation_cache()
+
+
+# XLA's backend optimisations (fusion, LLVM's passes) take about half the compile time of the
+# programs a run computes once (an agent's first state: dozens of threefry draws; attaching its
+# environments) and buy nothing there: they run for microseconds (measured on PPO's, BENCHMARKS.md).
+ONE_SHOT_OPTIONS = {"xla_backend_optimization_level": 0}
+
+
+def jit_once(fun: Any, **kwargs: Any) -> Any:
+    """``jax.jit(fun)`` for a program that runs once or a few times: compiled without XLA's backend
+    optimisations (``ONE_SHOT_OPTIONS``), in half the time. Every program that makes a starting
+    state goes through it, so they compute the same bits as each other."""
+    return jax.jit(fun, compiler_options=ONE_SHOT_OPTIONS, **kwargs)

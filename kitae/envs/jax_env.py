@@ -67,18 +67,27 @@ def _import_lazily(name: str) -> None:
     """Puts a stand-in for module ``name`` in ``sys.modules`` that imports the real module on its
     first attribute use, unless it is imported already or not installed.
 
-    gymnax imports seaborn at module level for its renderers only (``gymnax.environments.misc``):
-    about 1 s of a cold ``kitae train`` (seaborn pulls pandas and scipy.stats) that no training
-    uses. (``importlib.util.LazyLoader`` does not help: the ``import`` statement reads the
-    module's ``__spec__``, which loads it.)
+    gymnax imports seaborn and matplotlib's pyplot at module level for its renderers only
+    (``gymnax.environments.misc``, ``bsuite.catch``): about 1.3 s of a cold ``kitae train``
+    (seaborn pulls pandas and scipy.stats; pyplot 0.35 s) that no training uses.
+    (``importlib.util.LazyLoader`` does not help: the ``import`` statement reads the module's
+    ``__spec__``, which loads it.)
     """
+    import importlib.machinery
     import importlib.util
     import sys
     import types
 
     if name in sys.modules:
         return
-    spec = importlib.util.find_spec(name)
+    parent, _, _ = name.rpartition(".")
+    if parent:  # found in the parent's folders: find_spec would import the parent (or its stand-in)
+        module = sys.modules.get(parent)
+        parent_spec = module.__spec__ if module is not None else importlib.util.find_spec(parent)
+        locations = getattr(parent_spec, "submodule_search_locations", None)
+        spec = importlib.machinery.PathFinder.find_spec(name, locations) if locations else None
+    else:
+        spec = importlib.util.find_spec(name)
     if spec is None:
         return
 
@@ -105,7 +114,8 @@ class GymnaxEnv:
     """
 
     def __init__(self, name: str, **env_kwargs: Any) -> None:
-        _import_lazily("seaborn")  # before gymnax, which imports it for rendering only
+        for module in ("seaborn", "matplotlib.pyplot"):  # gymnax imports them to render only
+            _import_lazily(module)
         import gymnax
         from gymnax.environments.spaces import gymnax_space_to_gym_space
 

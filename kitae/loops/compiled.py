@@ -21,14 +21,16 @@ transition of an environment moves all its agents).
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kitae.compilation_cache import use_compilation_cache
+from kitae.compilation_cache import jit_once, use_compilation_cache
 from kitae.envs.jax_env import VecJaxEnv
 from kitae.loops.callbacks import Callback, CallbackList, LossMeans, Progress, RunInfo
 from kitae.loops.program import IterationMetrics, loop_state_shape, make_loop_functions, make_variant_functions
@@ -215,23 +217,10 @@ class CompiledExecutor:
 
         clock = time.perf_counter()
         # The starting state is made by its own small program and handed to the training program:
-        # a run in one piece, in segments or resumed then computes the same bits.
-        if start is None and batched:
-            # one small program per seed, stacked: XLA:CPU (jaxlib 0.10.2) never finishes some
-            # vmapped initial-state programs (recurrent PPO's, 3 seeds x 8 envs: every thread
-            # idle, the result never ready); a seed's own state is the same either way
-            one = jax.jit(fresh)
-            states = [one(seed, {k: v[i] for k, v in values.items()}) for i, seed in enumerate(seed_array)]
-            state = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *states)
-            if sharding is not None:
-                state = jax.device_put(state, sharding)
-        elif start is None:
-            state = jax.jit(attach)(payload_from_agent(agent).state, seed_array)
-        elif start.env is None:
-            state = jax.jit(jax.vmap(attach) if batched else attach)(start, seed_array)
-        else:
-            state = start if sharding is None else jax.device_put(start, sharding)
-        first_step = int(np.max(np.asarray(state.env_step)))
+        # a run in one piece, in segments or resumed then computes the same bits. The training
+        # program needs only the state's shapes: it compiles in the background (XLA releases
+        # the GIL) while this thread computes the state and the callbacks start.
+        shape, make_state, first_step = self._start(agent, start, batched, seed_array, values, sharding, fresh, attach)
         if first_step % per_iteration:
             raise ValueError(
                 f"the state is at step {first_step}, inside an iteration of {per_iteration} steps; the compiled "
@@ -240,7 +229,6 @@ class CompiledExecutor:
         first = first_step // per_iteration
         if first >= n_iterations:
             raise ValueError(f"the run is already at step {first_step:,}; n_env_steps={n_env_steps:,} asks for no more")
-        callbacks.on_start(RunInfo(self.name, seed_list, first_step, n_iterations * per_iteration, agent))
 
         if not segmented:
             count = n_iterations - first
@@ -250,14 +238,7 @@ class CompiledExecutor:
                     return jax.vmap(lambda s, v: run(s, v, count, first))(state, values)
                 return run(state, values, count, first)
 
-            compiled = jax.jit(program).lower(state, values).compile()
-            compile_seconds = time.perf_counter() - clock
-            clock = time.perf_counter()
-            state, metrics = compiled(state, values)
-            jax.block_until_ready(state)
-            train_seconds = time.perf_counter() - clock
-            metrics = jax.tree_util.tree_map(np.asarray, metrics)
-            stopped, done = False, n_iterations
+            compiling = _Compiling(lambda state: jax.jit(program).lower(state, values), shape)
         else:
             length = segment_iterations or max(1, -(-(n_iterations - first) // 20))
             check_positive_int("segment_iterations", length)
@@ -266,21 +247,36 @@ class CompiledExecutor:
 
             def segment(
                 state: LoopState, values: dict, n: jax.Array, index: jax.Array, diverged: jax.Array
-            ) -> tuple[LoopState, IterationMetrics]:
+            ) -> tuple[LoopState, IterationMetrics, jax.Array]:
                 if batched:
-                    return jax.vmap(lambda s, v, d: run(s, v, n, index, length=length, diverged=d))(
+                    state, rows = jax.vmap(lambda s, v, d: run(s, v, n, index, length=length, diverged=d))(
                         state, values, diverged
                     )
-                return run(state, values, n, index, length=length, diverged=diverged)
+                    return state, rows, rows.diverged[:, n - 1]
+                state, rows = run(state, values, n, index, length=length, diverged=diverged)
+                return state, rows, rows.diverged[n - 1]  # carried into the next segment
 
             no_divergence = jnp.zeros((len(seed_list),) if batched else (), bool)
-            lowered = jax.jit(segment).lower(state, values, jnp.int32(0), jnp.int32(0), no_divergence)
-            executable = lowered.compile()
+            compiling = _Compiling(
+                lambda state: jax.jit(segment).lower(state, values, jnp.int32(0), jnp.int32(0), no_divergence), shape
+            )
+        state = make_state()
+        callbacks.on_start(RunInfo(self.name, seed_list, first_step, n_iterations * per_iteration, agent))
+        executable, state = compiling.result(state)
+        compile_seconds = time.perf_counter() - clock
+
+        if not segmented:
+            clock = time.perf_counter()
+            state, metrics = executable(state, values)
+            jax.block_until_ready(state)
+            train_seconds = time.perf_counter() - clock
+            metrics = jax.tree_util.tree_map(np.asarray, metrics)
+            stopped, done = False, n_iterations
+        else:
 
             def segment_call(state: LoopState, n: jax.Array, index: jax.Array, diverged: jax.Array) -> tuple:
                 return executable(state, values, n, index, diverged)
 
-            compile_seconds = time.perf_counter() - clock
             state, metrics, train_seconds, stopped, done = self._segments(
                 segment_call,
                 state,
@@ -312,9 +308,60 @@ class CompiledExecutor:
             stopped=stopped,
             batched=batched,
             metrics=metrics,
+            devices=1 if sharding is None else len(sharding.device_set),
         )
         callbacks.on_end(result)
         return result
+
+    @staticmethod
+    def _start(
+        agent: Any,
+        start: LoopState | None,
+        batched: bool,
+        seed_array: jax.Array,
+        values: dict[str, jax.Array],
+        sharding: Any,
+        fresh: Callable,
+        attach: Callable,
+    ) -> tuple[Any, Callable[[], LoopState], int]:
+        """``(shapes, make, first_step)`` of the state a run starts from: its
+        ``jax.ShapeDtypeStruct`` leaves (placed as the run shards them), a function that computes
+        it, and its environment step."""
+
+        def placed(state: Any) -> Any:
+            return state if sharding is None else jax.device_put(state, sharding)
+
+        if start is None and batched:
+
+            def make() -> LoopState:
+                # one small program per seed, stacked: XLA:CPU (jaxlib 0.10.2) never finishes some
+                # vmapped initial-state programs (recurrent PPO's, 3 seeds x 8 envs: every thread
+                # idle, the result never ready); a seed's own state is the same either way
+                one = jit_once(fresh)
+                states = [one(seed, {k: v[i] for k, v in values.items()}) for i, seed in enumerate(seed_array)]
+                return placed(jax.jit(lambda xs: jax.tree_util.tree_map(lambda *x: jnp.stack(x), *xs))(states))
+
+            shape, first_step = jax.eval_shape(jax.vmap(fresh), seed_array, values), 0
+        elif start is None:
+            payload = payload_from_agent(agent, shapes=True).state
+
+            def make() -> LoopState:
+                return jit_once(attach)(payload_from_agent(agent).state, seed_array)
+
+            shape, first_step = jax.eval_shape(attach, payload, seed_array), int(agent.env_step)
+        elif start.env is None:
+            with_env = jit_once(jax.vmap(attach) if batched else attach)
+
+            def make() -> LoopState:
+                return placed(with_env(start, seed_array))
+
+            shape, first_step = jax.eval_shape(with_env, start, seed_array), int(np.max(np.asarray(start.env_step)))
+        else:
+            state = placed(start)
+            return state, lambda: state, int(np.max(np.asarray(state.env_step)))
+        if sharding is not None:
+            shape = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), shape)
+        return shape, make, first_step
 
     def _payload(self, state: LoopState, seeds: list[int] | None) -> Payload:
         return Payload(state, {"executor": self.name, "seeds": seeds, "env_saved": True})
@@ -333,18 +380,26 @@ class CompiledExecutor:
         callbacks: Callback,
         loss_rows: list[int],
     ) -> tuple:
-        """Runs the plan's segments, reporting to the callbacks between them."""
+        """Runs the plan's segments, reporting to the callbacks between them.
+
+        Pipelined: a segment is dispatched before the callbacks see the one before it, so they
+        run (on this thread) while XLA trains; their state is kept for the checkpoint. Where the
+        callbacks stop the run after a segment, the one already dispatched is dropped: the run
+        ends with the state they saw."""
         first_step = first * schedule.steps_per_iteration
         # losses are logged for the first seed of each configuration (of the run: seed index 0)
         losses = {row: LossMeans(agent.config.train_cfg.log_frequency, first_step) for row in loss_rows}
-        chunks, train_seconds, stopped, done = [], 0.0, False, first
-        diverged = jnp.zeros((len(seeds),) if batched else (), bool)
-        for index, n, save in segment_plan(first, total, schedule, length):
-            clock = time.perf_counter()
-            state, rows = compiled(state, jnp.int32(n), jnp.int32(index), diverged)
+        chunks, stopped, done, train_seconds = [], False, first, 0.0
+        plan = segment_plan(first, total, schedule, length)
+        clock = time.perf_counter()
+        no_divergence = jnp.zeros((len(seeds),) if batched else (), bool)
+        ahead = compiled(state, jnp.int32(plan[0][1]), jnp.int32(plan[0][0]), no_divergence)
+        for k, (index, n, save) in enumerate(plan):
+            state, rows, diverged = ahead
+            if k + 1 < len(plan):
+                ahead = compiled(state, jnp.int32(plan[k + 1][1]), jnp.int32(plan[k + 1][0]), diverged)
             rows = jax.tree_util.tree_map(lambda x, n=n: np.asarray(x)[:, :n] if batched else np.asarray(x)[:n], rows)
-            diverged = jnp.asarray(rows.diverged[:, -1] if batched else rows.diverged[-1])  # carried on
-            train_seconds += time.perf_counter() - clock
+            train_seconds = time.perf_counter() - clock
             chunks.append(rows)
             done = index + n
             latest = []
@@ -367,7 +422,7 @@ class CompiledExecutor:
             )
             # a single run that diverged stops here (its state is the last finite one); seeds trained
             # together go on, the diverged ones no longer updating
-            stopped = done < total and (callbacks.should_stop() or bool(not batched and diverged))
+            stopped = done < total and (callbacks.should_stop() or bool(not batched and rows.diverged[-1]))
             if save or stopped:
                 for row, means in losses.items():
                     logged = means.flush(step)  # the loss points do not depend on where a run was cut
@@ -377,6 +432,43 @@ class CompiledExecutor:
             if stopped:
                 break
         return state, _concat_metrics(chunks, batched), train_seconds, stopped, done
+
+
+def _aval(x: Any) -> tuple:
+    return (tuple(x.shape), x.dtype, bool(getattr(x, "weak_type", False)))
+
+
+class _Compiling:
+    """A program compiling on a thread of its own (XLA's compiler releases the GIL, so the
+    caller's thread computes meanwhile): ``lower(args)`` traces it here, now."""
+
+    def __init__(self, lower: Callable[[Any], Any], args: Any) -> None:
+        self._lower, self._args = lower, args
+        lowered = lower(args)
+        self._out: dict[str, Any] = {}
+        self._thread = threading.Thread(target=self._compile, args=(lowered,), name="kitae-compile", daemon=True)
+        self._thread.start()
+
+    def _compile(self, lowered: Any) -> None:
+        try:
+            self._out["executable"] = lowered.compile()
+        except BaseException as error:  # handed to the caller's thread
+            self._out["error"] = error
+
+    def result(self, args: Any) -> tuple[Any, Any]:
+        """``(executable, args)``: the executable compiling and ``args``'s arrays in the structure
+        it was lowered for (whose static parts, an optimizer's functions, were made from the same
+        config), or, where the arrays differ from the shapes it was lowered for (a custom agent's
+        state), one compiled for ``args`` now."""
+        self._thread.join()
+        if "error" in self._out:
+            raise self._out["error"]
+        leaves, like = jax.tree_util.tree_leaves(args), jax.tree_util.tree_leaves(self._args)
+        if len(leaves) == len(like) and all(_aval(a) == _aval(b) for a, b in zip(leaves, like)):
+            return self._out["executable"], jax.tree_util.tree_unflatten(
+                jax.tree_util.tree_structure(self._args), leaves
+            )
+        return self._lower(args).compile(), args
 
 
 def compiled_train(

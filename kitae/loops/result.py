@@ -114,6 +114,7 @@ class RunResult:
         diverged: one entry per seed: a ``Divergence`` where the seed's run diverged (its state
             is then the last finite one: the diverged update was not kept, nor any after it), else
             ``None``. A single run that diverges stops (``stopped``); seeds trained together go on.
+        devices: the devices the seed axis was sharded over (``kitae.devices``); 1 when it was not.
     """
 
     executor: str
@@ -129,6 +130,7 @@ class RunResult:
     batched: bool = False
     metrics: Any = None
     diverged: list[Divergence | None] = dataclasses.field(default_factory=list)
+    devices: int = 1
 
     def divergence(self, seed_index: int = 0) -> Divergence | None:
         """The seed's ``Divergence``, or ``None`` where it did not diverge."""

@@ -93,13 +93,18 @@ class Payload(NamedTuple):
     meta: dict
 
 
-def payload_from_agent(agent: Any, executor: str = "host") -> Payload:
+def payload_from_agent(agent: Any, executor: str = "host", *, shapes: bool = False) -> Payload:
     """The payload of an agent facade's state: parameters, optimizer and target parameters, key,
-    buffer and counters (no environment)."""
+    buffer and counters (no environment). ``shapes``: the agent's key and state as
+    ``jax.ShapeDtypeStruct`` leaves (``BaseAgent.first_state_shape``), without computing them."""
     buffer = getattr(agent, "buffer", None)
+    if shapes and hasattr(agent, "first_state_shape"):
+        key, agent_state = agent.first_state_shape()
+    else:
+        key, agent_state = jnp.asarray(agent.key), agent.state
     state = LoopState(
-        agent_state=agent.state,
-        agent_key=jnp.asarray(agent.key),
+        agent_state=agent_state,
+        agent_key=key,
         buffer=None if buffer is None else buffer.state,
         env_step=jnp.asarray(int(agent.env_step), jnp.int32),
         n_updates=jnp.asarray(int(getattr(agent, "n_updates", 0)), jnp.int32),

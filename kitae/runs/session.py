@@ -34,11 +34,11 @@ from kitae.envs.make import EnvSpec
 from kitae.loops.callbacks import WriterLogger
 from kitae.loops.result import RunResult
 from kitae.loops.state import LoopState, apply_loop_state, pick_seed
-from kitae.runs.callbacks import CheckpointSaver, MetricsLogger
+from kitae.runs.callbacks import CheckpointSaver, ImportWhileTraining, MetricsLogger
 from kitae.runs.checkpoints import Checkpointer, CheckpointError
 from kitae.runs.errors import RunDiverged, RunError
 from kitae.runs.load import checkpoint_dirs, restore_error, restore_payload, run_seeds
-from kitae.runs.plotting import curves_from_metrics, plot_curves
+from kitae.runs.plotting import PLOT_MODULES, curves_from_metrics, plot_curves
 from kitae.runs.progress import ProgressBar
 from kitae.runs.resolve import ResolvedRun, RunSpec, make_run_env, resolve_agent, resolve_run_dir, resolve_train
 from kitae.runs.rundir import (
@@ -171,7 +171,15 @@ def execute(
                         total,
                         start=plan.start,
                         seeds=plan.seeds,
-                        callbacks=[MetricsLogger(metrics, plan_seeds), saver, bar, stop, *extra, *callbacks],
+                        callbacks=[
+                            MetricsLogger(metrics, plan_seeds),
+                            saver,
+                            bar,
+                            stop,
+                            *extra,
+                            *callbacks,
+                            ImportWhileTraining(*PLOT_MODULES),
+                        ],
                     )
                 finally:
                     bar.close()
@@ -229,6 +237,7 @@ def write_run_summary(
         peak_rss_mb=peak_rss_mb(),
         state_fingerprint=fingerprints if seeds else fingerprints[0],
         **_distributed_summary(results),
+        **_devices_summary(results),
         **({"diverged": divergences} if divergences else {}),
         **(extra or {}),
     )
@@ -272,6 +281,12 @@ def _distributed_summary(results: list[RunResult]) -> dict:
     or nothing when no part of the run was distributed."""
     last = [r.metrics for r in results if r.executor == "distributed" and isinstance(r.metrics, dict)]
     return {"distributed": {k: float(v) for k, v in last[-1].items()}} if last else {}
+
+
+def _devices_summary(results: list[RunResult]) -> dict:
+    """``{"devices": n}`` when seeds trained together were sharded over ``n`` devices (``kitae.devices``)."""
+    devices = max((r.devices for r in results), default=1)
+    return {"devices": devices} if devices > 1 else {}
 
 
 def plot_run(run: ResolvedRun, rows: list[dict]) -> None:

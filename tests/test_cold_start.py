@@ -1,0 +1,138 @@
+"""What a cold ``kitae train`` does not spend: an agent's first state computed only when used,
+the training program compiled while the starting state is made, one XLA device per CPU core for
+seeds trained together, renderers' imports deferred, no interpreter teardown."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from _agents import (
+    TinyA2C,
+    TinyA2CParams,
+    make_config,
+    tiny_a2c_explore_factory,
+    tiny_a2c_process_factory,
+    tiny_a2c_state_factory,
+    tiny_a2c_update_factory,
+)
+
+from kitae.base import OnPolicyAgent
+from kitae.compilation_cache import jit_once
+from kitae.devices import cpu_core_count, use_cpu_cores
+from kitae.envs.make import make_jax_env
+from kitae.loops.callbacks import Progress
+from kitae.runs.callbacks import ImportWhileTraining
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def a2c_config():
+    env = make_jax_env("gymnax:CartPole-v1", 4)
+    return make_config(env, TinyA2CParams(), max_buffer_size=16, batch_size=32, n_epochs=2)
+
+
+def _avals(tree) -> list[tuple]:
+    return [(tuple(x.shape), np.dtype(x.dtype)) for x in jax.tree_util.tree_leaves(tree)]
+
+
+def test_first_state_is_computed_on_first_use_with_the_shapes_announced(a2c_config):
+    agent = TinyA2C("c", a2c_config, run_dir="unused")
+    key_shape, state_shape = agent.first_state_shape()
+    assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves(state_shape))
+    assert _avals(agent.state) == _avals(state_shape) and _avals(agent.key) == _avals(key_shape)
+    key, state = jit_once(agent.initial_state)(np.uint32(a2c_config.seed))
+    for a, b in zip(jax.tree_util.tree_leaves((agent.key, agent.state)), jax.tree_util.tree_leaves((key, state))):
+        np.testing.assert_array_equal(a, b)  # the same bits as the seed's initial state
+
+
+def test_first_state_of_a_traced_agent_is_values_not_tracers(a2c_config):
+    agent = TinyA2C("c", a2c_config, run_dir="unused")
+    jax.jit(lambda x: x + jax.tree_util.tree_leaves(agent.state)[-1].sum())(1.0)  # first asked for in a trace
+    assert not any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(agent.state))
+    np.testing.assert_array_equal(agent.key, jit_once(agent.initial_state)(np.uint32(a2c_config.seed))[0])
+
+
+def test_a_broken_state_factory_fails_when_the_agent_is_made(a2c_config):
+    def broken(key, config, *, preprocess_fn=None, tabulate=False):
+        tiny_a2c_state_factory(key, config)
+        raise IndexError("the factory's own mistake")
+
+    class BrokenA2C(TinyA2C):
+        def __init__(self, run_name, config, **kwargs):
+            factories = (broken, tiny_a2c_explore_factory, tiny_a2c_process_factory, tiny_a2c_update_factory)
+            OnPolicyAgent.__init__(self, run_name, config, *factories, **kwargs)
+
+    with pytest.raises(IndexError, match="own mistake"):
+        BrokenA2C("c", a2c_config, run_dir="unused")
+
+
+@pytest.mark.parametrize("count", [0, -2, True, 1.5, "2"])
+def test_use_cpu_cores_rejects_counts(count):
+    with pytest.raises(ValueError, match="count"):
+        use_cpu_cores(count)
+
+
+def test_use_cpu_cores_rejects_a_bad_environment_variable(monkeypatch):
+    monkeypatch.setenv("KITAE_CPU_DEVICES", "many")
+    with pytest.raises(ValueError, match="KITAE_CPU_DEVICES='many'"):
+        use_cpu_cores()
+
+
+def test_use_cpu_cores_leaves_a_started_backend_alone():
+    jax.numpy.zeros(1).block_until_ready()  # the backend has started: its device count is fixed
+    assert use_cpu_cores(3) == len(jax.devices("cpu"))
+    assert cpu_core_count() >= 1
+
+
+def test_import_while_training_imports_once_at_the_first_progress(monkeypatch):
+    monkeypatch.delitem(sys.modules, "colorsys", raising=False)
+    callback = ImportWhileTraining("colorsys")
+    assert "colorsys" not in sys.modules
+    callback.on_progress(Progress(8, 1.0, None))
+    assert "colorsys" in sys.modules and callback.modules == ()
+
+
+def test_gymnax_renderers_imports_are_deferred_and_plots_still_work(tmp_path):
+    """gymnax imports seaborn and pyplot to render; a run imports neither, and kitae's plot works."""
+    script = textwrap.dedent(f"""
+        import sys
+        from kitae.envs.make import make_jax_env
+        make_jax_env("gymnax:CartPole-v1", 2)
+        loaded = [m for m in ("seaborn", "pandas", "matplotlib.pyplot")
+                  if m in sys.modules and not type(sys.modules[m]).__name__ == "ImportedOnUse"]
+        assert not loaded, loaded
+        import numpy as np
+        from kitae.runs.plotting import plot_curves
+        curves = {{0: (np.arange(5.0), np.arange(5.0))}}
+        plot_curves({{"run": curves}}, {str(tmp_path / "curve.png")!r})
+        import matplotlib.pyplot as plt  # the stand-in gives the real pyplot on use
+        assert callable(plt.subplots)
+        print("OK")
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "OK" in result.stdout, result.stderr[-3000:]
+    assert (tmp_path / "curve.png").stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_command_line_spreads_seeds_over_cpu_devices(tmp_path):
+    """`kitae` gives XLA one device per core (here: KITAE_CPU_DEVICES=2): two seeds are sharded,
+    summary.json says so, and the closing line reaches the terminal before the process exits."""
+    command = [sys.executable, "-m", "kitae.cli", "train", "ppo", "gymnax:CartPole-v1", "--seeds", "2",
+               "--steps", "1024", "--run-dir", str(tmp_path / "run")]  # fmt: skip
+    env = {**os.environ, "KITAE_CPU_DEVICES": "2", "JAX_PLATFORMS": "cpu"}
+    env.pop("XLA_FLAGS", None)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=280, env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "final return" in result.stdout and str(tmp_path / "run") in result.stdout
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["devices"] == 2 and len(summary["final_return"]) == 2

@@ -239,16 +239,19 @@ def make_loop_functions(agent: Any, env: VecJaxEnv) -> tuple[Callable, Callable,
         ``IterationMetrics.diverged`` of the previous segment): no update is kept.
         """
         carry = (state, jnp.asarray(diverged, bool))
+        # jitted, the iteration is traced once however often it is called with the same shapes:
+        # the segments' rows need its metrics' shapes before the loop that runs it
+        step = jax.jit(iteration)
         if length is None:
-            (state, _), metrics = jax.lax.scan(iteration, carry, first_index + jnp.arange(n_iterations))
+            (state, _), metrics = jax.lax.scan(step, carry, first_index + jnp.arange(n_iterations, dtype=jnp.int32))
             return state, metrics
         index = jnp.asarray(first_index, jnp.int32)
-        metrics_shape = jax.eval_shape(iteration, carry, index)[1]
+        metrics_shape = jax.eval_shape(step, carry, index)[1]
         rows = jax.tree_util.tree_map(lambda x: jnp.zeros((length, *x.shape), x.dtype), metrics_shape)
 
         def body(i: jax.Array, loop: tuple[tuple, IterationMetrics]) -> tuple[tuple, IterationMetrics]:
             carry, rows = loop
-            carry, metrics = iteration(carry, index + i)
+            carry, metrics = step(carry, index + i)
             rows = jax.tree_util.tree_map(lambda r, x: r.at[i].set(x), rows, metrics)
             return carry, rows
 

@@ -399,6 +399,11 @@ class BaseAgent(IAgent):
     def state(self, value: Any) -> None:
         self._first = (self._materialize()[0], value)
 
+    @property
+    def first_state_pending(self) -> bool:
+        """``key`` and ``state`` are still ``initial_state(config.seed)``'s, not computed yet."""
+        return self._first is None
+
     def first_state_shape(self) -> tuple[Any, Any]:
         """``(key, state)`` of ``initial_state(config.seed)`` as ``jax.ShapeDtypeStruct`` leaves:
         what ``key`` and ``state`` hold before any training, without computing them."""

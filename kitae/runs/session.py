@@ -35,7 +35,7 @@ from kitae.loops.callbacks import WriterLogger
 from kitae.loops.result import RunResult
 from kitae.loops.state import LoopState, apply_loop_state, pick_seed
 from kitae.runs.callbacks import CheckpointSaver, ImportWhileTraining, MetricsLogger
-from kitae.runs.checkpoints import Checkpointer, CheckpointError
+from kitae.runs.checkpoints import CHECKPOINT_MODULES, Checkpointer, CheckpointError
 from kitae.runs.errors import RunDiverged, RunError
 from kitae.runs.load import checkpoint_dirs, restore_error, restore_payload, run_seeds
 from kitae.runs.plotting import PLOT_MODULES, curves_from_metrics, plot_curves
@@ -178,7 +178,7 @@ def execute(
                             stop,
                             *extra,
                             *callbacks,
-                            ImportWhileTraining(*PLOT_MODULES),
+                            ImportWhileTraining(*CHECKPOINT_MODULES, *PLOT_MODULES),
                         ],
                     )
                 finally:

@@ -43,10 +43,10 @@ from kitae.loops.callbacks import Callback, RunInfo, WriterLogger
 from kitae.loops.compiled import CompiledExecutor
 from kitae.loops.result import Episodes, RunResult
 from kitae.loops.state import Payload, pick_seed
-from kitae.runs.callbacks import CheckpointSaver, MetricsLogger
-from kitae.runs.checkpoints import Checkpointer
+from kitae.runs.callbacks import CheckpointSaver, ImportWhileTraining, MetricsLogger
+from kitae.runs.checkpoints import CHECKPOINT_MODULES, Checkpointer
 from kitae.runs.errors import RunDiverged, RunError
-from kitae.runs.plotting import curves_from_metrics, plot_curves
+from kitae.runs.plotting import PLOT_MODULES, curves_from_metrics, plot_curves
 from kitae.runs.presets import parse_value
 from kitae.runs.progress import ProgressBar
 from kitae.runs.resolve import ResolvedRun, RunSpec, resolve_train
@@ -211,9 +211,8 @@ def _compiled_sweep(
         if not quiet:
             bar.message(f"compiling the sweep ({len(combos)} combinations x {len(seeds)} seeds, one program)...")
         try:
-            result = executor.run(
-                agent, env, run.total, seeds=rows, variants=variants, callbacks=[_Split(children, seeds), bar, stop]
-            )
+            callbacks = [_Split(children, seeds), bar, stop, ImportWhileTraining(*CHECKPOINT_MODULES, *PLOT_MODULES)]
+            result = executor.run(agent, env, run.total, seeds=rows, variants=variants, callbacks=callbacks)
         finally:
             bar.close()
         shares = [_share(result, c, seeds) for c in range(len(combos))]

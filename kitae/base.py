@@ -54,7 +54,6 @@ from kitae.algos.experience import ExperiencePipeline
 from kitae.algos.factory import explore_general_factory
 from kitae.algos.update import UpdateHooks, mean_over_steps, on_policy_update, process_rollout, with_update_hooks
 from kitae.buffer import BufferState, Experience, ReplayBuffer, RolloutBuffer, buffer_rollout, buffer_sample
-from kitae.compilation_cache import jit_once
 from kitae.config import AlgoConfig, DistributedConfig
 from kitae.envs.goals import goal_reward_fn
 from kitae.replay.prioritized import annealed_beta, update_priorities
@@ -371,12 +370,10 @@ class BaseAgent(IAgent):
 
     def _materialize(self) -> tuple[jax.Array, Any]:
         if self._first is None:
-            try:
-                first = jit_once(self.initial_state)(np.uint32(self._first_seed))
-            except ValueError:  # asked for inside a trace (a nested jit takes no compiler options)
-                first = None
-            if first is None or any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(first)):
-                with jax.ensure_compile_time_eval():  # values, not the trace's tracers
+            first = jax.jit(self.initial_state)(np.uint32(self._first_seed))
+            if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(first)):
+                # first asked for inside a trace (a sweep's traced agent): values, not tracers
+                with jax.ensure_compile_time_eval():
                     first = self.initial_state(self._first_seed)
             self._first = first
         return self._first
@@ -415,9 +412,8 @@ class BaseAgent(IAgent):
         """The key and state a fresh agent made with ``seed`` starts from.
 
         Pure and traceable (``seed`` may be a traced integer), so the compiled loop can build one
-        state per seed inside ``jax.vmap``; compiled as every starting state is
-        (``kitae.compilation_cache.jit_once``), with ``config.seed`` it gives exactly ``agent.key``
-        and ``agent.state``.
+        state per seed inside ``jax.vmap``; with ``config.seed`` it gives exactly ``agent.key`` and
+        ``agent.state``.
         """
         key, state_key = jax.random.split(jax.random.PRNGKey(seed))
         state = self.train_state_factory(state_key, self.config, preprocess_fn=self.preprocess_fn, tabulate=tabulate)

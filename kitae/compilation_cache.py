@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import jax
 
@@ -40,14 +39,3 @@ def use_compilation_cache() -> None:
     """Enables the cache once per process unless ``KITAE_NO_COMPILATION_CACHE`` is set."""
     if not _ENABLED and not os.environ.get("KITAE_NO_COMPILATION_CACHE"):
         enable_compilation_cache()
-
-
-# Every program that makes a starting state (an agent's first state, attaching the environments)
-# goes through one function, so they compute the same bits as each other. (Compiling them without
-# XLA's backend optimisations halves their compile time but changes the initial parameters' bits,
-# which the distributed executor's bit-for-bit tests pin against runs made before: not done.)
-
-
-def jit_once(fun: Any, **kwargs: Any) -> Any:
-    """``jax.jit(fun)`` for a program that makes a starting state (run once per run)."""
-    return jax.jit(fun, **kwargs)

@@ -25,7 +25,6 @@ from _agents import (
 )
 
 from kitae.base import OnPolicyAgent
-from kitae.compilation_cache import jit_once
 from kitae.devices import cpu_core_count, use_cpu_cores
 from kitae.envs.make import make_jax_env
 from kitae.loops.callbacks import Progress
@@ -49,7 +48,7 @@ def test_first_state_is_computed_on_first_use_with_the_shapes_announced(a2c_conf
     key_shape, state_shape = agent.first_state_shape()
     assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves(state_shape))
     assert _avals(agent.state) == _avals(state_shape) and _avals(agent.key) == _avals(key_shape)
-    key, state = jit_once(agent.initial_state)(np.uint32(a2c_config.seed))
+    key, state = jax.jit(agent.initial_state)(np.uint32(a2c_config.seed))
     for a, b in zip(jax.tree_util.tree_leaves((agent.key, agent.state)), jax.tree_util.tree_leaves((key, state))):
         np.testing.assert_array_equal(a, b)  # the same bits as the seed's initial state
 
@@ -58,7 +57,7 @@ def test_first_state_of_a_traced_agent_is_values_not_tracers(a2c_config):
     agent = TinyA2C("c", a2c_config, run_dir="unused")
     jax.jit(lambda x: x + jax.tree_util.tree_leaves(agent.state)[-1].sum())(1.0)  # first asked for in a trace
     assert not any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(agent.state))
-    np.testing.assert_array_equal(agent.key, jit_once(agent.initial_state)(np.uint32(a2c_config.seed))[0])
+    np.testing.assert_array_equal(agent.key, jax.jit(agent.initial_state)(np.uint32(a2c_config.seed))[0])
 
 
 def test_a_broken_state_factory_fails_when_the_agent_is_made(a2c_config):

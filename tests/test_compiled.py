@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 from _agents import TinyA2C, TinyA2CParams, TinyDQN, TinyDQNParams, make_config
 
-from kitae.compilation_cache import jit_once
 from kitae.envs.jax_env import GymnaxEnv, VecJaxEnv
 from kitae.envs.make import make_jax_env
 from kitae.loops.compiled import compiled_train, make_loop_functions
@@ -134,10 +133,10 @@ def test_single_seed_initial_state_is_the_agents(a2c_setup):
     env, config = a2c_setup
     agent = TinyA2C("c", config, run_dir="unused")
     fresh, attach, _ = make_loop_functions(agent, env)
-    loop_state = jit_once(fresh)(jnp.uint32(config.seed))
+    loop_state = jax.jit(fresh)(jnp.uint32(config.seed))
     assert _leaves_equal(loop_state.agent_state, agent.state)
     np.testing.assert_array_equal(loop_state.agent_key, agent.key)
-    attached = jit_once(attach)(payload_from_agent(agent).state, jnp.uint32(config.seed))
+    attached = jax.jit(attach)(payload_from_agent(agent).state, jnp.uint32(config.seed))
     assert _leaves_equal(attached, loop_state)  # a fresh agent facade starts where the seed does
 
 

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kitae.compilation_cache import jit_once, use_compilation_cache
+from kitae.compilation_cache import use_compilation_cache
 from kitae.envs.jax_env import VecJaxEnv
 from kitae.loops.callbacks import Callback, CallbackList, LossMeans, Progress, RunInfo
 from kitae.loops.program import IterationMetrics, loop_state_shape, make_loop_functions, make_variant_functions
@@ -337,7 +337,7 @@ class CompiledExecutor:
                 # one small program per seed, stacked: XLA:CPU (jaxlib 0.10.2) never finishes some
                 # vmapped initial-state programs (recurrent PPO's, 3 seeds x 8 envs: every thread
                 # idle, the result never ready); a seed's own state is the same either way
-                one = jit_once(fresh)
+                one = jax.jit(fresh)
                 states = [one(seed, {k: v[i] for k, v in values.items()}) for i, seed in enumerate(seed_array)]
                 return placed(jax.jit(lambda xs: jax.tree_util.tree_map(lambda *x: jnp.stack(x), *xs))(states))
 
@@ -346,11 +346,11 @@ class CompiledExecutor:
             payload = payload_from_agent(agent, shapes=True).state
 
             def make() -> LoopState:
-                return jit_once(attach)(payload_from_agent(agent).state, seed_array)
+                return jax.jit(attach)(payload_from_agent(agent).state, seed_array)
 
             shape, first_step = jax.eval_shape(attach, payload, seed_array), int(agent.env_step)
         elif start.env is None:
-            with_env = jit_once(jax.vmap(attach) if batched else attach)
+            with_env = jax.jit(jax.vmap(attach) if batched else attach)
 
             def make() -> LoopState:
                 return placed(with_env(start, seed_array))

@@ -165,7 +165,8 @@ def _kitae(task: str, seed: int, compiled: bool = False) -> dict:
             n_epochs=1,
         )
     config = build_config(env, params, update, seed=seed, n_env_steps=spec["steps"], env_id=spec["env_id"])
-    agent = Agent("compare", config, run_dir=f"/tmp/kitae-compare/{task}-{seed}")
+    # a new run directory each time: agent.train writes its run there (config, checkpoints, logs)
+    agent = Agent("compare", config, run_dir=tempfile.mkdtemp(prefix=f"kitae-compare-{task}-{seed}-"))
     start = time.perf_counter()
     result = agent.train(env, spec["steps"])
     wall = time.perf_counter() - start
@@ -179,7 +180,7 @@ def _kitae(task: str, seed: int, compiled: bool = False) -> dict:
         }
     return {
         "wall_seconds": wall,
-        "sps": result.global_step / wall,
+        "sps": result.env_steps / wall,
         "final_return": result.mean_return(10),
         "compile_seconds": result.compile_seconds,
     }

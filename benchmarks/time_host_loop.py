@@ -12,12 +12,13 @@ import time
 from pathlib import Path
 
 import gymnasium
+import jax
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compare_sb3
 
-from kitae.algos.collections import ppo
+from kitae.loops import collect, host
 
 seconds = {"explore": 0.0, "update": 0.0, "env step": 0.0}
 calls = {"explore": 0}
@@ -27,17 +28,23 @@ def _timed(name: str, fn):
     def wrapper(*args, **kwargs):
         start = time.perf_counter()
         out = fn(*args, **kwargs)
-        if name == "explore":  # wait for the values, as the loop does
-            out = tuple(np.asarray(x) for x in out)
+        if name == "explore":  # wait for the actions, as the loop does
+            out = (np.asarray(out[0]), *out[1:])
             calls["explore"] += 1
+        else:
+            jax.block_until_ready(out)
         seconds[name] += time.perf_counter() - start
         return out
 
     return wrapper
 
 
-ppo.PPO.explore = _timed("explore", ppo.PPO.explore)
-ppo.PPO.update = _timed("update", ppo.PPO.update)
+def _timed_steps(agent):  # the host loop's two compiled calls, each timed
+    steps = collect.compiled_steps(agent)
+    return collect.CompiledSteps(act=_timed("explore", steps.act), update=_timed("update", steps.update))
+
+
+host.compiled_steps = _timed_steps
 gymnasium.vector.SyncVectorEnv.step = _timed("env step", gymnasium.vector.SyncVectorEnv.step)
 
 result = compare_sb3._kitae("ppo-cartpole", 0)

@@ -122,6 +122,29 @@ def test_gymnax_renderers_imports_are_deferred_and_plots_still_work(tmp_path):
     assert (tmp_path / "curve.png").stat().st_size > 1000
 
 
+def test_tensorboard_writer_does_not_import_pytorch(tmp_path):
+    """tensorboardX imports torch where it is installed; kitae's writer hides it (a stand-in torch
+    that raises if imported), writes its events, and torch imports normally afterwards."""
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("raise RuntimeError('torch was imported')\n")
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(tmp_path)!r})
+        from pathlib import Path
+        from kitae.runs.session import tensorboard_writer
+        with tensorboard_writer(Path({str(tmp_path / "run")!r})) as writer:
+            writer.add_scalar("charts/x", 1.0, 0)
+        assert "torch" not in sys.modules
+        try:
+            import torch
+        except RuntimeError as error:  # the stand-in: found again, so the hiding was undone
+            print("OK", error)
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "OK torch was imported" in result.stdout, result.stderr[-3000:]
+    assert list((tmp_path / "run" / "logs").glob("events.out.tfevents.*"))
+
+
 @pytest.mark.slow
 def test_command_line_spreads_seeds_over_cpu_devices(tmp_path):
     """`kitae` gives XLA one device per core (here: KITAE_CPU_DEVICES=2): two seeds are sharded,

@@ -4,7 +4,9 @@ Each framework trains in its own subprocess (so peak memory is its own), one aft
 with the same hyperparameters; the frameworks take turns for ``--repeats`` rounds so that noise
 from the shared machine falls on all of them alike. Reports, per framework, the median wall
 time, environment steps per second and final return (mean of the last 10 training episodes),
-the peak resident memory, and kitae's speed ratio to each.
+the peak resident memory, and kitae's speed ratio to each: in training wall time (the call that
+trains, measured inside each process) and in whole processes (imports and set-up included,
+paired round by round).
 
 kitae runs three ways: ``kitae`` is the host loop over the same Gymnasium vector environment as
 SB3 and SBX, with an empty compilation cache (every run compiles, as SB3/SBX's first run does);
@@ -228,14 +230,18 @@ def main() -> None:
         launch("kitae-warm", 0)  # untimed: fills the cache the timed kitae-warm runs load from
     for repeat in range(args.repeats):
         for name in args.frameworks:
+            begin = time.perf_counter()
             out = launch(name, repeat)
+            process_seconds = time.perf_counter() - begin  # the whole process: imports and set-up too
             lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
             if out.returncode != 0 or not lines:
                 raise SystemExit(f"{name} failed:\n{out.stderr[-3000:]}")
             result = json.loads(lines[-1][7:])
+            result["process_seconds"] = process_seconds
             runs[name].append(result)
             print(
                 f"[{args.task}] round {repeat + 1} {name}: {result['sps']:,.0f} steps/s, "
+                f"process {process_seconds:.1f} s, "
                 f"final return {result['final_return']:.1f}, peak {result['peak_rss_mb']:.0f} MB",
                 flush=True,
             )
@@ -243,6 +249,7 @@ def main() -> None:
     summary = {
         name: {
             "median_wall_seconds": statistics.median(r["wall_seconds"] for r in rs),
+            "median_process_seconds": statistics.median(r["process_seconds"] for r in rs),
             "median_sps": statistics.median(r["sps"] for r in rs),
             "median_final_return": statistics.median(r["final_return"] for r in rs),
             "max_peak_rss_mb": max(r["peak_rss_mb"] for r in rs),
@@ -254,16 +261,20 @@ def main() -> None:
         for name in ("sb3", "sbx"):
             if name in summary:
                 summary[ours][f"speed_ratio_vs_{name}"] = summary[ours]["median_sps"] / summary[name]["median_sps"]
+                # whole processes, paired round by round (the same machine state for both)
+                summary[ours][f"process_speed_ratio_vs_{name}"] = statistics.median(
+                    theirs["process_seconds"] / mine["process_seconds"] for mine, theirs in zip(runs[ours], runs[name])
+                )
     spec = TASKS[args.task]
     print(
         f"\n{args.task}: {spec['env_id']}, {spec['steps']:,} steps, {spec['n_envs']} env(s), "
         f"{args.repeats} rounds (medians)"
     )
-    print("| framework | wall s | steps/s | final return | peak MB |")
-    print("| --- | --- | --- | --- | --- |")
+    print("| framework | whole process s | training wall s | steps/s | final return | peak MB |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for name, s in summary.items():
         print(
-            f"| {name} | {s['median_wall_seconds']:.1f} | {s['median_sps']:,.0f} | "
+            f"| {name} | {s['median_process_seconds']:.1f} | {s['median_wall_seconds']:.1f} | {s['median_sps']:,.0f} | "
             f"{s['median_final_return']:.1f} | {s['max_peak_rss_mb']:.0f} |"
         )
     for ours in [name for name in summary if name.startswith("kitae")]:

@@ -54,6 +54,7 @@ from kitae.algos.experience import ExperiencePipeline
 from kitae.algos.factory import explore_general_factory
 from kitae.algos.update import UpdateHooks, mean_over_steps, on_policy_update, process_rollout, with_update_hooks
 from kitae.buffer import BufferState, Experience, ReplayBuffer, RolloutBuffer, buffer_rollout, buffer_sample
+from kitae.compile_options import jit_once
 from kitae.config import AlgoConfig, DistributedConfig
 from kitae.envs.goals import goal_reward_fn
 from kitae.replay.prioritized import annealed_beta, update_priorities
@@ -370,8 +371,11 @@ class BaseAgent(IAgent):
 
     def _materialize(self) -> tuple[jax.Array, Any]:
         if self._first is None:
-            first = jax.jit(self.initial_state)(np.uint32(self._first_seed))
-            if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(first)):
+            try:
+                first = jit_once(self.initial_state)(np.uint32(self._first_seed))
+            except ValueError:  # inside a trace, which refuses compiler options (a factory error recurs below)
+                first = None
+            if first is None or any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(first)):
                 # first asked for inside a trace (a sweep's traced agent): values, not tracers
                 with jax.ensure_compile_time_eval():
                     first = self.initial_state(self._first_seed)

@@ -25,10 +25,13 @@ from _agents import (
 )
 
 from kitae.base import OnPolicyAgent
+from kitae.compile_options import jit_once
 from kitae.devices import cpu_core_count, use_cpu_cores
 from kitae.envs.make import make_jax_env
 from kitae.loops.callbacks import Progress
+from kitae.loops.program import make_loop_functions
 from kitae.runs.callbacks import ImportWhileTraining
+from kitae.runs.resolve import RunSpec, resolve_train
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -120,6 +123,21 @@ def test_gymnax_renderers_imports_are_deferred_and_plots_still_work(tmp_path):
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and "OK" in result.stdout, result.stderr[-3000:]
     assert (tmp_path / "curve.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("algo, env_id", [("ppo", "gymnax:CartPole-v1"), ("sac", "gymnax:Pendulum-v1")])
+def test_starting_state_compiled_once_has_the_default_compiles_bits(algo, env_id, tmp_path):
+    """``jit_once`` (LLVM optimisation level 1) makes a run's starting state (parameters,
+    optimizer, environments, buffer) with the same bits as ``jax.jit``'s default compile."""
+    run, env = resolve_train(RunSpec(algo=algo, env_id=env_id))
+    agent = run.agent_cls(run.algo, run.config, run_dir=tmp_path)
+    fresh, _, _ = make_loop_functions(agent, env)
+    seed = jax.numpy.asarray(5, jax.numpy.uint32)
+    default, once = jax.jit(fresh)(seed), jit_once(fresh)(seed)
+    default_leaves, once_leaves = jax.tree_util.tree_leaves(default), jax.tree_util.tree_leaves(once)
+    assert len(default_leaves) == len(once_leaves) > 10
+    for a, b in zip(default_leaves, once_leaves):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
 
 
 def test_tensorboard_writer_does_not_import_pytorch(tmp_path):

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kitae.compilation_cache import use_compilation_cache
+from kitae.compile_options import jit_once
 from kitae.envs.jax_env import VecJaxEnv
 from kitae.loops.callbacks import Callback, CallbackList, LossMeans, Progress, RunInfo
 from kitae.loops.program import IterationMetrics, loop_state_shape, make_loop_functions, make_variant_functions
@@ -337,20 +338,20 @@ class CompiledExecutor:
                 # one small program per seed, stacked: XLA:CPU (jaxlib 0.10.2) never finishes some
                 # vmapped initial-state programs (recurrent PPO's, 3 seeds x 8 envs: every thread
                 # idle, the result never ready); a seed's own state is the same either way
-                one = jax.jit(fresh)
+                one = jit_once(fresh)
                 states = [one(seed, {k: v[i] for k, v in values.items()}) for i, seed in enumerate(seed_array)]
-                return placed(jax.jit(lambda xs: jax.tree_util.tree_map(lambda *x: jnp.stack(x), *xs))(states))
+                return placed(jit_once(lambda xs: jax.tree_util.tree_map(lambda *x: jnp.stack(x), *xs))(states))
 
             shape, first_step = jax.eval_shape(jax.vmap(fresh), seed_array, values), 0
         elif start is None:
             payload = payload_from_agent(agent, shapes=True).state
 
             def make() -> LoopState:
-                return jax.jit(attach)(payload_from_agent(agent).state, seed_array)
+                return jit_once(attach)(payload_from_agent(agent).state, seed_array)
 
             shape, first_step = jax.eval_shape(attach, payload, seed_array), int(agent.env_step)
         elif start.env is None:
-            with_env = jax.jit(jax.vmap(attach) if batched else attach)
+            with_env = jit_once(jax.vmap(attach) if batched else attach)
 
             def make() -> LoopState:
                 return placed(with_env(start, seed_array))

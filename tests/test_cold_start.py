@@ -149,7 +149,7 @@ def test_tensorboard_writer_does_not_import_pytorch(tmp_path):
         import sys
         sys.path.insert(0, {str(tmp_path)!r})
         from pathlib import Path
-        from kitae.runs.session import tensorboard_writer
+        from kitae.runs.tensorboard import tensorboard_writer
         with tensorboard_writer(Path({str(tmp_path / "run")!r})) as writer:
             writer.add_scalar("charts/x", 1.0, 0)
         assert "torch" not in sys.modules

@@ -20,11 +20,9 @@ are marked truncated at the cut.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +52,7 @@ from kitae.runs.rundir import (
     write_summary,
 )
 from kitae.runs.signals import StopRequest, stop_on_signals
+from kitae.runs.tensorboard import tensorboard_writer
 from kitae.validation import check_positive_int
 
 __all__ = [
@@ -89,39 +88,6 @@ class Plan:
     env: Any = None
     start: LoopState | None = None
     finished: bool = False
-
-
-def summary_writer_class() -> type:
-    """tensorboardX's ``SummaryWriter``, imported without PyTorch.
-
-    tensorboardX imports ``torch`` at its own import wherever PyTorch is installed, only to accept
-    torch tensors (kitae hands it Python floats): about a second of every run's start-up for a
-    user with PyTorch beside kitae (1.0 s measured with ``python -X importtime``). Unless the
-    process has imported torch already, torch is hidden from that one import (``sys.modules``
-    maps it to ``None``, which makes ``import torch`` raise ``ImportError``, the case
-    tensorboardX handles) and restored right after; a thread importing torch at that very moment
-    would get the ``ImportError`` too.
-    """
-    if "tensorboardX.writer" in sys.modules or "torch" in sys.modules:
-        from tensorboardX import SummaryWriter
-
-        return SummaryWriter
-    sys.modules["torch"] = None  # type: ignore[assignment]
-    try:
-        from tensorboardX import SummaryWriter
-    finally:
-        if sys.modules.get("torch", 0) is None:
-            del sys.modules["torch"]
-    return SummaryWriter
-
-
-@contextlib.contextmanager
-def tensorboard_writer(run_dir: Path, purge_step: int | None = None) -> Iterator[Any]:
-    writer = summary_writer_class()(str(run_dir / "logs"), purge_step=purge_step)
-    try:
-        yield writer
-    finally:
-        writer.close()
 
 
 def _fingerprints(result: RunResult) -> list[str]:

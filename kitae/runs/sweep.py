@@ -51,8 +51,9 @@ from kitae.runs.presets import parse_value
 from kitae.runs.progress import ProgressBar
 from kitae.runs.resolve import ResolvedRun, RunSpec, resolve_train
 from kitae.runs.rundir import MetricsFile, read_metrics, state_fingerprint, write_config
-from kitae.runs.session import execute, plot_run, run_divergences, tensorboard_writer, train_plans, write_run_summary
+from kitae.runs.session import execute, plot_run, run_divergences, train_plans, write_run_summary
 from kitae.runs.signals import stop_on_signals
+from kitae.runs.tensorboard import tensorboard_writer
 
 __all__ = ["SweepSpec", "parse_grid", "sweep_run", "format_table", "with_values"]
 

@@ -47,29 +47,30 @@ STEPS = 500_000
 LEARNING_RATES = [1e-4, 2.5e-4, 1e-3, 2.5e-3]
 
 
-def rejax_worker(case: str) -> None:
-    """The rejax side, in its own process: prints ``{"returns": [...], "train_call_seconds": ...}``."""
-    import gymnax
-    import jax
-    import jax.numpy as jnp
+class FiveValueStep:
+    """gymnax 1.0's step -> the ``(obs, state, reward, done, info)`` rejax 0.1.3 reads."""
+
+    def __init__(self, env):
+        self._env = env
+
+    def __getattr__(self, name):  # everything else is the environment's
+        if name == "_env":  # not set yet (copy.deepcopy makes the object before its __dict__)
+            raise AttributeError(name)
+        return getattr(self._env, name)
+
+    def step(self, key, state, action, params=None):
+        import jax.numpy as jnp
+
+        obs, state, reward, terminated, truncated, info = self._env.step(key, state, action, params)
+        return obs, state, reward, jnp.logical_or(terminated, truncated), info
+
+
+def rejax_ppo(env, params):
+    """rejax's PPO with the settings above (imported here: the kitae side never imports rejax)."""
     from rejax import PPO
 
-    class FiveValueStep:  # gymnax 1.0's step -> the (obs, state, reward, done, info) rejax reads
-        def __init__(self, env):
-            self._env = env
-
-        def __getattr__(self, name):  # everything else is the environment's
-            if name == "_env":  # not set yet (copy.deepcopy makes the object before its __dict__)
-                raise AttributeError(name)
-            return getattr(self._env, name)
-
-        def step(self, key, state, action, params=None):
-            obs, state, reward, terminated, truncated, info = self._env.step(key, state, action, params)
-            return obs, state, reward, jnp.logical_or(terminated, truncated), info
-
-    env, params = gymnax.make("CartPole-v1")
-    algo = PPO.create(
-        env=FiveValueStep(env),
+    return PPO.create(
+        env=env,
         env_params=params,
         total_timesteps=STEPS,
         eval_freq=STEPS,
@@ -87,6 +88,16 @@ def rejax_worker(case: str) -> None:
         vf_coef=0.5,
         agent_kwargs={"activation": "tanh", "hidden_layer_sizes": (64, 64)},
     )
+
+
+def rejax_worker(case: str) -> None:
+    """The rejax side, in its own process: prints ``{"returns": [...], "train_call_seconds": ...}``."""
+    import gymnax
+    import jax
+    import jax.numpy as jnp
+
+    env, params = gymnax.make("CartPole-v1")
+    algo = rejax_ppo(FiveValueStep(env), params)
     start = time.perf_counter()
     if case == "one":
         _, (lengths, returns) = jax.jit(algo.train)(jax.random.PRNGKey(0))

@@ -3,9 +3,10 @@
 A run's starting state (the agent's first parameters and optimizer state, the environments'
 reset, an empty buffer) is made by small programs, each run once. Nearly all of their time is
 XLA:CPU compiling them, by default with LLVM's full optimisation, which buys nothing for a
-program that runs once. ``jit_once`` compiles them at LLVM optimisation level 1 instead:
-starting-state compiles of PPO, DQN, SAC, TD3, DDPG, A2C and recurrent PPO took 20-35 % less
-time (for PPO on gymnax CartPole-v1, 1.26 s -> 1.00 s) and gave the same bits as the default.
+program that runs once. ``jit_once`` compiles them at LLVM optimisation level 1 instead: the
+starting states of every built-in algorithm (A2C, DDPG, DQN, MPO, PPO, recurrent PPO, RND-PPO,
+SAC, TD3; seeds 0, 1, 7) compiled in 15-34 % less time (PPO on gymnax CartPole-v1: 1.08 s ->
+0.77 s) and gave the same bits as the default (``benchmarks/probe_start_compile.py``).
 The bits matter: a run's starting state must not depend on how it was compiled (a host, compiled
 or distributed run of one seed starts from the same parameters); level 0 compiles faster still
 but changed the initial parameters' bits, so it is not used. ``tests/test_cold_start.py`` checks

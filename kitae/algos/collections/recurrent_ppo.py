@@ -200,16 +200,35 @@ class RecurrentActorCritic(nn.Module):
             self.value_encoder = self.encoder_fn()
             self.value_core = RecurrentCore(self.kind, self.features)
 
+    def encode(self, observations: Any) -> Any:
+        """The encoders over a batch of rows: ``observations (N, ...) -> features`` ``(N, D)``
+        (shared core) or the pair ``(actor, critic)``."""
+        if self.shared:
+            return self.encoder(observations)
+        return self.encoder(observations), self.value_encoder(observations)
+
+    def cores(self, hidden: Any, features: Any, start: jax.Array) -> tuple[Any, Any]:
+        """One step of the core(s): ``(hidden, features as encode gives them, start (B,)) ->
+        (hidden, outputs)``, ``outputs`` ``(B, F)`` or the pair ``(actor, critic)``; where
+        ``start`` holds the row starts from the initial state."""
+        if self.shared:
+            return self.core(hidden, features, start)
+        (actor, critic), (x_actor, x_critic) = hidden, features
+        actor, y_actor = self.core(actor, x_actor, start)
+        critic, y_critic = self.value_core(critic, x_critic, start)
+        return (actor, critic), (y_actor, y_critic)
+
+    def heads(self, outputs: Any) -> tuple[Any, jax.Array]:
+        """The heads over a batch of core outputs (``(N, F)`` or the pair): ``(distribution with
+        batch shape (N,), values (N,))``."""
+        y_actor, y_critic = (outputs, outputs) if self.shared else outputs
+        return self.policy_head(self.policy_mlp(y_actor)), self.value_head(self.value_mlp(y_critic))
+
     def step(self, hidden: Any, observations: Any, start: jax.Array) -> tuple[Any, Any, jax.Array]:
         """``(hidden, observations (B, ...), start (B,)) -> (hidden, distribution, values (B,))``;
         where ``start`` holds the row starts from the initial state."""
-        if self.shared:
-            hidden, y = self.core(hidden, self.encoder(observations), start)
-            return hidden, self.policy_head(self.policy_mlp(y)), self.value_head(self.value_mlp(y))
-        actor, critic = hidden
-        actor, y_actor = self.core(actor, self.encoder(observations), start)
-        critic, y_critic = self.value_core(critic, self.value_encoder(observations), start)
-        return (actor, critic), self.policy_head(self.policy_mlp(y_actor)), self.value_head(self.value_mlp(y_critic))
+        hidden, outputs = self.cores(hidden, self.encode(observations), start)
+        return (hidden, *self.heads(outputs))
 
     def __call__(self, hidden: Any, observations: Any, start: jax.Array) -> tuple[Any, Any, jax.Array]:
         return self.step(hidden, observations, start)
@@ -345,17 +364,46 @@ class RecurrentPPOBatch(NamedTuple):
     hidden: Any
 
 
+def _flat(x: Any) -> Any:
+    """Leaves ``(L, B, ...) -> (L * B, ...)``."""
+    return jax.tree_util.tree_map(lambda a: a.reshape(a.shape[0] * a.shape[1], *a.shape[2:]), x)
+
+
+def _sequence_pass(
+    ac: TrainState, params: Params, hidden: Any, observations: Any, starts: jax.Array, keep_hiddens: bool
+) -> tuple[Any, Any, Any, jax.Array]:
+    """The network over sequences ``(L, B, ...)`` from ``hidden``, equal to ``L`` calls of
+    ``step``: the encoders and heads run once over all ``L * B`` rows, only the cores step in a
+    ``jax.lax.scan``. Why: on CPU a scan's cost is per operation in its body (forward and
+    backward), so the fewer and larger the operations outside the recurrence, the faster the
+    update (``BENCHMARKS.md``, issue 12).
+
+    Returns:
+        ``(the hidden state after each step, leaves (L, B, ...), or None unless keep_hiddens;
+        the distribution, batch shape (L * B,); values (L * B,); observations flattened to
+        (L * B, ...))``.
+    """
+    length, batch = starts.shape
+    flat_obs = _flat(observations)
+    features = jax.tree_util.tree_map(
+        lambda f: f.reshape(length, batch, *f.shape[1:]), ac.apply_fn(params, flat_obs, method="encode")
+    )
+
+    def step(h: Any, inputs: tuple) -> tuple[Any, tuple]:
+        x, start = inputs
+        h, y = ac.apply_fn(params, h, x, start, method="cores")
+        return h, ((h, y) if keep_hiddens else (None, y))
+
+    _, (hiddens, outputs) = jax.lax.scan(step, hidden, (features, starts))
+    dist, values = ac.apply_fn(params, _flat(outputs), method="heads")
+    return hiddens, dist, values, flat_obs
+
+
 def _core_pass(ac: TrainState, params: Params, hidden: Any, observations: Any, starts: jax.Array) -> tuple:
     """The network over a sequence ``(L, B, ...)`` from ``hidden``: ``(the hidden state after each
     step, leaves (L, B, ...); values (L, B))``."""
-
-    def step(h: Any, inputs: tuple) -> tuple[Any, tuple]:
-        obs, start = inputs
-        h, _, value = ac.apply_fn(params, h, obs, start, method="step")
-        return h, (h, value)
-
-    _, (hiddens, values) = jax.lax.scan(step, hidden, (observations, starts))
-    return hiddens, values
+    hiddens, _, values, _ = _sequence_pass(ac, params, hidden, observations, starts, keep_hiddens=True)
+    return hiddens, values.reshape(starts.shape)
 
 
 def process_experience_factory(config: cfg.AlgoConfig) -> Callable:
@@ -423,15 +471,16 @@ def sequence_outputs(
     def time_major(x: jax.Array) -> jax.Array:
         return jnp.swapaxes(x, 0, 1)
 
-    def step(h: Any, inputs: tuple) -> tuple[Any, tuple]:
-        obs, start, action = inputs
-        h, dist, value = ac.apply_fn(params, h, obs, start, method="step")
-        dist = apply_action_mask(dist, obs)
-        return h, (dist.log_prob(action), dist.entropy(), value)
+    observations = jax.tree_util.tree_map(time_major, batch.observation)
+    starts = time_major(batch.start)
+    _, dist, values, flat_obs = _sequence_pass(ac, params, batch.hidden, observations, starts, keep_hiddens=False)
+    dist = apply_action_mask(dist, flat_obs)
+    actions = _flat(time_major(batch.action))
 
-    inputs = (jax.tree_util.tree_map(time_major, batch.observation), time_major(batch.start), time_major(batch.action))
-    _, (log_probs, entropies, values) = jax.lax.scan(step, batch.hidden, inputs)
-    return time_major(log_probs), time_major(entropies), time_major(values)
+    def batch_major(x: jax.Array) -> jax.Array:
+        return time_major(x.reshape(starts.shape))
+
+    return batch_major(dist.log_prob(actions)), batch_major(dist.entropy()), batch_major(values)
 
 
 def compute_gradients_factory(config: cfg.AlgoConfig) -> Callable:

@@ -162,11 +162,12 @@ def test_acting_step_resets_where_done_says_the_previous_episode_ended(tmp_path)
     env.close()
 
 
-@pytest.mark.parametrize("shared", [True, False])
-def test_the_update_over_sequences_equals_stepping_the_core(tmp_path, shared):
-    """Loss inputs (log-probabilities, entropies, values) from ``sequence_outputs`` equal those of
-    the network stepped one step at a time from the stored state, resetting at the stored starts."""
-    agent, env = _agent(tmp_path, sets=[f"algo_params.shared_core={shared}", "algo_params.core=gru"])
+@pytest.mark.parametrize(("shared", "core"), [(True, "gru"), (False, "gru"), (False, "lstm")])
+def test_the_update_over_sequences_equals_stepping_the_core(tmp_path, shared, core):
+    """Loss inputs (log-probabilities, entropies, values) from ``sequence_outputs`` (encoders and
+    heads over all rows at once, the cores scanned) equal those of the network stepped one step at
+    a time from the stored state, resetting at the stored starts."""
+    agent, env = _agent(tmp_path, sets=[f"algo_params.shared_core={shared}", f"algo_params.core={core}"])
     collector = HostCollector(agent, env, False)
     collector.reset(0)
     act, acting = compiled_steps(agent).act, agent.acting_params(agent.state)
@@ -209,6 +210,8 @@ def test_a_resumed_compiled_recurrent_run_gives_the_bits_of_an_uninterrupted_one
     common = ["ppo_lstm", "gymnax:CartPoleNoVel-v1", "--quiet", "--n-envs", "4"]
     # a constant learning rate: an annealed one would reach zero at the first run's own end
     constant = ["update_cfg.learning_rate=0.001", "update_cfg.learning_rate_annealing=false"]
+    # with PPO's running statistics on: they are part of the state the checkpoint carries
+    constant += ["algo_params.normalize_observations=true", "algo_params.normalize_rewards=true"]
     common += [arg for s in [*SETS, *constant] for arg in ("--set", s)]
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     assert main(["train", *common, "--steps", "1024", "--run-dir", str(whole)]) == 0
@@ -219,6 +222,32 @@ def test_a_resumed_compiled_recurrent_run_gives_the_bits_of_an_uninterrupted_one
     assert a["state_fingerprint"] == b["state_fingerprint"]
 
 
+def test_normalisation_keeps_ppos_running_statistics_and_acting_reads_them(tmp_path):
+    """With ``normalize_observations`` and ``normalize_rewards``, PPO's hooks merge every rollout
+    into the state's statistics (2 rollouts of 16 steps x 4 environments: 128 rows each), and
+    acting reads ``clip((obs - mean) / sqrt(var + 1e-8), -clip, clip)``: the agent acting on raw
+    observations equals one without normalisation acting on the normalised ones."""
+    on = ["algo_params.normalize_observations=true", "algo_params.normalize_rewards=true"]
+    agent, env = _agent(tmp_path, sets=on)
+    state = EXECUTORS["host"].run(agent, env, 128).state.agent_state
+    env.close()
+    assert float(state.observation_statistics.count) == 128 and float(state.return_statistics.count) == 128
+    mean, var = np.asarray(state.observation_statistics.mean), np.asarray(state.observation_statistics.var)
+    assert mean.shape == (2,) and np.all(var != 1.0) and float(state.return_statistics.var) > 0
+    off = ["algo_params.normalize_observations=false", "algo_params.normalize_rewards=false"]
+    plain, plain_env = _agent(tmp_path, name="plain", sets=off)
+    plain_env.close()
+    observation = np.array([[0.5, -0.02], [1.0, 0.1], [-2.0, 0.0], [0.0, 0.3]], np.float32)
+    clip = agent.config.algo_params.observation_clip
+    normalised = np.clip((observation - mean) / np.sqrt(var + 1e-8), -clip, clip)
+    hidden, start, key = agent.initial_hidden(4), jnp.array([True, False, False, True]), jax.random.PRNGKey(5)
+    acting = agent.acting_params(state)
+    got = agent.act_recurrent(acting, key, observation, hidden, start, 0)
+    want = plain.act_recurrent(acting, key, jnp.asarray(normalised), hidden, start, 0)
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize(
     ("sets", "match"),
     [
@@ -226,7 +255,6 @@ def test_a_resumed_compiled_recurrent_run_gives_the_bits_of_an_uninterrupted_one
         (["algo_params.sequence_length=16", "update_cfg.batch_size=40"], "batch_size=40 is not a multiple"),
         (["algo_params.core=rnn"], "algo_params.core"),
         (["algo_params.core_size=0"], "algo_params.core_size"),
-        (["algo_params.normalize_observations=true"], "normalize_observations"),
     ],
 )
 def test_bad_recurrent_configs_are_refused_clearly(tmp_path, sets, match):

@@ -32,8 +32,11 @@ observation encoder and the policy and value heads, for partially observed tasks
   own hidden state (``Memory`` holds dicts keyed by agent); the functions above are written for one
   agent in one environment and lifted over agents like PPO's.
 
-Observation and reward normalisation (``PPOParams.normalize_*``) are not available for the
-recurrent agent; asking for them is an error naming the field.
+* **Observation and reward normalisation** (``PPOParams.normalize_observations``,
+  ``normalize_rewards``; rl-zoo's ``normalize: True``): PPO's running statistics, in the state
+  and updated by PPO's hooks around every update (``ppo.update_hooks_factory``): acting, the
+  processing's pass over the rollout and the update all read normalised observations, and GAE
+  the scaled rewards.
 """
 
 from __future__ import annotations
@@ -50,20 +53,26 @@ import jax.numpy as jnp
 import kitae.config as cfg
 from kitae.algos.collections.ppo import (
     PPOParams,
+    PPOState,
     _action_map,
+    _observation_normalizer,
     apply_action_mask,
     apply_gradients_factory,
     check_spaces,
+    init_running_statistics,
     normalize_advantages,
     ppo_loss,
+    scale_rewards,
+    update_hooks_factory,
 )
 from kitae.algos.gradients import update_step_from_gradients
+from kitae.algos.update import UpdateHooks
 from kitae.base import OnPolicyAgent, agent_keys
 from kitae.config import register_algo_params
 from kitae.modules.encoders import MLP, encoder_factory, space_input_shape
 from kitae.modules.optimizer import optimizer_from_config
 from kitae.modules.policy import CategoricalHead, NormalHead
-from kitae.modules.pytree import AgentPyTree, TrainState
+from kitae.modules.pytree import TrainState
 from kitae.modules.recurrent import CORES, RecurrentCore, initial_hidden
 from kitae.modules.value import ValueHead
 from kitae.timesteps import compute_gae
@@ -127,8 +136,6 @@ class RecurrentPPOParams(PPOParams):
             self.sequence_length,
             "an int >= 1, or None for whole rollouts",
         )
-        _require(not self.normalize_observations, "normalize_observations", True, "False for the recurrent agent")
-        _require(not self.normalize_rewards, "normalize_rewards", True, "False for the recurrent agent")
 
 
 def sequence_length(config: cfg.AlgoConfig) -> int:
@@ -162,14 +169,14 @@ def check_config(config: cfg.AlgoConfig) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-class RecurrentPPOState(AgentPyTree):
-    """The recurrent PPO agent's state.
+class RecurrentPPOState(PPOState):
+    """The recurrent PPO agent's state: PPO's fields (``PPOState``).
 
     Attributes:
         actor_critic: ``TrainState`` of a ``RecurrentActorCritic`` (``method="step"``).
+        observation_statistics, return_statistics, discounted_returns: PPO's running statistics,
+            used with ``normalize_observations`` / ``normalize_rewards``.
     """
-
-    actor_critic: TrainState
 
 
 class RecurrentActorCritic(nn.Module):
@@ -283,10 +290,15 @@ def train_state_factory(
     if tabulate:
         print(module.tabulate(key, *inputs))
     params = module.init(key, *inputs)
+    space = config.env_cfg.observation_space
+    obs_shape = space.shape if isinstance(space, gym.spaces.Box) else ()
     return RecurrentPPOState(
         actor_critic=TrainState.create(
             apply_fn=module.apply, params=params, tx=optimizer_from_config(config, AlgoType.ON_POLICY)
-        )
+        ),
+        observation_statistics=init_running_statistics(tuple(obs_shape)),
+        return_statistics=init_running_statistics(()),
+        discounted_returns=jnp.zeros((config.env_cfg.n_envs * config.env_cfg.n_agents,), jnp.float32),
     )
 
 
@@ -299,8 +311,10 @@ def explore_factory(config: cfg.AlgoConfig) -> Callable:
     """Makes ``explore_fn(state, key, observations, hidden, start, deterministic=False) ->
     (actions, log_probs, hidden)``: one step of the core from ``hidden`` (the initial state where
     ``start`` holds), then a sample of the policy (``deterministic``: its mode). Actions in the
-    environment's units, as PPO's."""
+    environment's units, as PPO's. Observations are raw (normalised inside with the state's
+    statistics when ``normalize_observations``)."""
     action_map = _action_map(config.env_cfg.action_space)
+    normalize = _observation_normalizer(config)
 
     def explore_fn(
         state: RecurrentPPOState,
@@ -311,7 +325,7 @@ def explore_factory(config: cfg.AlgoConfig) -> Callable:
         deterministic: bool = False,
     ) -> tuple[jax.Array, jax.Array, Any]:
         ac = state.actor_critic
-        hidden, dist, _ = ac.apply_fn(ac.params, hidden, observations, start, method="step")
+        hidden, dist, _ = ac.apply_fn(ac.params, hidden, normalize(state, observations), start, method="step")
         dist = apply_action_mask(dist, observations)
         if deterministic:
             raw = dist.mode()
@@ -412,22 +426,24 @@ def process_experience_factory(config: cfg.AlgoConfig) -> Callable:
     p: RecurrentPPOParams = config.algo_params
     action_map = _action_map(config.env_cfg.action_space)
     length = sequence_length(config)
+    normalize = _observation_normalizer(config)
 
     def process_fn(state: RecurrentPPOState, key: jax.Array, experience: RecurrentExperience) -> RecurrentPPOBatch:
         del key
         ac = state.actor_critic
         start = jnp.asarray(experience.start, bool)
         hidden0 = jax.tree_util.tree_map(lambda h: h[0][None], experience.hidden)  # (1, ...): a batch of one row
-        observations = jax.tree_util.tree_map(lambda o: o[:, None], experience.observation)  # (T, 1, ...)
+        observation = normalize(state, experience.observation)  # (T, ...)
+        observations = jax.tree_util.tree_map(lambda o: o[:, None], observation)  # (T, 1, ...)
         hiddens, values = _core_pass(ac, ac.params, hidden0, observations, start[:, None])
         values = values[:, 0]
         # V(next_obs_t): the critic's step from the state after step t, without a reset
         after = jax.tree_util.tree_map(lambda h: h[:, 0], hiddens)  # (T, ...): T rows
         _, _, next_values = ac.apply_fn(
-            ac.params, after, experience.next_observation, jnp.zeros(start.shape, bool), method="step"
+            ac.params, after, normalize(state, experience.next_observation), jnp.zeros(start.shape, bool), method="step"
         )
         advantages, returns = compute_gae(
-            jnp.asarray(experience.reward, jnp.float32),
+            scale_rewards(p, state, experience.reward),
             values,
             next_values,
             experience.done,
@@ -440,7 +456,7 @@ def process_experience_factory(config: cfg.AlgoConfig) -> Callable:
             return x.reshape(x.shape[0] // length, length, *x.shape[1:])
 
         return RecurrentPPOBatch(
-            observation=jax.tree_util.tree_map(chunks, experience.observation),
+            observation=jax.tree_util.tree_map(chunks, observation),
             action=chunks(action_map.from_env(experience.action)),
             log_prob=chunks(jnp.asarray(experience.log_prob, jnp.float32)),
             value=chunks(values),
@@ -568,6 +584,10 @@ class RecurrentPPO(OnPolicyAgent):
         super()._configure()
         self.algo_params = self.config.algo_params
         self.gradient_factories = (compute_gradients_factory, apply_gradients_factory)
+
+    def update_hooks(self, config: cfg.AlgoConfig) -> UpdateHooks:
+        """PPO's running statistics around the update (``ppo.update_hooks_factory``)."""
+        return update_hooks_factory(config)
 
     @property
     def minibatch_rows(self) -> int:

@@ -28,10 +28,19 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def build_config(
-    env, algo_params: Any, update_cfg: cfg.UpdateConfig, *, seed: int, n_env_steps: int, env_id: str
+    env,
+    algo_params: Any,
+    update_cfg: cfg.UpdateConfig,
+    *,
+    seed: int,
+    n_env_steps: int,
+    env_id: str,
+    replay: cfg.ReplayConfig | None = None,
 ) -> cfg.AlgoConfig:
-    """An ``AlgoConfig`` for a vector environment made by ``make_vec_env``."""
+    """An ``AlgoConfig`` for a vector environment made by ``make_vec_env`` (``replay``: the
+    default ``ReplayConfig`` when ``None``)."""
     return cfg.AlgoConfig(
+        replay=replay or cfg.ReplayConfig(),
         seed=seed,
         algo_params=algo_params,
         update_cfg=update_cfg,
@@ -57,13 +66,17 @@ def run_learning(
     seeds: list[int],
     threshold: float,
     last_episodes: int = 10,
+    replay: cfg.ReplayConfig | None = None,
 ) -> dict:
     """Trains one agent per seed (one after the other) and records the mean return of the last
-    ``last_episodes`` training episodes for each; passes if every seed reaches ``threshold``."""
+    ``last_episodes`` training episodes for each; passes if every seed reaches ``threshold``
+    (``replay``: an off-policy agent's ``ReplayConfig``, the default when ``None``)."""
     runs = []
     for seed in seeds:
         env = make_vec_env(env_id, n_envs)
-        config = build_config(env, algo_params, update_cfg, seed=seed, n_env_steps=n_env_steps, env_id=env_id)
+        config = build_config(
+            env, algo_params, update_cfg, seed=seed, n_env_steps=n_env_steps, env_id=env_id, replay=replay
+        )
         agent = agent_cls(f"bench-{name}-{seed}", config, run_dir=f"/tmp/kitae-bench/{name}-{seed}")
         start = time.perf_counter()
         stats = agent.train(env, n_env_steps)

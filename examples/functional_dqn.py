@@ -8,7 +8,8 @@ parameters, policy state and optimizer state the script holds. The network is Ha
 Settings: rl-baselines3-zoo's DQN for CartPole-v1 with the changes ``benchmarks/bench_dqn.py``
 explains (l2 loss, final epsilon 0.01, learning rate 1e-3 annealed to 0): 128 gradient steps every
 256 transitions after 1,000 random ones, batch 64, target copy every 128 gradient steps, epsilon
-1.0 -> 0.01 over 8,000 steps, a [256, 256] ReLU MLP.
+1.0 -> 0.01 over 8,000 steps, a [256, 256] ReLU MLP. One-step targets from its own buffer: the
+3-step returns the collection's CartPole presets now add are not part of this loop.
 
 Run::
 

@@ -28,7 +28,8 @@ step may be a traced scalar):
   ``compute_gradients_factory``, ``apply_gradients_factory``, ``update_step_factory``.
 
 Usage (the CartPole benchmark's settings: rl-zoo's tuned ones with an ``l2`` loss, a final
-epsilon of 0.01 and an annealed learning rate; a return of 500 after about 50 k steps)::
+epsilon of 0.01, an annealed learning rate and 3-step returns; a return of 500 after about 50 k
+steps, held to the end)::
 
     import kitae.config as cfg
     from kitae.algos.collections.dqn import DQN, DQNParams
@@ -45,6 +46,7 @@ epsilon of 0.01 and an annealed learning rate; a return of 500 after about 50 k 
             learning_rate=1e-3, learning_rate_annealing=True, max_grad_norm=10.0,
             max_buffer_size=100_000, batch_size=64, n_epochs=128,
         ),
+        replay=cfg.ReplayConfig(n_step=3),
         train_cfg=cfg.TrainConfig(n_env_steps=100_000),
         env_cfg=cfg.EnvConfig(
             task_name="CartPole-v1", observation_space=env.single_observation_space,
@@ -138,8 +140,8 @@ class DQNParams(AlgoParams):
     ``loss="huber"`` and ``UpdateConfig(learning_rate=2.3e-3, batch_size=64,
     max_buffer_size=100_000, max_grad_norm=10.0)``. ``benchmarks/bench_dqn.py`` starts from them
     and, so that the LAST training episodes stay at 500, uses ``loss="l2"``,
-    ``exploration_final=0.01`` and a learning rate of 1e-3 annealed to 0 over 100 k steps
-    (its docstring says why).
+    ``exploration_final=0.01``, a learning rate of 1e-3 annealed to 0 over 100 k steps and
+    3-step returns (``ReplayConfig(n_step=3)``; its docstring says why).
 
     Attributes:
         gamma: discount factor in ``[0, 1]``.

@@ -262,6 +262,11 @@ def test_bad_recurrent_configs_are_refused_clearly(tmp_path, sets, match):
         _agent(tmp_path, sets=sets)
 
 
+def test_observation_normalisation_without_a_box_space_is_refused_clearly(tmp_path):
+    with pytest.raises(ValueError, match=r"normalize_observations=True needs a Box observation space, got Discrete"):
+        _agent(tmp_path, env_id="Taxi-v4", sets=["algo_params.normalize_observations=true"])
+
+
 def test_a_recurrent_agent_does_not_act_without_its_hidden_state(tmp_path):
     agent, env = _agent(tmp_path)
     with pytest.raises(TypeError, match="act_recurrent"):

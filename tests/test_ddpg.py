@@ -19,6 +19,7 @@ from kitae.cli import main
 from kitae.loops.collect import compiled_steps
 from kitae.loops.host import HostCollector
 from kitae.runs import preset_agent
+from tests._small import small
 
 P = DDPGParams()
 
@@ -140,6 +141,6 @@ def test_training_is_deterministic_for_a_seed(tmp_path, env_id, noise):
     fingerprints = []
     for name in ("a", "b"):
         argv = ["train", "ddpg", env_id, "--steps", "600", "--run-dir", str(tmp_path / name), "--quiet"]
-        main([*argv, "--set", "algo_params.start_step=200", "--set", f"algo_params.noise_type={noise}"])
+        main([*argv, "--set", "algo_params.start_step=200", "--set", f"algo_params.noise_type={noise}", *small("ddpg")])
         fingerprints.append(json.loads((tmp_path / name / "summary.json").read_text())["state_fingerprint"])
     assert fingerprints[0] == fingerprints[1]

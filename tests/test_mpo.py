@@ -22,6 +22,7 @@ from kitae.algos.collections import mpo, td3
 from kitae.algos.collections.mpo import MPO, MPOParams, MPOState
 from kitae.cli import main
 from kitae.modules.pytree import TrainState
+from tests._small import small
 
 pytestmark = pytest.mark.timeout(180)  # a hung compilation fails instead of stalling the run
 
@@ -292,7 +293,17 @@ def _summary(run_dir):
 
 
 def test_host_training_is_deterministic_for_a_seed(tmp_path):
-    args = ["train", "mpo", "Pendulum-v1", "--steps", "400", "--quiet", "--set", "algo_params.start_step=200"]
+    args = [
+        "train",
+        "mpo",
+        "Pendulum-v1",
+        "--steps",
+        "400",
+        "--quiet",
+        "--set",
+        "algo_params.start_step=200",
+        *small("mpo"),
+    ]
     for name in ("a", "b"):
         assert main([*args, "--run-dir", str(tmp_path / name)]) == 0
     a, b = _summary(tmp_path / "a"), _summary(tmp_path / "b")
@@ -300,7 +311,7 @@ def test_host_training_is_deterministic_for_a_seed(tmp_path):
 
 
 def test_compiled_training_is_deterministic_and_resumes_to_the_same_bits(tmp_path):
-    args = ["mpo", "gymnax:Pendulum-v1", "--quiet", "--set", "algo_params.start_step=100"]
+    args = ["mpo", "gymnax:Pendulum-v1", "--quiet", "--set", "algo_params.start_step=100", *small("mpo")]
     whole, again, cut = tmp_path / "whole", tmp_path / "again", tmp_path / "cut"
     for run_dir in (whole, again):
         assert main(["train", *args, "--steps", "400", "--run-dir", str(run_dir)]) == 0

@@ -22,6 +22,7 @@ from kitae.replay import prioritized as per
 from kitae.replay import sum_tree as st
 from kitae.replay.sampling import episode_bounds, n_step_transitions, relabel_goals, sample_transitions
 from kitae.timesteps import bootstrap_discounts
+from tests._small import small
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -376,7 +377,7 @@ def test_prioritized_n_step_dqn_trains_deterministically_and_resumes_exactly_in_
 @pytest.mark.parametrize("algo,env_id", [("sac", "Pendulum-v1"), ("td3", "Pendulum-v1"), ("sac", "CartPole-v1")])
 def test_off_policy_agents_train_with_prioritized_n_step_replay_deterministically(tmp_path, algo, env_id):
     args = ["train", algo, env_id, "--steps", "600", "--quiet", "--set", "algo_params.start_step=200"]
-    args += ["--set", "replay.prioritized=true", "--set", "replay.n_step=3"]
+    args += ["--set", "replay.prioritized=true", "--set", "replay.n_step=3", *small(algo)]
     for name in ("a", "b"):
         assert main([*args, "--run-dir", str(tmp_path / name)]) == 0
     assert _summary(tmp_path / "a")["state_fingerprint"] == _summary(tmp_path / "b")["state_fingerprint"]

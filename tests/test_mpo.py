@@ -293,17 +293,8 @@ def _summary(run_dir):
 
 
 def test_host_training_is_deterministic_for_a_seed(tmp_path):
-    args = [
-        "train",
-        "mpo",
-        "Pendulum-v1",
-        "--steps",
-        "400",
-        "--quiet",
-        "--set",
-        "algo_params.start_step=200",
-        *small("mpo"),
-    ]
+    args = ["train", "mpo", "Pendulum-v1", "--steps", "400", "--quiet", "--set", "algo_params.start_step=200"]
+    args += small("mpo")
     for name in ("a", "b"):
         assert main([*args, "--run-dir", str(tmp_path / name)]) == 0
     a, b = _summary(tmp_path / "a"), _summary(tmp_path / "b")

@@ -52,7 +52,7 @@ from kitae.runs.rundir import (
     write_summary,
 )
 from kitae.runs.signals import StopRequest, stop_on_signals
-from kitae.runs.tensorboard import tensorboard_writer
+from kitae.runs.tensorboard import flush_to_disk, tensorboard_writer
 from kitae.validation import check_positive_int
 
 __all__ = [
@@ -130,7 +130,7 @@ def execute(
 
             def flush() -> None:  # what a checkpoint has seen is on disk before it
                 metrics.flush()
-                writer.flush()
+                flush_to_disk(writer)
 
             for index, plan in enumerate(plans):
                 agent = plan.agent if plan.agent is not None else run.make_agent(plan.seed)

@@ -53,7 +53,7 @@ from kitae.runs.resolve import ResolvedRun, RunSpec, resolve_train
 from kitae.runs.rundir import MetricsFile, read_metrics, state_fingerprint, write_config
 from kitae.runs.session import execute, plot_run, run_divergences, train_plans, write_run_summary
 from kitae.runs.signals import stop_on_signals
-from kitae.runs.tensorboard import tensorboard_writer
+from kitae.runs.tensorboard import flush_to_disk, tensorboard_writer
 
 __all__ = ["SweepSpec", "parse_grid", "sweep_run", "format_table", "with_values"]
 
@@ -203,7 +203,7 @@ def _compiled_sweep(
 
             def flush(metrics: MetricsFile = metrics, writer: Any = writer) -> None:
                 metrics.flush()
-                writer.flush()
+                flush_to_disk(writer)
 
             saver = CheckpointSaver(Checkpointer(combo.run_dir / "checkpoints", before_save=flush))
             savers.append(saver)

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["tensorboard_writer", "summary_writer_class"]
+__all__ = ["tensorboard_writer", "summary_writer_class", "flush_to_disk"]
 
 
 def summary_writer_class() -> type:
@@ -49,3 +49,28 @@ def tensorboard_writer(run_dir: Path, purge_step: int | None = None) -> Iterator
         yield writer
     finally:
         writer.close()
+
+
+def flush_to_disk(writer: Any) -> None:
+    """Writes every event ``writer`` (a tensorboardX ``SummaryWriter``) was given to its files.
+
+    tensorboardX's own ``flush`` flushes the event file but not the queue its writing thread
+    consumes, so events added just before it can still be in memory when a checkpoint appears; a
+    run killed then loses them, and its resume is missing those TensorBoard points. Here each
+    file writer's thread is stopped (it writes everything queued before the stop signal, in order),
+    the file flushed, and a new thread started on the same queue and file. This reaches into
+    tensorboardX 2.6's ``EventFileWriter`` (``_worker``, ``_event_queue``, ``_ev_writer``,
+    ``_flush_secs``; the version is pinned); where those are missing it falls back to ``flush``.
+    """
+    from tensorboardX.event_file_writer import _EventLoggerThread
+
+    for file_writer in (getattr(writer, "all_writers", None) or {}).values():
+        events = getattr(file_writer, "event_writer", None)
+        worker = getattr(events, "_worker", None)
+        if events is None or worker is None or getattr(events, "_closed", True):
+            continue
+        worker.stop()  # joins the thread once it has written what was queued before
+        events._ev_writer.flush()
+        events._worker = _EventLoggerThread(events._event_queue, events._ev_writer, events._flush_secs)
+        events._worker.start()
+    writer.flush()

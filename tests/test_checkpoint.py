@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import pickle
 import warnings
 from pathlib import Path
@@ -15,7 +16,7 @@ from _agents import TinyA2C, TinyA2CParams, TinyDQN, TinyDQNParams, make_config
 
 from kitae.envs.make import make_jax_env, make_vec_env
 from kitae.loops.callbacks import Callback
-from kitae.loops.compiled import compiled_train, loop_state_shape
+from kitae.loops.compiled import compiled_train, loop_state_shape, segment_capacity
 from kitae.loops.state import apply_loop_state
 from kitae.runs.callbacks import CheckpointSaver
 from kitae.runs.checkpoints import (
@@ -227,6 +228,49 @@ def test_segments_give_the_bits_of_one_program(a2c_setup, whole_run):
     seeds = compiled_train(TinyA2C("c", config, run_dir="unused"), env, STEPS, seeds=[0, 1])
     seeds_cut = compiled_train(TinyA2C("c", config, run_dir="unused"), env, STEPS, seeds=[0, 1], segment_iterations=3)
     assert state_fingerprint(seeds.state) == state_fingerprint(seeds_cut.state)
+
+
+def test_segment_capacity_rounds_up_to_a_power_of_two_of_at_least_64():
+    assert [segment_capacity(n) for n in (1, 2, 63, 64, 65, 128, 129, 6250)] == [64, 64, 64, 64, 128, 128, 256, 8192]
+    with pytest.raises(ValueError, match="length"):
+        segment_capacity(0)
+
+
+def test_a_resumed_run_and_a_shorter_one_load_the_training_program_from_the_cache(a2c_setup, caplog):
+    """Segments are a twentieth of the whole run, resumed or not, and their program holds rows for
+    ``segment_capacity`` iterations: resuming a run, or training a shorter run of the same
+    configuration, loads the compiled segment program from the persistent cache (on in the tests:
+    ``KITAE_CACHE_DIR``) instead of compiling it again, and ends with the same bits."""
+    env, config = a2c_setup
+    config = dataclasses.replace(config, train_cfg=dataclasses.replace(config.train_cfg, save_frequency=-1))
+    steps = 64 * 60  # 60 iterations: segments of 3
+
+    class StopAfterTen(Callback):
+        calls = 0
+
+        def should_stop(self) -> bool:
+            self.calls += 1
+            return self.calls >= 10
+
+    def train(n_env_steps, callback, start=None):
+        """The run, and the persistent cache's misses and hits for the segment program."""
+        caplog.clear()
+        with caplog.at_level(logging.DEBUG, logger="jax._src.compiler"):
+            result = compiled_train(
+                TinyA2C("c", config, run_dir="u"), env, n_env_steps, callbacks=[callback], start=start
+            )
+        found = [r.getMessage() for r in caplog.records if "'jit_segment'" in r.getMessage()]
+        return result, sum("MISS" in m for m in found), sum("hit" in m for m in found)
+
+    full, _, _ = train(steps, Callback())  # compiled here, or found if another test made it
+    first, misses, hits = train(steps, StopAfterTen())
+    assert first.stopped and first.env_steps == 64 * 30 and (misses, hits) == (0, 1)
+    # what is left (30 iterations) would have been cut into segments of 2 before
+    rest, misses, hits = train(steps, Callback(), start=first.state)
+    assert rest.env_steps == steps and (misses, hits) == (0, 1)
+    assert state_fingerprint(rest.state) == state_fingerprint(full.state)
+    shorter, misses, hits = train(steps // 3, Callback())  # segments of 1 iteration, the same program
+    assert shorter.env_steps == steps // 3 and (misses, hits) == (0, 1)
 
 
 def test_a_compiled_run_restored_from_its_loop_state_ends_where_it_would_have(a2c_setup, whole_run, tmp_path):

@@ -51,6 +51,7 @@ __all__ = [
     "compiled_train",
     "make_loop_functions",
     "loop_state_shape",
+    "segment_capacity",
     "segment_plan",
 ]
 
@@ -74,6 +75,25 @@ def segment_plan(first: int, total: int, schedule: Any, max_length: int) -> list
         plan.append((start, end - start, end == total or bool(due)))
         start = end
     return plan
+
+
+MIN_SEGMENT_CAPACITY = 64
+"""The fewest iterations a compiled segment program holds rows for (``segment_capacity``)."""
+
+
+def segment_capacity(length: int) -> int:
+    """How many iterations' rows the compiled segment program holds, for segments of at most
+    ``length`` iterations: the next power of two, at least ``MIN_SEGMENT_CAPACITY``.
+
+    A segment's iteration count is an argument of the program (a ``fori_loop`` bound); only its
+    rows of metrics have a static size. Rounding that size up lets runs whose segments differ
+    in length share one compiled program through the persistent compilation cache (a run and
+    a shorter one of a configuration whose program does not depend on the total, such as one
+    without an annealed learning rate), for at most twice the rows' memory (a few dozen bytes per iteration and seed). The bits do not depend on it: each iteration
+    computes the same whatever the capacity.
+    """
+    check_positive_int("length", length)
+    return max(MIN_SEGMENT_CAPACITY, 1 << (length - 1).bit_length())
 
 
 def _episodes_of(metrics: IterationMetrics, seed_index: int, batched: bool) -> Episodes:
@@ -182,8 +202,9 @@ class CompiledExecutor:
             use_cache: enable JAX's persistent compilation cache (``kitae.compilation_cache``).
             shard: with several devices and a number of seeds divisible by their count, shard the
                 seed axis across devices (``jax.sharding``).
-            segment_iterations: the longest segment, in iterations (default: a twentieth of the run,
-                at most the checkpoint period).
+            segment_iterations: the longest segment, in iterations (default: a twentieth of the
+                whole run, resumed or not; at most the checkpoint period). The program holds
+                ``segment_capacity(segment_iterations)`` rows of metrics.
             variants: ``{dotted config key: values}``, one value per entry of ``seeds``: each row of
                 the batch trains with its own values of these float hyperparameters (traced in the
                 program: ``kitae.loops.program.make_variant_functions``), so a grid of
@@ -241,20 +262,23 @@ class CompiledExecutor:
 
             compiling = _Compiling(lambda state: jax.jit(program).lower(state, values), shape)
         else:
-            length = segment_iterations or max(1, -(-(n_iterations - first) // 20))
+            # a twentieth of the whole run, not of what is left: a resumed run cuts its segments
+            # like the run it continues, and finds that run's program in the compilation cache
+            length = segment_iterations or max(1, -(-n_iterations // 20))
             check_positive_int("segment_iterations", length)
             if schedule.save_frequency != -1:
                 length = min(length, max(1, -(-schedule.save_frequency // per_iteration)))
+            capacity = segment_capacity(length)
 
             def segment(
                 state: LoopState, values: dict, n: jax.Array, index: jax.Array, diverged: jax.Array
             ) -> tuple[LoopState, IterationMetrics, jax.Array]:
                 if batched:
-                    state, rows = jax.vmap(lambda s, v, d: run(s, v, n, index, length=length, diverged=d))(
+                    state, rows = jax.vmap(lambda s, v, d: run(s, v, n, index, length=capacity, diverged=d))(
                         state, values, diverged
                     )
                     return state, rows, rows.diverged[:, n - 1]
-                state, rows = run(state, values, n, index, length=length, diverged=diverged)
+                state, rows = run(state, values, n, index, length=capacity, diverged=diverged)
                 return state, rows, rows.diverged[n - 1]  # carried into the next segment
 
             no_divergence = jnp.zeros((len(seed_list),) if batched else (), bool)

@@ -89,8 +89,9 @@ def segment_capacity(length: int) -> int:
     rows of metrics have a static size. Rounding that size up lets runs whose segments differ
     in length share one compiled program through the persistent compilation cache (a run and
     a shorter one of a configuration whose program does not depend on the total, such as one
-    without an annealed learning rate), for at most twice the rows' memory (a few dozen bytes per iteration and seed). The bits do not depend on it: each iteration
-    computes the same whatever the capacity.
+    without an annealed learning rate), for at most twice the rows' memory (a few dozen bytes
+    per iteration and seed). The bits do not depend on it: each iteration computes the same
+    whatever the capacity.
     """
     check_positive_int("length", length)
     return max(MIN_SEGMENT_CAPACITY, 1 << (length - 1).bit_length())

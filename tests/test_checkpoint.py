@@ -260,7 +260,8 @@ def test_a_resumed_run_and_a_shorter_one_load_the_training_program_from_the_cach
                 TinyA2C("c", config, run_dir="u"), env, n_env_steps, callbacks=[callback], start=start
             )
         found = [r.getMessage() for r in caplog.records if "'jit_segment'" in r.getMessage()]
-        return result, sum("MISS" in m for m in found), sum("hit" in m for m in found)
+        misses = sum(m.startswith("PERSISTENT COMPILATION CACHE MISS for") for m in found)
+        return result, misses, sum(m.startswith("Persistent compilation cache hit for") for m in found)
 
     full, _, _ = train(steps, Callback())  # compiled here, or found if another test made it
     first, misses, hits = train(steps, StopAfterTen())

@@ -48,6 +48,7 @@ from kitae.validation import check_positive_int
 __all__ = [
     "CompiledExecutor",
     "IterationMetrics",
+    "MIN_SEGMENT_CAPACITY",
     "compiled_train",
     "make_loop_functions",
     "loop_state_shape",

@@ -13,6 +13,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import optuna
@@ -23,7 +24,7 @@ from kitae.cli import main
 from kitae.loops.result import Episodes
 from kitae.runs.errors import RunError
 from kitae.runs.rundir import read_run_config
-from kitae.runs.tune import REPORTS, _Reporter, parse_space
+from kitae.runs.tune import REPORTS, _open_study, _Reporter, parse_space
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -39,13 +40,21 @@ def _study(study_dir):
     return optuna.load_study(study_name="kitae", storage=f"sqlite:///{study_dir / 'study.db'}")
 
 
-def _finished_read_only(path):
-    """Finished trials in a study file another process writes (read-only: never makes its tables)."""
+def _count_read_only(path, query):
+    """One count from a study file another process writes (read-only: never makes its tables)."""
     try:
         with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
-            return db.execute("SELECT COUNT(*) FROM trials WHERE state IN ('COMPLETE', 'PRUNED')").fetchone()[0]
+            return db.execute(query).fetchone()[0]
     except sqlite3.Error:  # not made yet
         return 0
+
+
+FINISHED = "SELECT COUNT(*) FROM trials WHERE state IN ('COMPLETE', 'PRUNED')"
+# running trials whose values are chosen (a trial is made RUNNING before ``ask`` picks its values)
+TRAINING = (
+    "SELECT COUNT(*) FROM trials t WHERE state = 'RUNNING' "
+    "AND EXISTS (SELECT 1 FROM trial_params p WHERE p.trial_id = t.trial_id)"
+)
 
 
 def test_space_items_parse_and_bad_ones_are_refused():
@@ -136,9 +145,9 @@ def test_a_search_killed_mid_way_continues_the_same_study(tmp_path):
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 200
-        while time.monotonic() < deadline:  # the first batch finished: kill it in the second
-            finished = _finished_read_only(study_dir / "study.db")
-            if finished >= 2:
+        while time.monotonic() < deadline:  # the first batch finished: kill it while the second trains
+            db = study_dir / "study.db"
+            if _count_read_only(db, FINISHED) >= 2 and _count_read_only(db, TRAINING) == 2:
                 break
             assert process.poll() is None, process.communicate()
             time.sleep(0.2)
@@ -158,8 +167,28 @@ def test_a_search_killed_mid_way_continues_the_same_study(tmp_path):
     finished = [t for t in trials if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)]
     assert len(finished) == 4
     failed = [t for t in trials if t.state == optuna.trial.TrialState.FAIL]  # killed while running
+    assert len(failed) == 2
     for trial in failed:  # asked again with the same values
         assert any(t.params == trial.params and t.number > trial.number for t in finished)
+
+
+def test_a_trial_killed_before_its_values_were_chosen_is_failed_and_not_asked_again(tmp_path):
+    """A search killed inside ``study.ask`` leaves a RUNNING trial with some values missing: it
+    never trained, so reopening fails it without enqueueing a half-fixed trial; a trial with all
+    its values is failed and asked again with them."""
+    space = {LR: (1e-4, 3e-3, True), "algo_params.clip_coef": (0.1, 0.3, False)}
+    run = SimpleNamespace(algo="ppo", env=SimpleNamespace(id="gymnax:CartPole-v1"), total=4096,
+                          config=SimpleNamespace(seed=0))  # fmt: skip
+    study = _open_study(tmp_path, run, space, 1)
+    float_ = optuna.distributions.FloatDistribution
+    whole = study.ask({k: float_(lo, hi, log=log) for k, (lo, hi, log) in space.items()})
+    partial = study.ask({LR: float_(1e-4, 3e-3, log=True)})
+    study = _open_study(tmp_path, run, space, 1)  # the next start
+    trials = study.get_trials()
+    assert [t.state for t in trials[:2]] == [optuna.trial.TrialState.FAIL] * 2
+    assert [t.number for t in trials] == [whole.number, partial.number, 2]
+    assert trials[2].state == optuna.trial.TrialState.WAITING
+    assert trials[2].system_attrs["fixed_params"] == whole.params
 
 
 def test_diverging_trials_are_pruned_in_the_host_loop(tmp_path, capsys):

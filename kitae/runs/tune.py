@@ -203,10 +203,13 @@ def _open_study(study_dir: Path, run: ResolvedRun, space: Space, seeds: int) -> 
             f"{study_dir} holds a study of another search ({', '.join(differs)} differ: {recorded}); "
             "give the same command to continue it, or another --study-dir"
         )
-    # trials left running by a search that was killed: failed, and asked again with their values
+    # trials left running by a search that was killed: failed, and asked again with their values.
+    # A search killed inside ``study.ask`` leaves a trial whose values were not all chosen: it never
+    # trained, so it is failed and not asked again (enqueueing its partial values would fix them).
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
-        study.enqueue_trial(trial.params, skip_if_exists=False)
+        if set(trial.params) == set(space):
+            study.enqueue_trial(trial.params, skip_if_exists=False)
     return study
 
 

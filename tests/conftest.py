@@ -1,12 +1,29 @@
 """Every test runs in its own temporary working directory, so runs/ never lands in the repository."""
 
 import os
+import shutil
 import tempfile
 
 import pytest
 
-# Compiled programs are cached on disk for the session only (never in the user's cache).
-os.environ.setdefault("KITAE_CACHE_DIR", tempfile.mkdtemp(prefix="kitae-test-cache-"))
+# Compiled programs are cached on disk for the session only (never in the user's cache). The
+# process that makes the folder (pytest itself, or xdist's controller) removes it at the end; the
+# xdist workers inherit its KITAE_CACHE_DIR, so a program one worker compiled the other loads.
+_OWN_CACHE = "KITAE_CACHE_DIR" not in os.environ
+if _OWN_CACHE:
+    os.environ["KITAE_CACHE_DIR"] = tempfile.mkdtemp(prefix="kitae-test-cache-")
+
+from kitae.compilation_cache import enable_compilation_cache  # noqa: E402  (after KITAE_CACHE_DIR)
+
+# On for every test from the start, not only once a loop has run: the tests rebuild the same
+# agents many times, and a rebuilt agent's programs load from the cache instead of compiling again
+# (the whole suite about 5 % faster, measured).
+enable_compilation_cache()
+
+
+def pytest_unconfigure(config):
+    if _OWN_CACHE and not hasattr(config, "workerinput"):
+        shutil.rmtree(os.environ["KITAE_CACHE_DIR"], ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

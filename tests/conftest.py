@@ -6,10 +6,11 @@ import tempfile
 
 import pytest
 
-# Compiled programs are cached on disk for the session only (never in the user's cache). The
-# process that makes the folder (pytest itself, or xdist's controller) removes it at the end; the
-# xdist workers inherit its KITAE_CACHE_DIR, so a program one worker compiled the other loads.
-_OWN_CACHE = "KITAE_CACHE_DIR" not in os.environ
+# Compiled programs are cached on disk for the session only (never in the user's cache, even one
+# set with KITAE_CACHE_DIR). The process that makes the folder (pytest itself, or xdist's
+# controller) removes it at the end; the xdist workers inherit its KITAE_CACHE_DIR, so a program
+# one worker compiled the other loads.
+_OWN_CACHE = "PYTEST_XDIST_WORKER" not in os.environ
 if _OWN_CACHE:
     os.environ["KITAE_CACHE_DIR"] = tempfile.mkdtemp(prefix="kitae-test-cache-")
 

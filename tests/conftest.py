@@ -18,7 +18,7 @@ from kitae.compilation_cache import enable_compilation_cache  # noqa: E402  (aft
 
 # On for every test from the start, not only once a loop has run: the tests rebuild the same
 # agents many times, and a rebuilt agent's programs load from the cache instead of compiling again
-# (the whole suite about 5 % faster, measured).
+# (the whole suite 16:01 against 16:52 in one back-to-back pair of full runs).
 enable_compilation_cache()
 
 

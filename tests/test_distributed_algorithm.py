@@ -122,21 +122,15 @@ def _ppo_fused_and_stepwise(ppo_setup):
 
 
 def test_ppo_gradients_step_by_step_follow_the_fused_update(ppo_setup):
-    """The same minibatches, keys and steps as the fused update; equal to float rounding."""
+    """The same minibatches, keys and steps as the fused update; equal to float rounding, not
+    bit for bit: XLA may sum PPO's value-head bias gradient in another order inside the fused
+    update's scan than in ``compute_gradients`` compiled alone. Whether it does depends on the CPU
+    (1 ulp apart on one machine here, the same bits on an AVX2-only one), so no test pins either,
+    and the executor's one-worker mode runs the fused update itself."""
     fused, algorithm = _ppo_fused_and_stepwise(ppo_setup)
     assert algorithm.n_gradient_steps == 2 * (64 * 2 // 32)
     for got, want in zip(jax.tree_util.tree_leaves(algorithm.state), jax.tree_util.tree_leaves(fused)):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-7)
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="known: XLA sums PPO's value-head bias gradient in another order inside the update's scan than "
-    "in compute_gradients compiled alone (1 ulp apart); the distributed executor must not rely on it",
-)
-def test_ppo_gradients_step_by_step_give_the_bits_of_the_fused_update(ppo_setup):
-    fused, algorithm = _ppo_fused_and_stepwise(ppo_setup)
-    assert _same_bits(fused, algorithm.state)
 
 
 def test_ppos_statistics_step_by_step_are_the_fused_updates(tmp_path):

@@ -70,3 +70,23 @@ def test_seeds_trained_together_go_on_where_they_did_not_diverge():
     assert result.divergence(1).step == 201 and not result.stopped  # the first update after the restart
     assert len(result.update_steps[0]) == 400 and len(result.update_steps[1]) == 0  # seed 1 no longer learns
     assert "nan" in result.divergence(1).describe()
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_all_finite_finds_one_bad_number_in_any_leaf_under_jit_and_vmap(bad):
+    tree = {"w": np.ones((3, 4), np.float32), "b": np.zeros(2, np.float16), "count": np.array(7, np.int32)}
+    check = jax.jit(all_finite)
+    assert bool(check(tree)) and bool(all_finite(tree))
+    for leaf, index in (("w", (2, 3)), ("b", (0,))):
+        broken = {**tree, leaf: tree[leaf].copy()}
+        broken[leaf][index] = bad
+        assert not bool(check(broken)) and not bool(all_finite(broken))
+    stacked = jax.tree_util.tree_map(lambda x: np.stack([x, x, x]), tree)
+    stacked["w"][1, 0, 0] = bad  # the middle seed only
+    np.testing.assert_array_equal(np.asarray(jax.vmap(all_finite)(stacked)), [True, False, True])
+    assert bool(all_finite({"count": np.array(1, np.int32)})) and bool(all_finite({}))
+
+
+def test_a_float64_leaf_beyond_float32_range_is_finite():
+    with jax.enable_x64(True):
+        assert bool(jax.jit(all_finite)({"w": np.array([1e300], np.float64), "b": np.ones(2, np.float32)}))

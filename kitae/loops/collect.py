@@ -125,12 +125,17 @@ def act_step(
 def all_finite(tree: Any) -> jax.Array:
     """Whether every floating-point leaf of ``tree`` holds only finite numbers, a bool scalar
     (computed where the arrays are: inside a compiled program it costs no transfer)."""
-    flags = [
-        jnp.all(jnp.isfinite(x))
-        for x in jax.tree_util.tree_leaves(tree)
-        if isinstance(x, (jax.Array, np.ndarray)) and jnp.issubdtype(x.dtype, jnp.floating)
-    ]
-    return jnp.all(jnp.stack(flags)) if flags else jnp.ones((), bool)
+    by_dtype: dict[Any, list[jax.Array]] = {}
+    for x in jax.tree_util.tree_leaves(tree):
+        if isinstance(x, (jax.Array, np.ndarray)) and jnp.issubdtype(x.dtype, jnp.floating):
+            by_dtype.setdefault(x.dtype, []).append(jnp.ravel(x))
+    if not by_dtype:
+        return jnp.ones((), bool)
+    # One reduction over all the leaves of a dtype: XLA fuses the concatenation into it, where a
+    # check per leaf made two kernels per leaf for XLA to compile (74 of the 529 in PPO's compiled
+    # training program). Leaves are not cast, so a finite float64 never reads as an overflow.
+    flags = [jnp.all(jnp.isfinite(jnp.concatenate(xs))) for xs in by_dtype.values()]
+    return jnp.all(jnp.stack(flags))
 
 
 class UpdateOutcome(NamedTuple):
@@ -170,7 +175,9 @@ def update_step(agent: Any, agent_state: Any, key: jax.Array, buffer_state: Any,
     keep = jnp.logical_and(finite, active)
 
     def kept(new: Any, old: Any) -> Any:
-        return jax.tree_util.tree_map(lambda n, o: jnp.where(keep, n, o), new, old)
+        # A conditional, not a select per leaf: the same values, without a kernel per leaf for
+        # XLA to compile (under vmap, with seeds or configurations, it becomes those selects).
+        return jax.lax.cond(keep, lambda: new, lambda: old)
 
     agent_state = kept(new_state, agent_state)
     if priorities is not None:

@@ -4,7 +4,17 @@ import os
 import shutil
 import tempfile
 
+import jax
 import pytest
+
+# The tests compare two computations of the same maths at float32 tolerances (a scanned core
+# against the core stepped one step at a time, an update against its two halves). On NVIDIA GPUs
+# JAX's default rounds float32 matrix products through TF32 (10 bits of mantissa): relative
+# differences of about 2e-4, which failed four of those tests on an H200 (BENCHMARKS.md, "On a
+# GPU"). Full float32 products make the suite mean the same on any backend; on the CPU, XLA already
+# computes them in float32, so nothing changes there (the same bits, checked on PPO and recurrent
+# PPO runs).
+jax.config.update("jax_default_matmul_precision", "highest")
 
 # Compiled programs are cached on disk for the session only (never in the user's cache, even one
 # set with KITAE_CACHE_DIR). The process that makes the folder (pytest itself, or xdist's

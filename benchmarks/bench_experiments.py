@@ -12,11 +12,17 @@ Cases (whole processes, PPO on gymnax CartPole-v1 with its preset: CleanRL / Pur
   default PPO search space), then ``kitae train --config best.yaml --seeds 3`` to check the
   configuration it found. Met when the best trial's score (the mean of its last 10 training
   episodes) is >= 475.
+- ``host-sweep``: a sweep of a host-loop environment, ``kitae sweep ppo CartPole-v1 --grid
+  update_cfg.learning_rate=3e-4,1e-3 --seeds 2`` (rl-zoo's PPO settings, 100k steps), one
+  combination after another against ``--workers 2`` (the combinations at once in Ray tasks, on a
+  runtime the sweep starts), alternating, cold caches: the wall-time ratio per round (no target in
+  the issue; it says where the workers pay), and whether both give the same final states.
 
 Run::
 
     .venv/bin/python benchmarks/bench_experiments.py sweep [--rounds 3]
     .venv/bin/python benchmarks/bench_experiments.py tune
+    .venv/bin/python benchmarks/bench_experiments.py host-sweep [--rounds 3]
 
 Results: ``benchmarks/results/experiments.json`` (merged case by case).
 """
@@ -132,12 +138,44 @@ def case_tune() -> dict:
     }
 
 
+def case_host_sweep(rounds: int) -> dict:
+    base = [*KITAE, "sweep", "ppo", "CartPole-v1", "--grid", "update_cfg.learning_rate=3e-4,1e-3", "--seeds", "2"]
+    report: dict = {"command": " ".join(["kitae", *base[3:]]) + " [--workers 2] --quiet", "rounds": []}
+    for r in range(rounds):
+        with tempfile.TemporaryDirectory() as tmp_name:
+            tmp = Path(tmp_name)
+            row: dict = {}
+            for mode, extra in (("one_after_another", []), ("workers_2", ["--workers", "2"])):
+                wall, _ = _timed([*base, "--sweep-dir", str(tmp / mode), "--quiet", *extra], tmp / f"cache-{mode}")
+                sweep = json.loads((tmp / mode / "sweep.json").read_text())
+                prints = [
+                    json.loads((Path(c["run_dir"]) / "summary.json").read_text())["state_fingerprint"]
+                    for c in sweep["combinations"]
+                ]
+                row[mode] = {
+                    "wall_seconds": wall,
+                    "final_returns": [c["final_return"] for c in sweep["combinations"]],
+                    "fingerprints": prints,
+                }
+            row["ratio"] = row["workers_2"]["wall_seconds"] / row["one_after_another"]["wall_seconds"]
+            row["same_bits"] = row["workers_2"]["fingerprints"] == row["one_after_another"]["fingerprints"]
+            print(json.dumps({"round": r, **row}), flush=True)
+            report["rounds"].append(row)
+    report["median_ratio"] = statistics.median(r["ratio"] for r in report["rounds"])
+    return report
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("case", choices=["sweep", "tune"])
+    parser.add_argument("case", choices=["sweep", "tune", "host-sweep"])
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    result = case_sweep(args.rounds) if args.case == "sweep" else case_tune()
+    cases = {
+        "sweep": lambda: case_sweep(args.rounds),
+        "tune": case_tune,
+        "host-sweep": lambda: case_host_sweep(args.rounds),
+    }
+    result = cases[args.case]()
     result.update(machine=f"{platform.machine()}, {os.cpu_count()} cores", date=time.strftime("%Y-%m-%d"))
     path = RESULTS / "experiments.json"
     data = json.loads(path.read_text()) if path.exists() else {}

@@ -4,6 +4,7 @@
                 [--config FILE.yaml] [--set KEY=VALUE ...] [--run-dir DIR] [--quiet]
     kitae sweep ALGO ENV --grid KEY=V1,V2,... [--grid ...] [--seeds K] [--steps N] [--seed S]
                 [--n-envs E] [--config FILE.yaml] [--set KEY=VALUE ...] [--sweep-dir DIR] [--quiet]
+                [--workers N [--address HOST:PORT]]
     kitae tune ALGO ENV --trials N [--space KEY=LOW:HIGH[:log] ...] [--seeds K] [--batch B]
                [--steps N] [--seed S] [--n-envs E] [--config FILE.yaml] [--set KEY=VALUE ...]
                [--study-dir DIR] [--quiet]
@@ -46,6 +47,7 @@ EXAMPLES_SWEEP = """examples:
   kitae sweep ppo gymnax:CartPole-v1 --grid update_cfg.learning_rate=1e-4,3e-4,1e-3,3e-3 --seeds 4
   kitae sweep ppo gymnax:CartPole-v1 --grid update_cfg.learning_rate=3e-4,1e-3 --grid algo_params.clip_coef=0.1,0.2
   kitae sweep dqn CartPole-v1 --grid update_cfg.learning_rate=1e-4,1e-3   # host loop: one after another
+  kitae sweep dqn CartPole-v1 --grid update_cfg.learning_rate=1e-4,1e-3 --workers 2   # two at a time on Ray
 
 Every combination x seed of a JAX environment trains in ONE compiled program (the swept values
 are traced, vmapped like seeds). Only float fields can be swept (integers, booleans and strings
@@ -202,6 +204,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_shared_run_flags(sweep, "run")
     sweep.add_argument("--sweep-dir", help="where to write the sweep (default runs/sweep-<algo>-<env>-s<seed>-<time>)")
     sweep.add_argument("--quiet", action="store_true", help="no progress bar")
+    sweep.add_argument(
+        "--workers",
+        type=_positive_int,
+        help="host-loop environments: train N combinations at a time in Ray tasks (default: one after another)",
+    )
+    sweep.add_argument(
+        "--address", help="with --workers: HOST:PORT of an existing Ray cluster (default: start one on 127.0.0.1)"
+    )
 
     tune = sub.add_parser(
         "tune",
@@ -314,6 +324,8 @@ def _sweep(args: argparse.Namespace) -> int:
         sets=args.set,
         sweep_dir=args.sweep_dir,
         quiet=args.quiet,
+        workers=args.workers,
+        address=args.address,
     )
     report = sweep_run(spec)
     if report.get("stopped"):
@@ -324,7 +336,13 @@ def _sweep(args: argparse.Namespace) -> int:
         )
         return 128 + int(report["signum"])
     print(format_table(report))
-    how = "one program" if report["one_program"] else "one after another"
+    how = (
+        "one program"
+        if report["one_program"]
+        else f"{report['workers']} at a time on Ray"
+        if report["workers"]
+        else "one after another"
+    )
     timing = (
         f", compile {report['compile_seconds']:.1f} s, train {report['train_seconds']:.1f} s"
         if report["one_program"]

@@ -1,5 +1,6 @@
 """Sweeps: ``kitae sweep`` trains a grid x seeds of a JAX environment in one compiled program (the
-swept floats traced, vmapped like seeds), host environments one combination after another; each
+swept floats traced, vmapped like seeds), host environments one combination after another or
+several at a time in Ray tasks; each
 combination is a run directory; diverged combinations are marked and the others go on; what
 cannot be swept is refused before anything is written."""
 
@@ -7,10 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
+import subprocess
+import sys
+import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import psutil
 import pytest
 
 from kitae.cli import main
@@ -151,19 +157,82 @@ def test_a_diverging_combination_is_marked_and_the_others_go_on(tmp_path, capsys
     assert json.loads((sweep_dir / "learning_rate=0.001" / "summary.json").read_text()).get("diverged") is None
 
 
-def test_a_host_sweep_trains_the_combinations_one_after_another(tmp_path, capsys):
+def test_a_host_sweep_on_ray_workers_gives_the_runs_of_one_after_another(tmp_path, capsys):
+    """A host-loop sweep trains its combinations one after another, each a run directory with its
+    values; with ``--workers 2`` at once in Ray tasks (a runtime the sweep starts and stops), each
+    the run the sequential sweep makes, bit for bit; a diverging one is marked and the other goes
+    on in both."""
+    reports, outs = {}, {}
+    for mode, extra in (("sequential", []), ("ray", ["--workers", "2"])):
+        code = main(
+            ["sweep", "dqn", "CartPole-v1", "--grid", f"{LR}=1e-3,1e12", "--steps", "1000",
+             "--set", "algo_params.start_step=200", "--set", "update_cfg.max_grad_norm=null",
+             "--sweep-dir", str(tmp_path / mode), "--quiet", *extra]
+        )  # fmt: skip
+        outs[mode] = capsys.readouterr().out
+        assert code == 0, outs[mode]
+        reports[mode] = json.loads((tmp_path / mode / "sweep.json").read_text())
+        assert not reports[mode]["one_program"] and len(reports[mode]["combinations"]) == 2
+        for lr in (1e-3, 1e12):
+            assert load_agent(tmp_path / mode / f"learning_rate={lr:g}").config.update_cfg.learning_rate == lr
+    assert "(one after another)" in outs["sequential"] and reports["sequential"]["workers"] is None
+    assert "(2 at a time on Ray)" in outs["ray"] and reports["ray"]["workers"] == 2
+    for name in ("learning_rate=0.001", "learning_rate=1e+12"):
+        one, ray = (json.loads((tmp_path / mode / name / "summary.json").read_text()) for mode in ("sequential", "ray"))
+        assert one["state_fingerprint"] == ray["state_fingerprint"]
+        assert one["final_return"] == ray["final_return"]
+        assert (one.get("diverged") is None) == (name == "learning_rate=0.001") == (ray.get("diverged") is None)
+    fine, diverged = reports["ray"]["combinations"]
+    assert fine["diverged_seeds"] == [] and diverged["diverged_seeds"] == [0]
+
+
+def test_ctrl_c_stops_every_ray_worker_of_a_host_sweep_with_a_checkpoint(tmp_path):
+    """SIGINT to ``kitae sweep --workers 2``: each running combination stops as ``kitae train``
+    does on Ctrl-C (its checkpoint saved, loadable), the command exits 130 with one line, and no
+    process of the sweep's Ray runtime is left."""
     sweep_dir = tmp_path / "sweep"
-    code = main(
-        ["sweep", "dqn", "CartPole-v1", "--grid", f"{LR}=1e-4,1e-3", "--steps", "600",
-         "--set", "algo_params.start_step=200", "--sweep-dir", str(sweep_dir), "--quiet"]
-    )  # fmt: skip
-    out = capsys.readouterr().out
-    assert code == 0 and "(one after another)" in out
-    report = json.loads((sweep_dir / "sweep.json").read_text())
-    assert not report["one_program"] and len(report["combinations"]) == 2
-    for lr in (1e-4, 1e-3):
-        run_dir = sweep_dir / f"learning_rate={lr:g}"
-        assert load_agent(run_dir).config.update_cfg.learning_rate == lr
+    command = [sys.executable, "-m", "kitae.cli", "sweep", "ppo", "CartPole-v1", "--grid", f"{LR}=1e-3,3e-4",
+               "--steps", "400000", "--workers", "2", "--sweep-dir", str(sweep_dir), "--quiet"]  # fmt: skip
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    combos = [sweep_dir / "learning_rate=0.001", sweep_dir / "learning_rate=0.0003"]
+    deadline = time.monotonic() + 200
+    # both combinations are training once each has written rows (buffered: a few thousand steps)
+    while not all((c / "metrics.jsonl").exists() and (c / "metrics.jsonl").stat().st_size > 0 for c in combos):
+        assert process.poll() is None and time.monotonic() < deadline, process.stderr.read() if process.stderr else ""
+        time.sleep(1)
+    ray_processes = psutil.Process(process.pid).children(recursive=True)  # the runtime and its workers
+    assert ray_processes
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=200)
+    assert process.returncode == 130, err
+    assert "sweep stopped by SIGINT" in err and len(err.strip().splitlines()) == 2, err  # the notice, the line
+    for combo in combos:
+        agent = load_agent(combo)
+        assert 0 < agent.env_step < 400_000
+    assert not (sweep_dir / "sweep.json").exists()
+    _, alive = psutil.wait_procs(ray_processes, timeout=30)
+    assert alive == [], alive
+
+
+@pytest.mark.parametrize(
+    ("env_id", "flags", "message"),
+    [
+        ("gymnax:CartPole-v1", ["--workers", "2"], "gymnax:CartPole-v1 is a JAX environment, whose sweep is one"),
+        ("CartPole-v1", ["--address", "127.0.0.1:6379"], "--address is for --workers: give --workers N too"),
+        ("CartPole-v1", ["--workers", "0"], "--workers"),
+    ],
+)
+def test_ray_workers_are_refused_where_they_do_not_apply(tmp_path, capsys, env_id, flags, message):
+    sweep_dir = tmp_path / "sweep"
+    code = main(["sweep", "dqn", env_id, "--grid", f"{LR}=1e-3,1e-4", "--sweep-dir", str(sweep_dir), "--quiet", *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, err
+    assert not sweep_dir.exists()
+
+
+def test_sweep_run_refuses_a_bad_worker_count():
+    with pytest.raises(RunError, match="--workers 0 is not allowed; allowed: an int >= 1"):
+        sweep_run(SweepSpec("dqn", "CartPole-v1", [f"{LR}=1e-3"], workers=0))
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,10 @@ sweep is ONE compiled program: the swept float hyperparameters become traced val
 seeds cost one compile and one batched run. Fields that decide shapes or the program's structure
 (integers, booleans, strings, ``None``) cannot be traced; the sweep refuses them and names the
 keys it can sweep (``kitae.config.sweepable_keys``). In the host loop (Gymnasium, EnvPool,
-PettingZoo) the combinations train one after another, each as ``kitae train`` would.
+PettingZoo) the combinations train one after another, each as ``kitae train`` would, or, with
+``workers=N`` (``kitae sweep ... --workers N``), N at a time in Ray tasks, on a runtime the sweep
+starts on 127.0.0.1 or on an existing cluster (``address``): each task trains one combination
+exactly as the sequential sweep does (the same run directory, the same bits).
 
 The sweep directory::
 
@@ -31,6 +34,7 @@ import contextlib
 import dataclasses
 import itertools
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -39,6 +43,7 @@ import jax
 import numpy as np
 
 from kitae.config import AlgoConfig, sweepable_keys
+from kitae.distributed.runtime import ray_runtime
 from kitae.loops.callbacks import Callback, RunInfo, WriterLogger
 from kitae.loops.compiled import CompiledExecutor
 from kitae.loops.result import Episodes, RunResult
@@ -55,7 +60,7 @@ from kitae.runs.session import execute, plot_run, run_divergences, train_plans, 
 from kitae.runs.signals import stop_on_signals
 from kitae.runs.tensorboard import flush_to_disk, tensorboard_writer
 
-__all__ = ["SweepSpec", "parse_grid", "sweep_run", "format_table", "with_values"]
+__all__ = ["SweepSpec", "parse_grid", "sweep_run", "format_table", "with_values", "train_combination"]
 
 
 @dataclasses.dataclass
@@ -69,6 +74,11 @@ class SweepSpec:
         steps, seed, n_envs, config_file, sets: as ``kitae train`` (the fields not swept).
         sweep_dir: the sweep directory (default ``runs/sweep-<algo>-<env>-<time>``).
         quiet: no progress bar.
+        workers: host-loop environments only: train this many combinations at a time in Ray tasks
+            (``None``: one after another in this process). On a cluster, the sweep directory must
+            be on a file system every node writes to.
+        address: with ``workers``: ``HOST:PORT`` of an existing Ray cluster (default: a runtime
+            started for the sweep on 127.0.0.1 and shut down after it).
     """
 
     algo: str
@@ -82,6 +92,8 @@ class SweepSpec:
     sets: list[str] = dataclasses.field(default_factory=list)
     sweep_dir: str | None = None
     quiet: bool = False
+    workers: int | None = None
+    address: str | None = None
 
 
 def parse_grid(items: list[str]) -> dict[str, list[float]]:
@@ -239,19 +251,94 @@ def _compiled_sweep(
     return shares, None
 
 
-def _host_sweep(run: ResolvedRun, env: Any, combos: list[tuple[dict[str, float], ResolvedRun]], quiet: bool) -> None:
-    """Trains the combinations one after another, each as ``kitae train`` would."""
-    for i, (_, combo) in enumerate(combos):
-        combo_env = env if i == 0 else None
-        agent = combo.make_agent()
-        with contextlib.suppress(RunDiverged):  # recorded in its summary.json; the others go on
-            execute(
-                combo,
-                train_plans(combo, agent, combo_env),
-                combo.total,
-                quiet=quiet,
-                extra_summary={"sweep": str(run.run_dir)},
-            )
+def train_combination(combo: ResolvedRun, sweep_dir: str, env: Any = None, quiet: bool = True) -> dict:
+    """Trains one combination of a host-loop sweep as ``kitae train`` would (its environments made
+    here unless ``env`` is given); returns its ``summary.json`` content, or the stop's description
+    when a signal stopped it. A divergence is recorded in its summary; the sweep goes on."""
+    agent = combo.make_agent()
+    try:
+        summary, _ = execute(
+            combo, train_plans(combo, agent, env), combo.total, quiet=quiet, extra_summary={"sweep": sweep_dir}
+        )
+    except RunDiverged:
+        return json.loads((combo.run_dir / "summary.json").read_text())
+    return summary
+
+
+def _ray_task(combo: ResolvedRun, sweep_dir: str, omp_num_threads: str | None) -> dict:
+    """``train_combination`` in a Ray task, with this driver's ``OMP_NUM_THREADS``.
+
+    Ray sets ``OMP_NUM_THREADS=1`` in its workers, and with it JAX's CPU backend computes a
+    [256, 256] DQN's updates to other bits (``OMP_NUM_THREADS=1 kitae sweep ...`` in a shell gives
+    the Ray workers' bits; ``tests/test_sweep.py`` fails without this). The task runs in a fresh
+    worker process (``max_calls=1``), before JAX's CPU backend starts, so restoring the driver's
+    value (or its absence) here gives the run of ``kitae train``.
+    """
+    if omp_num_threads is None:
+        os.environ.pop("OMP_NUM_THREADS", None)
+    else:
+        os.environ["OMP_NUM_THREADS"] = omp_num_threads
+    return train_combination(combo, sweep_dir)
+
+
+def _host_sweep(
+    run: ResolvedRun,
+    env: Any,
+    combos: list[tuple[dict[str, float], ResolvedRun]],
+    quiet: bool,
+    workers: int | None,
+    address: str | None,
+) -> dict | None:
+    """Trains the combinations one after another, or ``workers`` at a time in Ray tasks. Returns
+    the stop's description when a signal stopped the sweep, else ``None``."""
+    if workers is None:
+        for i, (_, combo) in enumerate(combos):
+            summary = train_combination(combo, str(run.run_dir), env if i == 0 else None, quiet)
+            if summary.get("stopped"):  # Ctrl-C: this combination saved its checkpoint; the rest wait
+                return {key: summary[key] for key in ("stopped", "signal", "signum", "steps")}
+        return None
+    env.close()  # each task makes its own
+    with ray_runtime(address) as ray, stop_on_signals() as stop:
+        # num_cpus=0: the window below, not Ray's CPU count, decides how many run at once; SPREAD
+        # puts them on different nodes of a cluster where it can.
+        task = ray.remote(num_cpus=0, scheduling_strategy="SPREAD", max_retries=0, max_calls=1)(_ray_task)
+        omp = os.environ.get("OMP_NUM_THREADS")
+        waiting = [combo for _, combo in combos]
+        running: dict[Any, ResolvedRun] = {}
+        stopped_at: list[int] = []
+        cancelled = False
+        bar = ProgressBar(f"sweep {len(combos)} combinations, {workers} Ray workers", quiet)
+        try:
+            while waiting or running:
+                while waiting and len(running) < workers and not stop.should_stop():
+                    combo = waiting.pop(0)
+                    running[task.remote(combo, str(run.run_dir), omp)] = combo
+                if stop.should_stop() and not cancelled:
+                    cancelled = True
+                    for ref in running:  # an interrupt in each task: it stops as on Ctrl-C, with a checkpoint
+                        ray.cancel(ref)
+                if not running:
+                    break
+                done, _ = ray.wait(list(running), num_returns=1, timeout=0.5)
+                for ref in done:
+                    combo = running.pop(ref)
+                    try:
+                        summary = ray.get(ref)
+                    except ray.exceptions.TaskCancelledError:
+                        continue
+                    except ray.exceptions.RayTaskError as error:  # the task's own error, as it was raised
+                        raise error.as_instanceof_cause() from None
+                    except ray.exceptions.RayError as error:  # its worker died (memory, a lost node)
+                        raise RunError(f"{combo.run_dir.name}: its Ray task failed: {error}") from None
+                    if summary.get("stopped"):
+                        stopped_at.append(int(summary["steps"]))
+                    finished = len(combos) - len(waiting) - len(running)
+                    bar.message(f"{combo.run_dir.name}: done ({finished}/{len(combos)})")
+        finally:
+            bar.close()
+        if stop.should_stop():
+            return {"stopped": True, "signal": stop.name, "signum": stop.signal, "steps": max(stopped_at, default=0)}
+    return None
 
 
 def sweep_run(spec: SweepSpec) -> dict:
@@ -290,6 +377,16 @@ def sweep_run(spec: SweepSpec) -> dict:
                 raise RunError(f"--grid {key} cannot be swept: {what}; allowed: {', '.join(allowed)}")
         if run.config.distributed is not None:
             raise RunError("kitae sweep does not train distributed runs; drop --set distributed.*")
+        if spec.workers is not None:
+            if isinstance(spec.workers, bool) or not isinstance(spec.workers, int) or spec.workers < 1:
+                raise RunError(f"--workers {spec.workers!r} is not allowed; allowed: an int >= 1")
+            if isinstance(run.executor, CompiledExecutor):
+                raise RunError(
+                    f"--workers trains host-loop combinations in parallel on Ray; {run.env.id} is a JAX environment, "
+                    "whose sweep is one compiled program already: drop --workers"
+                )
+        elif spec.address is not None:
+            raise RunError("--address is for --workers: give --workers N too")
         sweep_dir = Path(spec.sweep_dir) if spec.sweep_dir else Path("runs") / f"sweep-{run.run_dir.name}"
         if sweep_dir.exists() and any(sweep_dir.iterdir()):
             raise RunError(
@@ -318,10 +415,20 @@ def sweep_run(spec: SweepSpec) -> dict:
         assert results is not None
         compile_seconds, train_seconds = results[0].compile_seconds, results[0].train_seconds
     else:
-        _host_sweep(run, env, combos, spec.quiet)
+        stopped = _host_sweep(run, env, combos, spec.quiet, spec.workers, spec.address)
+        if stopped is not None:
+            return {**stopped, "sweep_dir": str(sweep_dir)}
         compile_seconds = train_seconds = float("nan")
     return _write_sweep(
-        sweep_dir, run, grid, combos, compiled, time.perf_counter() - clock, compile_seconds, train_seconds
+        sweep_dir,
+        run,
+        grid,
+        combos,
+        compiled,
+        spec.workers,
+        time.perf_counter() - clock,
+        compile_seconds,
+        train_seconds,
     )
 
 
@@ -331,6 +438,7 @@ def _write_sweep(
     grid: dict[str, list[float]],
     combos: list[tuple[dict[str, float], ResolvedRun]],
     one_program: bool,
+    workers: int | None,
     wall_seconds: float,
     compile_seconds: float,
     train_seconds: float,
@@ -362,6 +470,7 @@ def _write_sweep(
         "seeds": run.seeds,
         "steps": run.total,
         "one_program": one_program,
+        "workers": workers,
         "wall_seconds": wall_seconds,
         "compile_seconds": compile_seconds,
         "train_seconds": train_seconds,

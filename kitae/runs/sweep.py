@@ -312,7 +312,9 @@ def _host_sweep(
             while waiting or running:
                 while waiting and len(running) < workers and not stop.should_stop():
                     combo = waiting.pop(0)
-                    running[task.remote(combo, str(run.run_dir), omp)] = combo
+                    # absolute: a task on another node of a cluster starts elsewhere than this process
+                    remote = dataclasses.replace(combo, run_dir=combo.run_dir.absolute())
+                    running[task.remote(remote, str(run.run_dir.absolute()), omp)] = combo
                 if stop.should_stop() and not cancelled:
                     cancelled = True
                     for ref in running:  # an interrupt in each task: it stops as on Ctrl-C, with a checkpoint

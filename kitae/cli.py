@@ -329,11 +329,15 @@ def _sweep(args: argparse.Namespace) -> int:
     )
     report = sweep_run(spec)
     if report.get("stopped"):
-        print(
-            f"kitae: sweep stopped by {report['signal']} at step {report['steps']:,}; each combination's checkpoint "
-            f"is in {report['sweep_dir']}/<combination>/ (kitae resume goes on with one)",
-            file=sys.stderr,
-        )
+        parts = [f"kitae: sweep stopped by {report['signal']} at step {report['steps']:,} in {report['sweep_dir']}"]
+        if report["checkpointed"]:
+            names = ", ".join(report["checkpointed"])
+            parts.append(f"stopped with a checkpoint (kitae resume goes on with one): {names}")
+        if report["finished"]:
+            parts.append(f"finished: {', '.join(report['finished'])}")
+        if report["not_started"]:
+            parts.append(f"not started: {', '.join(report['not_started'])}")
+        print("; ".join(parts), file=sys.stderr)
         return 128 + int(report["signum"])
     print(format_table(report))
     how = (

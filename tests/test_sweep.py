@@ -186,6 +186,21 @@ def test_a_host_sweep_on_ray_workers_gives_the_runs_of_one_after_another(tmp_pat
     assert fine["diverged_seeds"] == [] and diverged["diverged_seeds"] == [0]
 
 
+def _interrupt_once_training(command, metrics_files, before_signal=None):
+    """Starts ``command``, sends SIGINT once every file has rows (after ``before_signal(process)``),
+    returns (exit status, stderr)."""
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 200
+    while not all(m.exists() and m.stat().st_size > 0 for m in metrics_files):
+        assert process.poll() is None and time.monotonic() < deadline, process.stderr.read() if process.stderr else ""
+        time.sleep(1)
+    if before_signal is not None:
+        before_signal(process)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=200)
+    return process.returncode, err
+
+
 def test_ctrl_c_stops_every_ray_worker_of_a_host_sweep_with_a_checkpoint(tmp_path):
     """SIGINT to ``kitae sweep --workers 2``: each running combination stops as ``kitae train``
     does on Ctrl-C (its checkpoint saved, loadable), the command exits 130 with one line, and no
@@ -193,25 +208,65 @@ def test_ctrl_c_stops_every_ray_worker_of_a_host_sweep_with_a_checkpoint(tmp_pat
     sweep_dir = tmp_path / "sweep"
     command = [sys.executable, "-m", "kitae.cli", "sweep", "ppo", "CartPole-v1", "--grid", f"{LR}=1e-3,3e-4",
                "--steps", "400000", "--workers", "2", "--sweep-dir", str(sweep_dir), "--quiet"]  # fmt: skip
-    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     combos = [sweep_dir / "learning_rate=0.001", sweep_dir / "learning_rate=0.0003"]
-    deadline = time.monotonic() + 200
+    ray_processes = []
+
+    def the_runtime(process):  # the runtime and its workers, while both combinations train
+        ray_processes.extend(psutil.Process(process.pid).children(recursive=True))
+
     # both combinations are training once each has written rows (buffered: a few thousand steps)
-    while not all((c / "metrics.jsonl").exists() and (c / "metrics.jsonl").stat().st_size > 0 for c in combos):
-        assert process.poll() is None and time.monotonic() < deadline, process.stderr.read() if process.stderr else ""
-        time.sleep(1)
-    ray_processes = psutil.Process(process.pid).children(recursive=True)  # the runtime and its workers
+    code, err = _interrupt_once_training(command, [c / "metrics.jsonl" for c in combos], the_runtime)
     assert ray_processes
-    process.send_signal(signal.SIGINT)
-    _, err = process.communicate(timeout=200)
-    assert process.returncode == 130, err
+    assert code == 130, err
     assert "sweep stopped by SIGINT" in err and len(err.strip().splitlines()) == 2, err  # the notice, the line
+    assert "stopped with a checkpoint (kitae resume goes on with one): learning_rate=0.001, learning_rate=0.0003" in err
+    assert "not started" not in err and "finished" not in err
     for combo in combos:
         agent = load_agent(combo)
         assert 0 < agent.env_step < 400_000
     assert not (sweep_dir / "sweep.json").exists()
     _, alive = psutil.wait_procs(ray_processes, timeout=30)
     assert alive == [], alive
+
+
+def test_ctrl_c_stops_a_compiled_sweep_with_every_combinations_checkpoint(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    combos = [sweep_dir / "learning_rate=0.001", sweep_dir / "learning_rate=0.0003"]
+    code, err = _interrupt_once_training(
+        [sys.executable, "-m", "kitae.cli", "sweep", "ppo", "gymnax:CartPole-v1", "--grid", f"{LR}=1e-3,3e-4",
+         "--seeds", "2", "--steps", "5000000", "--set", "train_cfg.save_frequency=20480",  # segments of 20,480 steps
+         "--sweep-dir", str(sweep_dir), "--quiet"],
+        [c / "metrics.jsonl" for c in combos],
+    )  # fmt: skip
+    assert code == 130, err
+    steps = {load_agent(c).env_step for c in combos}
+    assert len(steps) == 1 and 0 < steps.pop() < 5_000_000  # one program: stopped at the same step
+    assert (
+        err.strip()
+        .splitlines()[-1]
+        .endswith(
+            "stopped with a checkpoint (kitae resume goes on with one): learning_rate=0.001, learning_rate=0.0003"
+        )
+    ), err
+    assert not (sweep_dir / "sweep.json").exists()
+
+
+def test_ctrl_c_stops_a_sequential_host_sweep_at_the_running_combination(tmp_path):
+    """SIGINT to ``kitae sweep`` without workers: the combination that is training stops with its
+    checkpoint, the next one is not started, and the one line says which is which."""
+    sweep_dir = tmp_path / "sweep"
+    command = [sys.executable, "-m", "kitae.cli", "sweep", "ppo", "CartPole-v1", "--grid", f"{LR}=1e-3,3e-4",
+               "--steps", "400000", "--sweep-dir", str(sweep_dir), "--quiet"]  # fmt: skip
+    first, second = sweep_dir / "learning_rate=0.001", sweep_dir / "learning_rate=0.0003"
+    code, err = _interrupt_once_training(command, [first / "metrics.jsonl"])
+    assert code == 130, err
+    assert err.strip().splitlines()[-1] == (
+        f"kitae: sweep stopped by SIGINT at step {load_agent(first).env_step:,} in {sweep_dir}; stopped with a "
+        "checkpoint (kitae resume goes on with one): learning_rate=0.001; not started: learning_rate=0.0003"
+    ), err
+    assert 0 < load_agent(first).env_step < 400_000
+    assert [p.name for p in second.iterdir()] == ["config.yaml"]  # written up front; nothing trained
+    assert not (sweep_dir / "sweep.json").exists()
 
 
 @pytest.mark.parametrize(

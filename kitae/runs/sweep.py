@@ -24,8 +24,10 @@ The sweep directory::
 
 A combination that diverges (``kitae.loops.collect.update_step``: a non-finite loss or state) is
 marked ``diverged`` in the table and ``sweep.json``; its seeds stop updating and the other
-combinations go on. Ctrl-C stops the sweep after the current segment with each combination's
-checkpoint saved (``kitae resume`` goes on with each combination's directory).
+combinations go on. Ctrl-C stops the sweep: a compiled sweep after the current segment with each
+combination's checkpoint saved; a host sweep stops its running combinations with their checkpoints
+and starts no other (``kitae resume`` goes on with a stopped combination's directory; the command
+names which combinations finished, stopped with a checkpoint, or had not started).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from kitae.loops.state import Payload, pick_seed
 from kitae.runs.callbacks import CheckpointSaver, ImportWhileTraining, MetricsLogger
 from kitae.runs.checkpoints import CHECKPOINT_MODULES, Checkpointer
 from kitae.runs.errors import RunDiverged, RunError
+from kitae.runs.load import checkpoint_dirs
 from kitae.runs.plotting import PLOT_MODULES, curves_from_metrics, plot_curves
 from kitae.runs.presets import parse_value
 from kitae.runs.progress import ProgressBar
@@ -343,9 +346,27 @@ def _host_sweep(
     return None
 
 
+def _where_each_stopped(combos: list[tuple[dict[str, float], ResolvedRun]]) -> dict[str, list[str]]:
+    """After a stop, each combination's directory name by what it holds: ``finished`` (its
+    summary.json written before the stop), ``checkpointed`` (stopped mid-run, its checkpoint saved:
+    ``kitae resume`` goes on with it) and ``not_started`` (a sequential or Ray sweep had not reached
+    it: only its config.yaml). Read from disk, so it holds however the stop reached each one."""
+    where: dict[str, list[str]] = {"finished": [], "checkpointed": [], "not_started": []}
+    for _, combo in combos:
+        if (combo.run_dir / "summary.json").exists():
+            where["finished"].append(combo.run_dir.name)
+        elif any(Checkpointer(d).all_steps() for d in checkpoint_dirs(combo.run_dir).values()):
+            where["checkpointed"].append(combo.run_dir.name)
+        else:
+            where["not_started"].append(combo.run_dir.name)
+    return where
+
+
 def sweep_run(spec: SweepSpec) -> dict:
     """Runs a sweep (see the module docstring) and writes its directory; returns ``sweep.json``'s
-    content (or ``{"stopped": True, ...}`` when a signal stopped it).
+    content, or when a signal stopped it ``{"stopped": True, "signal", "signum", "steps",
+    "sweep_dir", "finished", "checkpointed", "not_started"}`` (the last three: lists of
+    combination directory names, see ``_where_each_stopped``).
 
     Raises:
         RunError, ValueError, TypeError: for bad input (a key that cannot be swept, a value its
@@ -413,13 +434,13 @@ def sweep_run(spec: SweepSpec) -> dict:
     if compiled:
         results, stopped = _compiled_sweep(run, env, combos, spec.quiet, clock)
         if stopped is not None:
-            return {**stopped, "sweep_dir": str(sweep_dir)}
+            return {**stopped, **_where_each_stopped(combos), "sweep_dir": str(sweep_dir)}
         assert results is not None
         compile_seconds, train_seconds = results[0].compile_seconds, results[0].train_seconds
     else:
         stopped = _host_sweep(run, env, combos, spec.quiet, spec.workers, spec.address)
         if stopped is not None:
-            return {**stopped, "sweep_dir": str(sweep_dir)}
+            return {**stopped, **_where_each_stopped(combos), "sweep_dir": str(sweep_dir)}
         compile_seconds = train_seconds = float("nan")
     return _write_sweep(
         sweep_dir,

@@ -1,6 +1,7 @@
 """A real two-node Ray cluster on this machine: ``ray start --head`` on a free local port, a second
-``ray start --address``, a short distributed PPO run joining it with ``--address``, then the
-cluster is stopped (its own processes only: other Ray runtimes on the machine are left alone)."""
+``ray start --address``, a short distributed PPO run and a host-loop sweep on Ray workers joining
+it with ``--address``, then the cluster is stopped (its own processes only: other Ray runtimes on
+the machine are left alone)."""
 
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ def _stop_cluster(session: str) -> list[int]:
     return [p.pid for p in alive]
 
 
-def test_a_short_ppo_run_trains_on_a_two_node_cluster(tmp_path):
+def test_a_short_ppo_run_and_a_sweep_train_on_a_two_node_cluster(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
     env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16), RAY_USAGE_STATS_ENABLED="0")
     port = _free_port()
@@ -75,6 +76,19 @@ def test_a_short_ppo_run_trains_on_a_two_node_cluster(tmp_path):
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["steps"] == 512
         assert f"127.0.0.1:{port}" in (run_dir / "config.yaml").read_text()
+        # a host-loop sweep on the same cluster (its tasks scheduled SPREAD over the nodes; where
+        # each ran is not checked), each task writing its combination's run directory: one file
+        # system here, as the docs require
+        sweep_dir = tmp_path / "sweep"
+        sweep = [sys.executable, "-m", "kitae.cli", "sweep", "ppo", "CartPole-v1", "--grid",
+                 "update_cfg.learning_rate=1e-3,3e-4", "--steps", "512", "--workers", "2",
+                 "--address", f"127.0.0.1:{port}", "--sweep-dir", str(sweep_dir), "--quiet"]  # fmt: skip
+        done = subprocess.run(sweep, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        report = json.loads((sweep_dir / "sweep.json").read_text())
+        assert report["workers"] == 2 and len(report["combinations"]) == 2
+        for name in ("learning_rate=0.001", "learning_rate=0.0003"):
+            assert json.loads((sweep_dir / name / "summary.json").read_text())["steps"] == 512
     finally:
         left = _stop_cluster(session)
     assert not left

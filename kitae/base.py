@@ -54,7 +54,7 @@ from kitae.algos.experience import ExperiencePipeline
 from kitae.algos.factory import explore_general_factory
 from kitae.algos.update import UpdateHooks, mean_over_steps, on_policy_update, process_rollout, with_update_hooks
 from kitae.buffer import BufferState, Experience, ReplayBuffer, RolloutBuffer, buffer_rollout, buffer_sample
-from kitae.compile_options import jit_once
+from kitae.compile_options import jit_once, one_blas_thread
 from kitae.config import AlgoConfig, DistributedConfig
 from kitae.envs.goals import goal_reward_fn
 from kitae.replay.prioritized import annealed_beta, update_priorities
@@ -367,7 +367,8 @@ class BaseAgent(IAgent):
                 return
             except (jax.errors.JAXTypeError, TypeError):  # not traceable: op by op below
                 pass
-        self._first = self.initial_state(seed, tabulate=tabulate)
+        with one_blas_thread():  # op by op: its QR (orthogonal init) single-threaded as in jit_once
+            self._first = jax.block_until_ready(self.initial_state(seed, tabulate=tabulate))
 
     def _materialize(self) -> tuple[jax.Array, Any]:
         if self._first is None:
@@ -377,7 +378,7 @@ class BaseAgent(IAgent):
                 first = None
             if first is None or any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(first)):
                 # first asked for inside a trace (a sweep's traced agent): values, not tracers
-                with jax.ensure_compile_time_eval():
+                with jax.ensure_compile_time_eval(), one_blas_thread():
                     first = self.initial_state(self._first_seed)
             self._first = first
         return self._first

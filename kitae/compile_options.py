@@ -11,16 +11,45 @@ The bits matter: a run's starting state must not depend on how it was compiled (
 or distributed run of one seed starts from the same parameters); level 0 compiles faster still
 but changed the initial parameters' bits, so it is not used. ``tests/test_cold_start.py`` checks
 the bits.
+
+Nor may it depend on the process's thread settings. Orthogonal initialisation takes a QR
+decomposition, which XLA:CPU hands to LAPACK: jaxlib's LAPACK kernels call the OpenBLAS that SciPy
+bundles, whose blocked QR splits its work by its thread count. A [256, 256] layer's initial
+weights came out with other bits under ``OMP_NUM_THREADS=1`` or ``OPENBLAS_NUM_THREADS=1`` than
+with the default (which Ray sets in its workers, and cluster job scripts often do). The programs
+``jit_once`` makes therefore run with OpenBLAS limited to one thread (``one_blas_thread``; a QR of
+a few hundred rows takes well under a millisecond either way): the same seed gives the same
+parameters whatever those variables say (``tests/test_cold_start.py``, in subprocesses).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
 
-__all__ = ["ONCE_OPTIONS", "jit_once"]
+__all__ = ["ONCE_OPTIONS", "jit_once", "one_blas_thread"]
+
+
+@contextlib.contextmanager
+def one_blas_thread() -> Iterator[None]:
+    """Limits the BLAS libraries loaded in the process (the OpenBLAS of jaxlib's LAPACK kernels)
+    to one thread inside the block, and restores their counts after it.
+
+    threadpoolctl finds and sets the libraries (written by hand, it would mean locating each
+    OpenBLAS build's symbols ourselves). It only sees libraries already loaded, and jaxlib loads
+    SciPy's LAPACK lazily, at the first LAPACK operation it lowers: SciPy's linalg is imported
+    first so that the limit reaches it.
+    """
+    import scipy.linalg  # noqa: F401  (loads the OpenBLAS that jaxlib's LAPACK kernels call)
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield
+
 
 ONCE_OPTIONS: dict[str, Any] = {"xla_backend_optimization_level": 1}
 """XLA compiler options of the programs that run once (``jax.jit``'s ``compiler_options``)."""
@@ -28,5 +57,18 @@ ONCE_OPTIONS: dict[str, Any] = {"xla_backend_optimization_level": 1}
 
 def jit_once(fn: Callable[..., Any], **kwargs: Any) -> Callable[..., Any]:
     """``jax.jit(fn, **kwargs)`` compiled with ``ONCE_OPTIONS``: for programs that run once (a
-    run's starting state), whose compile time is most of their cost."""
-    return jax.jit(fn, compiler_options=ONCE_OPTIONS, **kwargs)
+    run's starting state), whose compile time is most of their cost. A call runs under
+    ``one_blas_thread`` and waits for its result (outside a trace), so that the program's LAPACK
+    calls have run before the limit is lifted."""
+    jitted = jax.jit(fn, compiler_options=ONCE_OPTIONS, **kwargs)
+
+    @functools.wraps(fn)
+    def call(*args: Any, **call_kwargs: Any) -> Any:
+        with one_blas_thread():
+            out = jitted(*args, **call_kwargs)
+            leaves = jax.tree_util.tree_leaves(out)
+            if not any(isinstance(x, jax.core.Tracer) for x in leaves):
+                jax.block_until_ready(out)
+            return out
+
+    return call

@@ -25,7 +25,7 @@ from _agents import (
 )
 
 from kitae.base import OnPolicyAgent
-from kitae.compile_options import jit_once
+from kitae.compile_options import jit_once, one_blas_thread
 from kitae.devices import cpu_core_count, use_cpu_cores
 from kitae.envs.make import make_jax_env
 from kitae.loops.callbacks import Progress
@@ -133,11 +133,39 @@ def test_starting_state_compiled_once_has_the_default_compiles_bits(algo, env_id
     agent = run.agent_cls(run.algo, run.config, run_dir=tmp_path)
     fresh, _, _ = make_loop_functions(agent, env)
     seed = jax.numpy.asarray(5, jax.numpy.uint32)
-    default, once = jax.jit(fresh)(seed), jit_once(fresh)(seed)
+    with one_blas_thread():  # as jit_once runs it: only the compile options differ
+        default = jax.block_until_ready(jax.jit(fresh)(seed))
+    once = jit_once(fresh)(seed)
     default_leaves, once_leaves = jax.tree_util.tree_leaves(default), jax.tree_util.tree_leaves(once)
     assert len(default_leaves) == len(once_leaves) > 10
     for a, b in zip(default_leaves, once_leaves):
         assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+
+
+def test_thread_settings_do_not_change_a_starting_state():
+    """A DQN's [256, 256] layers (orthogonal init: a QR, run by OpenBLAS) start from the same bits
+    whatever OMP_NUM_THREADS / OPENBLAS_NUM_THREADS say, made by the agent (host loop) and by the
+    compiled loop's starting-state program. Without ``one_blas_thread`` one thread and two gave
+    other weights on a 2-core machine."""
+    script = textwrap.dedent("""
+        import jax, numpy as np
+        from kitae.compile_options import jit_once
+        from kitae.loops.program import make_loop_functions
+        from kitae.runs.resolve import RunSpec, preset_agent, resolve_train
+        from kitae.runs.rundir import state_fingerprint
+        agent, env = preset_agent("dqn", "CartPole-v1", steps=1000, run_dir="host")
+        run, jax_env = resolve_train(RunSpec(algo="dqn", env_id="gymnax:CartPole-v1", run_dir="compiled"))
+        fresh, _, _ = make_loop_functions(run.agent_cls(run.algo, run.config, run_dir="compiled"), jax_env)
+        print(state_fingerprint(agent.state), state_fingerprint(jit_once(fresh)(np.uint32(5)).agent_state))
+    """)
+    prints = set()
+    for threads in ({"OMP_NUM_THREADS": "1"}, {"OPENBLAS_NUM_THREADS": "1"}, {"OPENBLAS_NUM_THREADS": "2"}, {}):
+        env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=200,
+                              env={**env, **threads})  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        prints.add(done.stdout.strip().splitlines()[-1])
+    assert len(prints) == 1, prints
 
 
 def test_tensorboard_writer_does_not_import_pytorch(tmp_path):

@@ -36,7 +36,6 @@ import contextlib
 import dataclasses
 import itertools
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -268,22 +267,6 @@ def train_combination(combo: ResolvedRun, sweep_dir: str, env: Any = None, quiet
     return summary
 
 
-def _ray_task(combo: ResolvedRun, sweep_dir: str, omp_num_threads: str | None) -> dict:
-    """``train_combination`` in a Ray task, with this driver's ``OMP_NUM_THREADS``.
-
-    Ray sets ``OMP_NUM_THREADS=1`` in its workers, and with it JAX's CPU backend computes a
-    [256, 256] DQN's updates to other bits (``OMP_NUM_THREADS=1 kitae sweep ...`` in a shell gives
-    the Ray workers' bits; ``tests/test_sweep.py`` fails without this). The task runs in a fresh
-    worker process (``max_calls=1``), before JAX's CPU backend starts, so restoring the driver's
-    value (or its absence) here gives the run of ``kitae train``.
-    """
-    if omp_num_threads is None:
-        os.environ.pop("OMP_NUM_THREADS", None)
-    else:
-        os.environ["OMP_NUM_THREADS"] = omp_num_threads
-    return train_combination(combo, sweep_dir)
-
-
 def _host_sweep(
     run: ResolvedRun,
     env: Any,
@@ -304,8 +287,9 @@ def _host_sweep(
     with ray_runtime(address) as ray, stop_on_signals() as stop:
         # num_cpus=0: the window below, not Ray's CPU count, decides how many run at once; SPREAD
         # puts them on different nodes of a cluster where it can.
-        task = ray.remote(num_cpus=0, scheduling_strategy="SPREAD", max_retries=0, max_calls=1)(_ray_task)
-        omp = os.environ.get("OMP_NUM_THREADS")
+        # max_calls=1: each combination in a fresh worker process, as `kitae train` is one (no JAX
+        # state or memory carried from one combination to the next)
+        task = ray.remote(num_cpus=0, scheduling_strategy="SPREAD", max_retries=0, max_calls=1)(train_combination)
         waiting = [combo for _, combo in combos]
         running: dict[Any, ResolvedRun] = {}
         stopped_at: list[int] = []
@@ -317,7 +301,7 @@ def _host_sweep(
                     combo = waiting.pop(0)
                     # absolute: a task on another node of a cluster starts elsewhere than this process
                     remote = dataclasses.replace(combo, run_dir=combo.run_dir.absolute())
-                    running[task.remote(remote, str(run.run_dir.absolute()), omp)] = combo
+                    running[task.remote(remote, str(run.run_dir.absolute()))] = combo
                 if stop.should_stop() and not cancelled:
                     cancelled = True
                     for ref in running:  # an interrupt in each task: it stops as on Ctrl-C, with a checkpoint

@@ -11,6 +11,7 @@ import json
 import math
 import platform
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -77,7 +78,11 @@ def run_learning(
         config = build_config(
             env, algo_params, update_cfg, seed=seed, n_env_steps=n_env_steps, env_id=env_id, replay=replay
         )
-        agent = agent_cls(f"bench-{name}-{seed}", config, run_dir=f"/tmp/kitae-bench/{name}-{seed}")
+        run_dir = Path(f"/tmp/kitae-bench/{name}-{seed}")
+        # Each benchmark run starts fresh: a run directory left by an earlier (or killed) run would
+        # otherwise be refused, as a run directory that already holds a run is.
+        shutil.rmtree(run_dir, ignore_errors=True)
+        agent = agent_cls(f"bench-{name}-{seed}", config, run_dir=str(run_dir))
         start = time.perf_counter()
         stats = agent.train(env, n_env_steps)
         wall = time.perf_counter() - start

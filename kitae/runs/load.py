@@ -161,7 +161,8 @@ def restore_error(error: Exception) -> RunError:
     if isinstance(error, CheckpointError) and text.startswith("no checkpoint in"):
         return RunError(
             f"{text}: the run stopped before its first checkpoint (checkpoints are written every "
-            "train_cfg.save_frequency steps, at the end and on Ctrl-C/SIGTERM); start it again with kitae train"
+            "train_cfg.save_frequency steps, at the end and on Ctrl-C/SIGTERM) and holds nothing to go on from; "
+            "start it again with kitae train into a new --run-dir (or after deleting this one)"
         )
     return RunError(text)
 

@@ -156,7 +156,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="train K seeds (seed, seed+1, ...): vmapped in one program for JAX environments",
     )
     train.add_argument("--n-envs", type=_positive_int, help="number of environments")
-    train.add_argument("--config", help="a YAML file with n_envs, n_env_steps, algo_params, update_cfg, train_cfg")
+    train.add_argument(
+        "--config",
+        help="a YAML file with n_envs, n_env_steps, algo_params, update_cfg, train_cfg, or a run's config.yaml",
+    )
     train.add_argument(
         "--set",
         action="append",

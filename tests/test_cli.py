@@ -153,6 +153,23 @@ def test_presets_and_overrides_resolve_in_order(tmp_path):
     assert Path(file).exists()
 
 
+def test_steps_override_a_config_files_train_cfg_budget(tmp_path):
+    """--steps (merged after the file) wins over a file's train_cfg.n_env_steps; a file that gives
+    the budget twice, differently, is refused."""
+    from kitae.algos.collections.ppo import PPOParams
+    from kitae.runs.presets import resolve
+
+    file = tmp_path / "c.yaml"
+    file.write_text(yaml.safe_dump({"train_cfg": {"n_env_steps": 100_000, "log_frequency": 500}}))
+    spec = EnvSpec.parse("gymnax:CartPole-v1")
+    assert resolve("ppo", PPOParams, spec, config_file=str(file))["n_env_steps"] == 100_000
+    resolved = resolve("ppo", PPOParams, spec, config_file=str(file), overrides={"n_env_steps": 2048})
+    assert resolved["n_env_steps"] == 2048 and resolved["train_cfg"] == {"log_frequency": 500}
+    file.write_text(yaml.safe_dump({"n_env_steps": 10, "train_cfg": {"n_env_steps": 20}}))
+    with pytest.raises(ValueError, match="n_env_steps=10 and train_cfg.n_env_steps=20"):
+        resolve("ppo", PPOParams, spec, config_file=str(file))
+
+
 # ---------------------------------------------------------------------------------------------
 # resume, eval, plot
 # ---------------------------------------------------------------------------------------------
@@ -219,6 +236,19 @@ def test_plot_puts_several_runs_on_one_figure(capsys, run_copy, trained_run, tmp
     out = tmp_path / "both.png"
     assert main(["plot", str(trained_run), str(run_copy), "-o", str(out)]) == 0
     assert out.stat().st_size > 10_000 and capsys.readouterr().out.strip() == str(out)
+
+
+def test_a_runs_config_yaml_trains_the_same_run_again(capsys, trained_run, tmp_path):
+    """``kitae train ALGO ENV --config RUN_DIR/config.yaml`` trains with that run's whole config:
+    the same config.yaml and, one seed deciding a run, the same bits; another ALGO is refused."""
+    again = tmp_path / "again"
+    config = trained_run / "config.yaml"
+    argv = ["train", "ppo", "gymnax:CartPole-v1", "--config", str(config), "--run-dir", str(again), "--quiet"]
+    assert main(argv) == 0
+    assert (again / "config.yaml").read_text() == config.read_text()
+    first = json.loads((trained_run / "summary.json").read_text())
+    assert json.loads((again / "summary.json").read_text())["state_fingerprint"] == first["state_fingerprint"]
+    _bad(capsys, ["train", "dqn", "gymnax:CartPole-v1", "--config", str(config)], "algo_params_class PPOParams")
 
 
 def test_resume_of_a_finished_run_says_so_and_changes_nothing(capsys, run_copy):

@@ -162,7 +162,7 @@ def restore_error(error: Exception) -> RunError:
         return RunError(
             f"{text}: the run stopped before its first checkpoint (checkpoints are written every "
             "train_cfg.save_frequency steps, at the end and on Ctrl-C/SIGTERM) and holds nothing to go on from; "
-            "start it again with kitae train into a new --run-dir (or after deleting this one)"
+            "start it again with kitae train ALGO ENV --config RUN_DIR/config.yaml --run-dir NEW_DIR"
         )
     return RunError(text)
 

@@ -3,8 +3,8 @@
 Presets are YAML files in ``kitae/presets/<algo>.yaml`` (rl-zoo style): a ``default`` section and
 one section per environment id, each with any of ``n_envs``, ``n_env_steps``, ``algo_params``
 and ``update_cfg``. The environment's section is laid over ``default``; then a ``--config`` file
-(same keys) and ``--set KEY=VALUE`` overrides. A learning rate written ``lin_3e-4`` means 3e-4
-annealed linearly to 0.
+(same keys, or a run directory's ``config.yaml``) and ``--set KEY=VALUE`` overrides. A learning
+rate written ``lin_3e-4`` means 3e-4 annealed linearly to 0.
 
 Override keys (``--set``) are dotted paths: ``seed``, ``n_envs``, ``n_env_steps``,
 ``train_cfg.save_frequency``, ``update_cfg.<field>``, ``algo_params.<field>``.
@@ -61,8 +61,11 @@ def load_preset(algo: str, env: EnvSpec) -> dict:
     return merge(preset, _check_section(sections.get(env_key), f"{path.name}: {env_key}"))
 
 
-def load_config_file(path: str | Path) -> dict:
-    """Reads a ``--config`` file (the keys of a preset section), refusing what it cannot use."""
+def load_config_file(path: str | Path, params_cls: type | None = None) -> dict:
+    """Reads a ``--config`` file, refusing what it cannot use: the keys of a preset section (what
+    ``kitae tune`` writes), or a run directory's ``config.yaml``, so ``kitae train ALGO ENV --config
+    RUN_DIR/config.yaml`` trains again with a run's whole config (``params_cls``: ALGO's params
+    class, which such a file must name)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"config file {str(path)!r} does not exist")
@@ -70,7 +73,41 @@ def load_config_file(path: str | Path) -> dict:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as error:
         raise ValueError(f"malformed YAML in {str(path)!r}: {error}".replace("\n", " ")) from None
-    return _check_section(data, str(path))
+    if isinstance(data, dict) and "algo_params_class" in data:
+        data = _from_run_config(data, path, params_cls)
+    data = _check_section(data, str(path))
+    train = data.get("train_cfg")
+    if isinstance(train, dict) and "n_env_steps" in train:
+        # One key for the budget, so that --steps and --set n_env_steps, merged after the file,
+        # override it (a train_cfg.n_env_steps left in the file would be read last and win).
+        train = dict(train)
+        steps = train.pop("n_env_steps")
+        if "n_env_steps" in data and data["n_env_steps"] != steps:
+            raise ValueError(
+                f"{str(path)!r} gives n_env_steps={data['n_env_steps']!r} and train_cfg.n_env_steps={steps!r}; "
+                "allowed: one of them, or the same value"
+            )
+        data = {**data, "train_cfg": train, "n_env_steps": steps}
+    return data
+
+
+def _from_run_config(data: dict, path: Path, params_cls: type | None) -> dict:
+    """A run's ``config.yaml`` (``AlgoConfig.to_yaml``) as a preset section: its algorithm must be
+    ALGO's; of ``env_cfg`` only ``n_envs`` is read (the spaces are the environment's, and the
+    environment is the command's ENV, which may be another than the run's)."""
+    data = dict(data)
+    kind = data.pop("algo_params_class")
+    if params_cls is not None and kind != params_cls.__name__:
+        raise ValueError(
+            f"{str(path)!r} is the config of a run with algo_params_class {kind}; it cannot configure "
+            f"{params_cls.__name__}: give the algorithm of that run"
+        )
+    env_cfg = data.pop("env_cfg", None) or {}
+    if isinstance(env_cfg, dict) and "n_envs" in env_cfg:
+        data.setdefault("n_envs", env_cfg["n_envs"])
+    if data.get("distributed") is None:
+        data.pop("distributed", None)
+    return data
 
 
 def parse_value(text: str) -> Any:
@@ -202,7 +239,7 @@ def resolve(
     resolved = merge(resolved, load_preset(algo, env))
     given_n_envs = False  # n_envs said by the user (not the preset): a distributed run's total
     if config_file is not None:
-        from_file = load_config_file(config_file)
+        from_file = load_config_file(config_file, params_cls)
         given_n_envs = "n_envs" in from_file
         resolved = merge(resolved, from_file)
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None and v != {}}

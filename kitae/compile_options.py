@@ -32,7 +32,7 @@ from typing import Any
 
 import jax
 
-__all__ = ["ONCE_OPTIONS", "jit_once", "one_blas_thread"]
+__all__ = ["ONCE_OPTIONS", "jit_once", "one_blas_thread", "with_one_blas_thread"]
 
 
 @contextlib.contextmanager
@@ -61,15 +61,23 @@ def jit_once(fn: Callable[..., Any], **kwargs: Any) -> Callable[..., Any]:
     run's starting state), whose compile time is most of their cost. A call runs under
     ``one_blas_thread`` and waits for its result (outside a trace), so that the program's LAPACK
     calls have run before the limit is lifted."""
-    jitted = jax.jit(fn, compiler_options=ONCE_OPTIONS, **kwargs)
+    return with_one_blas_thread(jax.jit(fn, compiler_options=ONCE_OPTIONS, **kwargs), wraps=fn)
 
-    @functools.wraps(fn)
-    def call(*args: Any, **call_kwargs: Any) -> Any:
+
+def with_one_blas_thread(fn: Callable[..., Any], wraps: Callable[..., Any] | None = None) -> Callable[..., Any]:
+    """``fn`` run under ``one_blas_thread``, waiting for its result before the limit is lifted
+    (JAX dispatches asynchronously: the LAPACK calls must have run by then); inside a trace the
+    result is a tracer and nothing is waited for. ``wraps``: the function whose name and docstring
+    the wrapper takes (default ``fn``)."""
+
+    @functools.wraps(wraps or fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
         with one_blas_thread():
-            out = jitted(*args, **call_kwargs)
+            out = fn(*args, **kwargs)
             leaves = jax.tree_util.tree_leaves(out)
             if not any(isinstance(x, jax.core.Tracer) for x in leaves):
                 jax.block_until_ready(out)
             return out
 
+    call.one_blas_thread = True  # type: ignore[attr-defined]
     return call

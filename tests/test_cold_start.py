@@ -144,9 +144,10 @@ def test_starting_state_compiled_once_has_the_default_compiles_bits(algo, env_id
 
 def test_thread_settings_do_not_change_a_starting_state():
     """A DQN's [256, 256] layers (orthogonal init: a QR, run by OpenBLAS) start from the same bits
-    whatever OMP_NUM_THREADS / OPENBLAS_NUM_THREADS say, made by the agent (host loop) and by the
-    compiled loop's starting-state program. Without ``one_blas_thread`` one thread and two gave
-    other weights on a 2-core machine."""
+    whatever OMP_NUM_THREADS / OPENBLAS_NUM_THREADS say, made by the agent (host loop), by the
+    compiled loop's starting-state program and by a functional agent's ``init_params`` (a Flax
+    network with orthogonal [256, 256] layers). Without ``one_blas_thread`` one thread and two
+    gave other weights on a 2-core machine."""
     script = textwrap.dedent("""
         import jax, numpy as np
         from kitae.compile_options import jit_once
@@ -156,7 +157,19 @@ def test_thread_settings_do_not_change_a_starting_state():
         agent, env = preset_agent("dqn", "CartPole-v1", steps=1000, run_dir="host")
         run, jax_env = resolve_train(RunSpec(algo="dqn", env_id="gymnax:CartPole-v1", run_dir="compiled"))
         fresh, _, _ = make_loop_functions(run.agent_cls(run.algo, run.config, run_dir="compiled"), jax_env)
-        print(state_fingerprint(agent.state), state_fingerprint(jit_once(fresh)(np.uint32(5)).agent_state))
+        import flax.linen as nn, gymnasium as gym
+        from kitae.functional import DQN
+        class Q(nn.Module):
+            n: int
+            @nn.compact
+            def __call__(self, x):
+                init = nn.initializers.orthogonal()
+                for size in (256, 256):
+                    x = nn.relu(nn.Dense(size, kernel_init=init)(x))
+                return nn.Dense(self.n)(x)
+        functional = DQN(lambda space: Q(int(space.n)), gym.make("CartPole-v1"), learning_rate=1e-3)
+        print(state_fingerprint(agent.state), state_fingerprint(jit_once(fresh)(np.uint32(5)).agent_state),
+              state_fingerprint(functional.init_params(jax.random.PRNGKey(3))))
     """)
     prints = set()
     for threads in ({"OMP_NUM_THREADS": "1"}, {"OPENBLAS_NUM_THREADS": "1"}, {"OPENBLAS_NUM_THREADS": "2"}, {}):

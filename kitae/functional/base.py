@@ -38,6 +38,7 @@ import optax
 
 import kitae.config as cfg
 from kitae.buffer import Experience
+from kitae.compile_options import with_one_blas_thread
 from kitae.modules.optimizer import optimizer_factory
 
 __all__ = ["BaseAgent", "OptimState", "Network", "make_network", "as_key", "env_spaces", "check_learning_rate"]
@@ -270,6 +271,18 @@ class BaseAgent(abc.ABC):
 
         count: jax.Array  # type: ignore[assignment]  # the seed's field name shadows tuple.count
         opt_state: Any
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Each agent's init_params (the built-in ones and a user's subclass) runs with OpenBLAS on
+        # one thread, as the executors' starting states do: an orthogonal initialiser's QR goes to
+        # LAPACK, whose bits otherwise depend on OMP_NUM_THREADS (docs/runs.md, "Bits and thread
+        # settings"). Called inside the user's jax.jit, the QR runs when that program does: there
+        # the limit is the caller's to set.
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("init_params")
+        skip = getattr(init, "__isabstractmethod__", False) or getattr(init, "one_blas_thread", False)
+        if callable(init) and not skip:
+            cls.init_params = with_one_blas_thread(init)  # type: ignore[method-assign]
 
     def __init__(self, network: Callable[[gym.Space], Any], env: Any, learning_rate: float | optax.Schedule) -> None:
         check_learning_rate(learning_rate)

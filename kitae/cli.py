@@ -156,10 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="train K seeds (seed, seed+1, ...): vmapped in one program for JAX environments",
     )
     train.add_argument("--n-envs", type=_positive_int, help="number of environments")
-    train.add_argument(
-        "--config",
-        help="a YAML file with n_envs, n_env_steps, algo_params, update_cfg, train_cfg, or a run's config.yaml",
-    )
+    train.add_argument("--config", help="a YAML file (n_envs, n_env_steps, algo_params, ...) or a run's config.yaml")
     train.add_argument(
         "--set",
         action="append",
@@ -339,7 +336,9 @@ def _sweep(args: argparse.Namespace) -> int:
         if report["finished"]:
             parts.append(f"finished: {', '.join(report['finished'])}")
         if report["not_started"]:
-            parts.append(f"not started: {', '.join(report['not_started'])}")
+            one, seeds = f"{report['sweep_dir']}/NAME", f" --seeds {args.seeds}" * (args.seeds > 1)
+            how = f"kitae train {args.algo} {args.env} --config {one}/config.yaml --run-dir {one}{seeds} trains one"
+            parts.append(f"not started: {', '.join(report['not_started'])} ({how})")
         print("; ".join(parts), file=sys.stderr)
         return 128 + int(report["signum"])
     print(format_table(report))

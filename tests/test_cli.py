@@ -240,10 +240,16 @@ def test_plot_puts_several_runs_on_one_figure(capsys, run_copy, trained_run, tmp
 
 def test_a_runs_config_yaml_trains_the_same_run_again(capsys, trained_run, tmp_path):
     """``kitae train ALGO ENV --config RUN_DIR/config.yaml`` trains with that run's whole config:
-    the same config.yaml and, one seed deciding a run, the same bits; another ALGO is refused."""
+    the same config.yaml and, one seed deciding a run, the same bits; another ALGO is refused.
+    Into a directory that holds only that config.yaml (a sweep's combination not started): a
+    directory whose config.yaml is another run's is refused."""
     again = tmp_path / "again"
+    again.mkdir()
     config = trained_run / "config.yaml"
+    (again / "config.yaml").write_text(config.read_text())
     argv = ["train", "ppo", "gymnax:CartPole-v1", "--config", str(config), "--run-dir", str(again), "--quiet"]
+    _bad(capsys, [*argv, "--steps", "2048"], "already exists and is not empty")
+    assert [p.name for p in again.iterdir()] == ["config.yaml"]
     assert main(argv) == 0
     assert (again / "config.yaml").read_text() == config.read_text()
     first = json.loads((trained_run / "summary.json").read_text())

@@ -262,7 +262,8 @@ def test_ctrl_c_stops_a_sequential_host_sweep_at_the_running_combination(tmp_pat
     assert code == 130, err
     assert err.strip().splitlines()[-1] == (
         f"kitae: sweep stopped by SIGINT at step {load_agent(first).env_step:,} in {sweep_dir}; stopped with a "
-        "checkpoint (kitae resume goes on with one): learning_rate=0.001; not started: learning_rate=0.0003"
+        "checkpoint (kitae resume goes on with one): learning_rate=0.001; not started: learning_rate=0.0003 "
+        f"(kitae train ppo CartPole-v1 --config {sweep_dir}/NAME/config.yaml --run-dir {sweep_dir}/NAME trains one)"
     ), err
     assert 0 < load_agent(first).env_step < 400_000
     assert [p.name for p in second.iterdir()] == ["config.yaml"]  # written up front; nothing trained

@@ -306,6 +306,15 @@ def _holds_a_run(run_dir: Path) -> bool:
     return run_dir.exists() and any(run_dir.iterdir())
 
 
+def _not_started(run: ResolvedRun) -> bool:
+    """The run directory holds nothing but the ``config.yaml`` this run would write (a sweep's
+    combination that had not started when the sweep stopped): training it loses nothing."""
+    entries = list(run.run_dir.iterdir())
+    if [e.name for e in entries] != ["config.yaml"]:
+        return False
+    return entries[0].read_text() == run.config.to_yaml()
+
+
 def train_run(spec: RunSpec) -> dict:
     """Trains as ``spec`` says and writes the run directory; returns the summary (or, when the
     run was stopped by a signal, ``{"stopped": True, "steps": ..., "checkpoint": ...}``).
@@ -315,7 +324,7 @@ def train_run(spec: RunSpec) -> dict:
         written (the run directory is created only once the config is valid).
     """
     run, env = resolve_train(spec)
-    if _holds_a_run(run.run_dir):
+    if _holds_a_run(run.run_dir) and not _not_started(run):
         env.close()
         raise RunError(f"run directory {str(run.run_dir)!r} already exists and is not empty; choose another --run-dir")
     agent = run.make_agent()
@@ -343,7 +352,7 @@ def train_agent(agent: Any, env: Any, n_env_steps: int | None, *, callbacks: Any
     check_positive_int("n_env_steps", n_env_steps)
     run = resolve_agent(agent, env)
     fresh = agent.env_step == 0 and agent.n_updates == 0
-    if fresh and _holds_a_run(run.run_dir):
+    if fresh and _holds_a_run(run.run_dir) and not _not_started(run):
         if hasattr(env, "close"):
             env.close()
         raise RunError(

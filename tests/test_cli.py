@@ -276,12 +276,19 @@ def test_bad_run_directories(capsys, run_copy, tmp_path):
     assert _snapshot(run_copy) == before
 
 
-def test_missing_and_damaged_checkpoints(capsys, run_copy):
+def test_missing_and_damaged_checkpoints(capsys, run_copy, tmp_path):
+    """A run with no checkpoint cannot be resumed; the line gives the command that starts it again:
+    into a new directory, or into its own where that holds only its config.yaml."""
     import shutil
 
     shutil.rmtree(run_copy / "checkpoints")
-    _bad(capsys, ["resume", str(run_copy), "--steps", "8192"], "no checkpoint in", "before its first checkpoint")
+    again = f"kitae train ppo gymnax:CartPole-v1 --config {run_copy}/config.yaml --run-dir NEW_DIR [--seeds K]"
+    _bad(capsys, ["resume", str(run_copy), "--steps", "8192"], "no checkpoint in", "before its first checkpoint", again)
     _bad(capsys, ["eval", str(run_copy)], "no checkpoint in")
+    only = tmp_path / "only"
+    only.mkdir()
+    shutil.copy(run_copy / "config.yaml", only / "config.yaml")
+    _bad(capsys, ["resume", str(only)], f"--config {only}/config.yaml --run-dir {only} [--seeds K]")
 
 
 def test_damaged_checkpoints_fall_back_or_fail_cleanly(capsys, run_copy):

@@ -155,14 +155,20 @@ def run_seeds(run_dir: Path) -> list[int] | None:
     return sorted(set(recorded) | set(per_seed))
 
 
-def restore_error(error: Exception) -> RunError:
-    """A ``CheckpointError`` in the command line's words."""
+def restore_error(error: Exception, run: Any = None) -> RunError:
+    """A ``CheckpointError`` in the command line's words; for a run with no checkpoint at all, the
+    ``kitae train`` command that starts it again (``run``: its ``ResolvedRun``, if known)."""
     text = str(error)
     if isinstance(error, CheckpointError) and text.startswith("no checkpoint in"):
+        command = "kitae train ALGO ENV --config RUN_DIR/config.yaml --run-dir NEW_DIR"
+        if run is not None:
+            only_config = [p.name for p in run.run_dir.iterdir()] == ["config.yaml"]
+            target = run.run_dir if only_config else "NEW_DIR"  # train takes a directory with only config.yaml
+            command = f"kitae train {run.algo} {run.env.id} --config {run.run_dir}/config.yaml --run-dir {target}"
         return RunError(
             f"{text}: the run stopped before its first checkpoint (checkpoints are written every "
             "train_cfg.save_frequency steps, at the end and on Ctrl-C/SIGTERM) and holds nothing to go on from; "
-            "start it again with kitae train ALGO ENV --config RUN_DIR/config.yaml --run-dir NEW_DIR"
+            f"start it again with {command} [--seeds K]"
         )
     return RunError(text)
 

@@ -444,7 +444,7 @@ def resume_run(run_dir: str | Path, steps: int | None = None, quiet: bool = Fals
                 keep[seed] = step
     except CheckpointError as error:
         env.close()
-        raise restore_error(error) from None
+        raise restore_error(error, run) from None
     try:
         _check_total(run_dir, min(keep.values()), run.total)
     except RunError:

@@ -123,6 +123,12 @@ def write_config(run_dir: Path, config: AlgoConfig) -> None:
     tmp.replace(run_dir / "config.yaml")
 
 
+def holds_only_config(run_dir: Path) -> bool:
+    """``run_dir`` holds ``config.yaml`` and nothing else: a run written up front and never started
+    (a sweep's combination the sweep had not reached when it stopped)."""
+    return run_dir.is_dir() and [p.name for p in run_dir.iterdir()] == ["config.yaml"]
+
+
 def final_return_from_rows(rows: list[dict], seed: int, last: int = 10) -> float:
     """Mean return of (about) the last ``last`` training episodes of ``seed`` in metrics rows
     (each row stands for ``episodes`` episodes, 1 if absent; rows are taken whole from the end

@@ -43,6 +43,7 @@ from kitae.runs.rundir import (
     MetricsFile,
     check_run_dir,
     final_return_from_rows,
+    holds_only_config,
     peak_rss_mb,
     read_metrics,
     read_run_config,
@@ -309,10 +310,7 @@ def _holds_a_run(run_dir: Path) -> bool:
 def _not_started(run: ResolvedRun) -> bool:
     """The run directory holds nothing but the ``config.yaml`` this run would write (a sweep's
     combination that had not started when the sweep stopped): training it loses nothing."""
-    entries = list(run.run_dir.iterdir())
-    if [e.name for e in entries] != ["config.yaml"]:
-        return False
-    return entries[0].read_text() == run.config.to_yaml()
+    return holds_only_config(run.run_dir) and (run.run_dir / "config.yaml").read_text() == run.config.to_yaml()
 
 
 def train_run(spec: RunSpec) -> dict:

@@ -53,7 +53,8 @@ Every combination x seed of a JAX environment trains in ONE compiled program (th
 are traced, vmapped like seeds). Only float fields can be swept (integers, booleans and strings
 decide shapes): the error lists those of the algorithm. Writes SWEEP_DIR/<combination>/ (a run
 directory each: kitae resume, eval and plot take them), sweep.json, table.txt and curves.png.
-A combination that diverges is marked in the table; the others go on.
+A combination that diverges is marked in the table; the others go on. Ctrl-C stops the sweep;
+kitae resume SWEEP_DIR finishes it.
 """
 
 EXAMPLES_TUNE = """examples:
@@ -70,6 +71,7 @@ continues it until --trials trials have finished. Writes STUDY_DIR/best.yaml and
 EXAMPLES_RESUME = """examples:
   kitae resume runs/ppo                 # finish an interrupted run (its own n_env_steps)
   kitae resume runs/ppo --steps 1000000 # train on to 1,000,000 steps in all
+  kitae resume runs/lr-sweep            # finish a stopped sweep (a directory kitae sweep wrote)
 
 --steps N is the run's new TOTAL of environment steps (not steps to add); config.yaml is updated.
 metrics.jsonl and the TensorBoard logs continue from the checkpoint's step: what was logged after
@@ -241,7 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
         "resume",
         help="continue a stopped run from its newest checkpoint",
         description="Continue the run in RUN_DIR from its newest readable checkpoint (a damaged one is skipped "
-        "with a warning) and finish it: parameters, optimizer, buffer, keys and counters come back.",
+        "with a warning) and finish it: parameters, optimizer, buffer, keys and counters come back. Given a "
+        "sweep directory, finish every combination and write the sweep's table.",
         epilog=EXAMPLES_RESUME,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -310,7 +313,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from kitae.runs.sweep import SweepSpec, format_table, sweep_run
+    from kitae.runs.sweep import SweepSpec, sweep_run
 
     spec = SweepSpec(
         algo=args.algo,
@@ -327,38 +330,16 @@ def _sweep(args: argparse.Namespace) -> int:
         workers=args.workers,
         address=args.address,
     )
-    report = sweep_run(spec)
-    if report.get("stopped"):
-        parts = [f"kitae: sweep stopped by {report['signal']} at step {report['steps']:,} in {report['sweep_dir']}"]
-        if report["checkpointed"]:
-            names = ", ".join(report["checkpointed"])
-            parts.append(f"stopped with a checkpoint (kitae resume goes on with one): {names}")
-        if report["finished"]:
-            parts.append(f"finished: {', '.join(report['finished'])}")
-        if report["not_started"]:
-            one, seeds = f"{report['sweep_dir']}/NAME", f" --seeds {args.seeds}" * (args.seeds > 1)
-            how = f"kitae train {args.algo} {args.env} --config {one}/config.yaml --run-dir {one}{seeds} trains one"
-            parts.append(f"not started: {', '.join(report['not_started'])} ({how})")
-        print("; ".join(parts), file=sys.stderr)
-        return 128 + int(report["signum"])
-    print(format_table(report))
-    how = (
-        "one program"
-        if report["one_program"]
-        else f"{report['workers']} at a time on Ray"
-        if report["workers"]
-        else "one after another"
-    )
-    timing = (
-        f", compile {report['compile_seconds']:.1f} s, train {report['train_seconds']:.1f} s"
-        if report["one_program"]
-        else ""
-    )
-    print(
-        f"{len(report['combinations'])} combinations x {len(report['seeds'])} seeds ({how}){timing}, "
-        f"wall {report['wall_seconds']:.1f} s -> {report['sweep_dir']}"
-    )
-    return 0
+    return _sweep_report(sweep_run(spec))
+
+
+def _sweep_report(report: dict) -> int:
+    """A sweep's table and one line, or when a signal stopped it one line on stderr."""
+    from kitae.runs.sweep_report import outcome
+
+    out, err = outcome(report)
+    print(out, file=sys.stderr if err else sys.stdout)
+    return 128 + int(report["signum"]) if err else 0
 
 
 def _tune(args: argparse.Namespace) -> int:
@@ -400,7 +381,10 @@ def _tune(args: argparse.Namespace) -> int:
 
 def _resume(args: argparse.Namespace) -> int:
     from kitae.runs import resume_run
+    from kitae.runs.sweep_resume import is_sweep_dir, resume_sweep
 
+    if is_sweep_dir(args.run_dir):
+        return _sweep_report(resume_sweep(args.run_dir, args.steps, quiet=args.quiet))
     return _report(resume_run(args.run_dir, args.steps, quiet=args.quiet), args.quiet)
 
 

@@ -6,12 +6,14 @@ cannot be swept is refused before anything is written."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +27,9 @@ from kitae.loops.program import make_loop_functions, make_variant_functions
 from kitae.runs.errors import RunError
 from kitae.runs.load import load_agent
 from kitae.runs.resolve import preset_agent
+from kitae.runs.signals import StopRequest
 from kitae.runs.sweep import SweepSpec, parse_grid, sweep_run
+from kitae.runs.sweep_resume import resume_sweep
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -219,7 +223,7 @@ def test_ctrl_c_stops_every_ray_worker_of_a_host_sweep_with_a_checkpoint(tmp_pat
     assert ray_processes
     assert code == 130, err
     assert "sweep stopped by SIGINT" in err and len(err.strip().splitlines()) == 2, err  # the notice, the line
-    assert "stopped with a checkpoint (kitae resume goes on with one): learning_rate=0.001, learning_rate=0.0003" in err
+    assert "; stopped with a checkpoint: learning_rate=0.001, learning_rate=0.0003; finish it with: kitae resume" in err
     assert "not started" not in err and "finished" not in err
     for combo in combos:
         agent = load_agent(combo)
@@ -227,6 +231,13 @@ def test_ctrl_c_stops_every_ray_worker_of_a_host_sweep_with_a_checkpoint(tmp_pat
     assert not (sweep_dir / "sweep.json").exists()
     _, alive = psutil.wait_procs(ray_processes, timeout=30)
     assert alive == [], alive
+    # kitae resume SWEEP_DIR finishes both on two Ray workers again (to a shorter total here)
+    steps = max(load_agent(combo).env_step for combo in combos) + 2048
+    assert main(["resume", str(sweep_dir), "--steps", str(steps), "--quiet"]) == 0
+    assert json.loads((sweep_dir / "sweep.json").read_text())["workers"] == 2
+    for combo in combos:
+        summary = json.loads((combo / "summary.json").read_text())
+        assert summary["steps"] >= steps and summary["resumed_from"] > 0
 
 
 def test_ctrl_c_stops_a_compiled_sweep_with_every_combinations_checkpoint(tmp_path):
@@ -245,7 +256,8 @@ def test_ctrl_c_stops_a_compiled_sweep_with_every_combinations_checkpoint(tmp_pa
         err.strip()
         .splitlines()[-1]
         .endswith(
-            "stopped with a checkpoint (kitae resume goes on with one): learning_rate=0.001, learning_rate=0.0003"
+            "stopped with a checkpoint: learning_rate=0.001, learning_rate=0.0003; "
+            f"finish it with: kitae resume {sweep_dir}"
         )
     ), err
     assert not (sweep_dir / "sweep.json").exists()
@@ -262,8 +274,7 @@ def test_ctrl_c_stops_a_sequential_host_sweep_at_the_running_combination(tmp_pat
     assert code == 130, err
     assert err.strip().splitlines()[-1] == (
         f"kitae: sweep stopped by SIGINT at step {load_agent(first).env_step:,} in {sweep_dir}; stopped with a "
-        "checkpoint (kitae resume goes on with one): learning_rate=0.001; not started: learning_rate=0.0003 "
-        f"(kitae train ppo CartPole-v1 --config {sweep_dir}/NAME/config.yaml --run-dir {sweep_dir}/NAME trains one)"
+        f"checkpoint: learning_rate=0.001; not started: learning_rate=0.0003; finish it with: kitae resume {sweep_dir}"
     ), err
     assert 0 < load_agent(first).env_step < 400_000
     assert [p.name for p in second.iterdir()] == ["config.yaml"]  # written up front; nothing trained
@@ -310,3 +321,87 @@ def test_what_cannot_be_swept_is_refused_before_anything_is_written(tmp_path, ca
 def test_sweep_run_refuses_bad_seed_counts():
     with pytest.raises(RunError, match="--seeds 0 is not allowed"):
         sweep_run(SweepSpec("ppo", "gymnax:CartPole-v1", [f"{LR}=1e-3"], seeds=0))
+
+
+class _StopAtFirstCheckpoint(StopRequest):
+    """``stop_on_signals``'s request, as if Ctrl-C came with the first checkpoint."""
+
+    def on_checkpoint(self, payload):
+        self.signal = self.signal or signal.SIGINT
+
+
+@contextlib.contextmanager
+def _stop_at_first_checkpoint():
+    yield _StopAtFirstCheckpoint()
+
+
+def _fingerprints(sweep_dir):
+    report = json.loads((sweep_dir / "sweep.json").read_text())
+    names = [Path(e["run_dir"]).name for e in report["combinations"]]
+    return {n: json.loads((sweep_dir / n / "summary.json").read_text())["state_fingerprint"] for n in names}
+
+
+@pytest.mark.parametrize(
+    ("where", "env_id", "flags"),
+    [
+        ("kitae.runs.sweep", "gymnax:CartPole-v1",
+         ["--seeds", "2", "--steps", "4096", "--set", "train_cfg.save_frequency=1024"]),
+        ("kitae.runs.session", "CartPole-v1",
+         ["--steps", "2048", "--set", "train_cfg.save_frequency=1024"]),
+    ],
+    ids=["compiled", "host"],
+)  # fmt: skip
+def test_kitae_resume_finishes_a_stopped_sweep(tmp_path, capsys, monkeypatch, where, env_id, flags):
+    """A sweep stopped at its first checkpoint (the compiled one: every combination at one step;
+    the host one: the first combination stopped, the second not started) is finished by ``kitae
+    resume SWEEP_DIR``: its table is written, and the compiled sweep ends at the bits of the same
+    sweep never stopped (the host one's not-started combination too; the stopped one's Gymnasium
+    environments are reset, as ``kitae resume`` resets them)."""
+    command = ["sweep", "ppo", env_id, "--grid", f"{LR}=1e-3,3e-4", *flags, "--quiet"]
+    assert main([*command, "--sweep-dir", str(tmp_path / "whole")]) == 0
+    stopped = tmp_path / "stopped"
+    with monkeypatch.context() as patch:
+        patch.setattr(f"{where}.stop_on_signals", _stop_at_first_checkpoint)
+        assert main([*command, "--sweep-dir", str(stopped)]) == 130
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.endswith(f"; finish it with: kitae resume {stopped}"), line
+    assert "stopped with a checkpoint: learning_rate=0.001" in line
+    assert ("not started: learning_rate=0.0003" in line) == (env_id == "CartPole-v1"), line
+    assert not (stopped / "sweep.json").exists()
+    assert json.loads((stopped / "sweep-plan.json").read_text())["grid"] == {LR: [1e-3, 3e-4]}
+    assert 0 < load_agent(stopped / "learning_rate=0.001").env_step < 2048
+
+    assert main(["resume", str(stopped), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith("learning_rate") and f"-> {stopped}" in out
+    whole = json.loads((tmp_path / "whole" / "sweep.json").read_text())
+    again = json.loads((stopped / "sweep.json").read_text())
+    if env_id == "gymnax:CartPole-v1":  # one program: its checkpoints hold the environments too
+        assert _fingerprints(stopped) == _fingerprints(tmp_path / "whole")
+        assert [e["final_return"] for e in again["combinations"]] == [e["final_return"] for e in whole["combinations"]]
+    else:  # the Gymnasium environments of a resumed host run are reset (docs/runs.md); the other is a whole run
+        ours, theirs = _fingerprints(stopped), _fingerprints(tmp_path / "whole")
+        assert ours["learning_rate=0.0003"] == theirs["learning_rate=0.0003"]
+        assert ours["learning_rate=0.001"] != theirs["learning_rate=0.001"]
+        summary = json.loads((stopped / "learning_rate=0.001" / "summary.json").read_text())
+        assert summary["steps"] == 2048 and 0 < summary["resumed_from"] < 2048
+    if env_id == "gymnax:CartPole-v1":  # its rows logged once each: none kept past the checkpoint twice
+        rows = (stopped / "learning_rate=0.001" / "metrics.jsonl").read_text().splitlines()
+        assert len(rows) == len((tmp_path / "whole" / "learning_rate=0.001" / "metrics.jsonl").read_text().splitlines())
+    # finished: refused; killed between its last combination and its table: only the table is written
+    assert f"already reached its {2 * 2048 if env_id.startswith('gymnax') else 2048:,} steps" in _resume_error(
+        stopped, capsys
+    )
+    (stopped / "sweep.json").unlink()
+    assert main(["resume", str(stopped), "--quiet"]) == 0
+    assert json.loads((stopped / "sweep.json").read_text())["combinations"] == again["combinations"]
+
+
+def _resume_error(sweep_dir, capsys):
+    assert main(["resume", str(sweep_dir)]) != 0
+    return capsys.readouterr().err
+
+
+def test_kitae_resume_refuses_a_directory_without_a_plan(tmp_path):
+    with pytest.raises(RunError, match="is not a sweep directory: it has no sweep-plan.json"):
+        resume_sweep(tmp_path)

@@ -276,8 +276,9 @@ def make_variant_functions(agent: Any, env: VecJaxEnv, keys: tuple[str, ...]) ->
 
     Inside each function the agent is rebuilt from ``kitae.config.traced_config`` with the given
     values (``BaseAgent.with_config``). A state's static parts (a ``TrainState``'s optimizer, made
-    from the learning rate) are made from the config too: the functions take and return states in
-    the structure of ``agent``'s own state, and rebuild the traced agent's inside.
+    from the learning rate) are made from the config too: ``fresh`` returns a state in the
+    structure of ``agent``'s own, ``run`` returns one in the structure it was given, and both
+    rebuild the traced agent's inside.
 
     Raises:
         ValueError: for a key that is not a float field of the config
@@ -309,8 +310,11 @@ def make_variant_functions(agent: Any, env: VecJaxEnv, keys: tuple[str, ...]) ->
         variant = agent_of(values)
         own = jax.eval_shape(lambda: variant.initial_state(jnp.zeros((), jnp.uint32))[1])
         run_fn = make_loop_functions(variant, env)[2]
-        state, metrics = run_fn(state._replace(agent_state=_rebind(state.agent_state, own)), *args, **kwargs)
-        return state._replace(agent_state=_rebind(state.agent_state, like)), metrics
+        given = state.agent_state
+        state, metrics = run_fn(state._replace(agent_state=_rebind(given, own)), *args, **kwargs)
+        # returned in the structure it came in (a fresh state's, or a restored checkpoint's), so a
+        # program's output is its next call's input
+        return state._replace(agent_state=_rebind(state.agent_state, given)), metrics
 
     return fresh, attach, run
 

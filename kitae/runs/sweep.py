@@ -17,6 +17,8 @@ The sweep directory::
       <key>=<value>,.../   one run directory per combination (docs/runs.md: config.yaml,
                            checkpoints/, logs/, metrics.jsonl, summary.json, curve.png), which
                            kitae resume, eval and plot take like any other
+      sweep-plan.json      the sweep as asked (algorithm, environment, grid, seeds, steps, workers),
+                           written first: ``kitae resume SWEEP_DIR`` finishes a stopped sweep
       sweep.json           the grid, and per combination its values, final returns (per seed,
                            mean, std, min, max), whether it diverged, its run directory; timings
       table.txt            the same as a table, best mean final return first
@@ -26,8 +28,11 @@ A combination that diverges (``kitae.loops.collect.update_step``: a non-finite l
 marked ``diverged`` in the table and ``sweep.json``; its seeds stop updating and the other
 combinations go on. Ctrl-C stops the sweep: a compiled sweep after the current segment with each
 combination's checkpoint saved; a host sweep stops its running combinations with their checkpoints
-and starts no other (``kitae resume`` goes on with a stopped combination's directory; the command
-names which combinations finished, stopped with a checkpoint, or had not started).
+and starts no other; the command names which combinations finished, stopped with a checkpoint,
+or had not started. ``kitae resume SWEEP_DIR`` (``kitae.runs.sweep_resume``) finishes it: a
+compiled sweep goes on as one program from its combinations' checkpoints (the bits of a sweep
+never stopped), a host sweep resumes the stopped combinations and trains those not started; then
+the table and plot are written.
 """
 
 from __future__ import annotations
@@ -41,7 +46,6 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import numpy as np
 
 from kitae.config import AlgoConfig, sweepable_keys
 from kitae.distributed.runtime import ray_runtime
@@ -53,16 +57,19 @@ from kitae.runs.callbacks import CheckpointSaver, ImportWhileTraining, MetricsLo
 from kitae.runs.checkpoints import CHECKPOINT_MODULES, Checkpointer
 from kitae.runs.errors import RunDiverged, RunError
 from kitae.runs.load import checkpoint_dirs
-from kitae.runs.plotting import PLOT_MODULES, curves_from_metrics, plot_curves
+from kitae.runs.plotting import PLOT_MODULES
 from kitae.runs.presets import parse_value
 from kitae.runs.progress import ProgressBar
 from kitae.runs.resolve import ResolvedRun, RunSpec, resolve_train
 from kitae.runs.rundir import MetricsFile, read_metrics, state_fingerprint, write_config
-from kitae.runs.session import execute, plot_run, run_divergences, train_plans, write_run_summary
+from kitae.runs.session import execute, plot_run, resume_run, run_divergences, train_plans, write_run_summary
 from kitae.runs.signals import stop_on_signals
+from kitae.runs.sweep_report import combination_name, format_table, write_sweep
 from kitae.runs.tensorboard import flush_to_disk, tensorboard_writer
 
-__all__ = ["SweepSpec", "parse_grid", "sweep_run", "format_table", "with_values", "train_combination"]
+__all__ = ["PLAN", "SweepSpec", "parse_grid", "sweep_run", "format_table", "with_values", "train_combination"]
+
+PLAN = "sweep-plan.json"  # the sweep as asked, written before training: what kitae resume finishes
 
 
 @dataclasses.dataclass
@@ -124,10 +131,6 @@ def parse_grid(items: list[str]) -> dict[str, list[float]]:
             raise RunError(f"--grid {key}: the values {text} repeat one")
         grid[key] = values
     return grid
-
-
-def _combination_name(values: dict[str, float]) -> str:
-    return ",".join(f"{key.split('.')[-1]}={value:g}" for key, value in values.items())
 
 
 def with_values(config: AlgoConfig, values: dict[str, float]) -> AlgoConfig:
@@ -197,10 +200,18 @@ def _share(result: RunResult, c: int, seeds: list[int]) -> RunResult:
 
 
 def _compiled_sweep(
-    run: ResolvedRun, env: Any, combos: list[tuple[dict[str, float], ResolvedRun]], quiet: bool, clock: float
+    run: ResolvedRun,
+    env: Any,
+    combos: list[tuple[dict[str, float], ResolvedRun]],
+    quiet: bool,
+    clock: float,
+    start: Any = None,
+    first_step: int = 0,
 ) -> tuple[list[RunResult] | None, dict | None]:
     """Trains every combination x seed in one program; writes each combination's logs and
-    checkpoints as it goes. Returns each combination's result (``None`` if stopped) and the stop."""
+    checkpoints as it goes. Returns each combination's result (``None`` if stopped) and the stop.
+    ``start``: the ``LoopState`` of every row (combination-major) to go on from, at ``first_step``
+    (a resumed sweep, ``kitae.runs.sweep_resume``)."""
     seeds = run.seeds or [run.config.seed]
     rows = [s for _ in combos for s in seeds]
     variants = {key: [values[key] for values, _ in combos for _ in seeds] for key in combos[0][0]}
@@ -212,8 +223,9 @@ def _compiled_sweep(
         for _, combo in combos:
             metrics = MetricsFile(combo.run_dir / "metrics.jsonl")
             stack.callback(metrics.close)
-            writer = stack.enter_context(tensorboard_writer(combo.run_dir))
-            writer.add_text("config", "```\n" + combo.config.to_yaml() + "\n```")
+            writer = stack.enter_context(tensorboard_writer(combo.run_dir, first_step + 1 if first_step else None))
+            if not first_step:
+                writer.add_text("config", "```\n" + combo.config.to_yaml() + "\n```")
 
             def flush(metrics: MetricsFile = metrics, writer: Any = writer) -> None:
                 metrics.flush()
@@ -227,7 +239,9 @@ def _compiled_sweep(
             bar.message(f"compiling the sweep ({len(combos)} combinations x {len(seeds)} seeds, one program)...")
         try:
             callbacks = [_Split(children, seeds), bar, stop, ImportWhileTraining(*CHECKPOINT_MODULES, *PLOT_MODULES)]
-            result = executor.run(agent, env, run.total, seeds=rows, variants=variants, callbacks=callbacks)
+            result = executor.run(
+                agent, env, run.total, start=start, seeds=rows, variants=variants, callbacks=callbacks
+            )
         finally:
             bar.close()
         shares = [_share(result, c, seeds) for c in range(len(combos))]
@@ -248,17 +262,22 @@ def _compiled_sweep(
                 divergences,
                 share.env_steps,
                 time.perf_counter() - clock,
-                {"sweep": str(run.run_dir)},
+                {"sweep": str(run.run_dir), **({"resumed_from": first_step} if first_step else {})},
             )
     return shares, None
 
 
-def train_combination(combo: ResolvedRun, sweep_dir: str, env: Any = None, quiet: bool = True) -> dict:
+def train_combination(
+    combo: ResolvedRun, sweep_dir: str, env: Any = None, quiet: bool = True, resume: bool = False
+) -> dict:
     """Trains one combination of a host-loop sweep as ``kitae train`` would (its environments made
-    here unless ``env`` is given); returns its ``summary.json`` content, or the stop's description
-    when a signal stopped it. A divergence is recorded in its summary; the sweep goes on."""
-    agent = combo.make_agent()
+    here unless ``env`` is given), or with ``resume`` goes on from its checkpoint as ``kitae
+    resume`` does; returns its ``summary.json`` content, or the stop's description when a signal
+    stopped it. A divergence is recorded in its summary; the sweep goes on."""
     try:
+        if resume:
+            return resume_run(combo.run_dir, combo.total, quiet=True)
+        agent = combo.make_agent()
         summary, _ = execute(
             combo, train_plans(combo, agent, env), combo.total, quiet=quiet, extra_summary={"sweep": sweep_dir}
         )
@@ -274,16 +293,20 @@ def _host_sweep(
     quiet: bool,
     workers: int | None,
     address: str | None,
+    resume: frozenset[str] = frozenset(),
 ) -> dict | None:
-    """Trains the combinations one after another, or ``workers`` at a time in Ray tasks. Returns
-    the stop's description when a signal stopped the sweep, else ``None``."""
+    """Trains the combinations one after another, or ``workers`` at a time in Ray tasks (those
+    named in ``resume`` go on from their checkpoints). Returns the stop's description when a
+    signal stopped the sweep, else ``None``."""
     if workers is None:
         for i, (_, combo) in enumerate(combos):
-            summary = train_combination(combo, str(run.run_dir), env if i == 0 else None, quiet)
+            going_on = combo.run_dir.name in resume
+            summary = train_combination(combo, str(run.run_dir), env if i == 0 else None, quiet, going_on)
             if summary.get("stopped"):  # Ctrl-C: this combination saved its checkpoint; the rest wait
                 return {key: summary[key] for key in ("stopped", "signal", "signum", "steps")}
         return None
-    env.close()  # each task makes its own
+    if env is not None:
+        env.close()  # each task makes its own
     with ray_runtime(address) as ray, stop_on_signals() as stop:
         # num_cpus=0: the window below, not Ray's CPU count, decides how many run at once; SPREAD
         # puts them on different nodes of a cluster where it can.
@@ -301,7 +324,8 @@ def _host_sweep(
                     combo = waiting.pop(0)
                     # absolute: a task on another node of a cluster starts elsewhere than this process
                     remote = dataclasses.replace(combo, run_dir=combo.run_dir.absolute())
-                    running[task.remote(remote, str(run.run_dir.absolute()))] = combo
+                    going_on = combo.run_dir.name in resume
+                    running[task.remote(remote, str(run.run_dir.absolute()), None, True, going_on)] = combo
                 if stop.should_stop() and not cancelled:
                     cancelled = True
                     for ref in running:  # an interrupt in each task: it stops as on Ctrl-C, with a checkpoint
@@ -405,7 +429,7 @@ def sweep_run(spec: SweepSpec) -> dict:
         for point in itertools.product(*grid.values()):
             values = dict(zip(grid, point))
             config = with_values(run.config, values)  # validates each value: refused before anything is written
-            combo_dir = sweep_dir / _combination_name(values)
+            combo_dir = sweep_dir / combination_name(values)
             combos.append((values, dataclasses.replace(run, config=config, run_dir=combo_dir)))
     except BaseException:
         env.close()
@@ -414,6 +438,17 @@ def sweep_run(spec: SweepSpec) -> dict:
     for _, combo in combos:
         combo.run_dir.mkdir(parents=True, exist_ok=True)
         write_config(combo.run_dir, combo.config)
+    plan = {
+        "algo": run.algo,
+        "env": run.env.id,
+        "grid": grid,
+        "seeds": seeds,
+        "steps": run.total,
+        "workers": spec.workers,
+        "address": spec.address,
+        "combinations": [{"values": values, "name": combo.run_dir.name} for values, combo in combos],
+    }
+    (sweep_dir / PLAN).write_text(json.dumps(plan, indent=2) + "\n")
     compiled = isinstance(run.executor, CompiledExecutor)
     if compiled:
         results, stopped = _compiled_sweep(run, env, combos, spec.quiet, clock)
@@ -426,7 +461,7 @@ def sweep_run(spec: SweepSpec) -> dict:
         if stopped is not None:
             return {**stopped, **_where_each_stopped(combos), "sweep_dir": str(sweep_dir)}
         compile_seconds = train_seconds = float("nan")
-    return _write_sweep(
+    return write_sweep(
         sweep_dir,
         run,
         grid,
@@ -437,70 +472,3 @@ def sweep_run(spec: SweepSpec) -> dict:
         compile_seconds,
         train_seconds,
     )
-
-
-def _write_sweep(
-    sweep_dir: Path,
-    run: ResolvedRun,
-    grid: dict[str, list[float]],
-    combos: list[tuple[dict[str, float], ResolvedRun]],
-    one_program: bool,
-    workers: int | None,
-    wall_seconds: float,
-    compile_seconds: float,
-    train_seconds: float,
-) -> dict:
-    entries, curves = [], {}
-    for values, combo in combos:
-        summary = json.loads((combo.run_dir / "summary.json").read_text())
-        finals = np.asarray(summary["final_return"], float).reshape(-1)
-        diverged = sorted({d["seed"] for d in summary.get("diverged", [])})
-        entries.append(
-            {
-                "values": values,
-                "run_dir": str(combo.run_dir),
-                "final_return": finals.tolist(),
-                "mean": float(np.nanmean(finals)) if np.isfinite(finals).any() else float("nan"),
-                "std": float(np.nanstd(finals)) if np.isfinite(finals).any() else float("nan"),
-                "min": float(np.nanmin(finals)) if np.isfinite(finals).any() else float("nan"),
-                "max": float(np.nanmax(finals)) if np.isfinite(finals).any() else float("nan"),
-                "diverged_seeds": diverged,
-            }
-        )
-        rows = read_metrics(combo.run_dir / "metrics.jsonl") if (combo.run_dir / "metrics.jsonl").exists() else []
-        curves[_combination_name(values) + (" (diverged)" if diverged else "")] = curves_from_metrics(rows, counts=True)
-    plot_curves(curves, sweep_dir / "curves.png", title=f"{run.algo} {run.env.id}: {len(combos)} combinations")
-    report = {
-        "algo": run.algo,
-        "env": run.env.id,
-        "grid": grid,
-        "seeds": run.seeds,
-        "steps": run.total,
-        "one_program": one_program,
-        "workers": workers,
-        "wall_seconds": wall_seconds,
-        "compile_seconds": compile_seconds,
-        "train_seconds": train_seconds,
-        "combinations": entries,
-    }
-    (sweep_dir / "sweep.json").write_text(json.dumps(report, indent=2, allow_nan=True) + "\n")
-    (sweep_dir / "table.txt").write_text(format_table(report) + "\n")
-    return {**report, "sweep_dir": str(sweep_dir)}
-
-
-def format_table(report: dict) -> str:
-    """``sweep.json``'s combinations as a table, best mean final return first."""
-    keys = list(report["grid"])
-    header = [k.split(".")[-1] for k in keys] + ["final return (mean +- std over seeds)", "min", "max", "note"]
-    lines = []
-    order = sorted(report["combinations"], key=lambda e: -e["mean"] if np.isfinite(e["mean"]) else np.inf)
-    for e in order:
-        note = f"diverged (seeds {', '.join(map(str, e['diverged_seeds']))})" if e["diverged_seeds"] else ""
-        lines.append(
-            [f"{e['values'][k]:g}" for k in keys]
-            + [f"{e['mean']:.1f} +- {e['std']:.1f}", f"{e['min']:.1f}", f"{e['max']:.1f}", note]
-        )
-    widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]
-    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    table = [fmt.format(*header), fmt.format(*("-" * w for w in widths))] + [fmt.format(*line) for line in lines]
-    return "\n".join(line.rstrip() for line in table)

@@ -1,0 +1,181 @@
+"""Finishing a stopped sweep: ``kitae resume SWEEP_DIR`` (``resume_sweep``).
+
+A sweep writes ``sweep-plan.json`` (``kitae.runs.sweep.PLAN``) before it trains, so a sweep
+stopped by Ctrl-C, SIGTERM or a killed process can be finished from its directory alone:
+
+- a compiled sweep (a JAX environment, every combination x seed in one program) restores each
+  combination's checkpoint at the newest step they all have, stacks them into the batch the
+  program was running and goes on as that one program: the bits of a sweep never stopped. With
+  no such step (killed before its first checkpoint) it starts again from the beginning;
+- a host-loop sweep resumes each combination stopped with a checkpoint (as ``kitae resume`` does)
+  and trains each one not started (as ``kitae train`` does), one after another or on the Ray
+  workers the sweep was given;
+
+then writes ``sweep.json``, ``table.txt`` and ``curves.png`` as an uninterrupted sweep does.
+``steps`` (``--steps N``) trains every combination further, to ``N`` steps in all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+from kitae.loops.compiled import CompiledExecutor
+from kitae.runs.checkpoints import Checkpointer, CheckpointError
+from kitae.runs.errors import RunError
+from kitae.runs.load import checkpoint_dirs, restore_error, restore_payload
+from kitae.runs.resolve import ResolvedRun, make_run_env, resolve_run_dir
+from kitae.runs.rundir import check_run_dir, truncate_metrics, write_config
+from kitae.runs.sweep import PLAN, _compiled_sweep, _host_sweep, _where_each_stopped
+from kitae.runs.sweep_report import write_sweep
+
+__all__ = ["is_sweep_dir", "resume_sweep"]
+
+
+def is_sweep_dir(path: str | Path) -> bool:
+    """``path`` is a sweep directory (it holds ``sweep-plan.json``)."""
+    return (Path(path) / PLAN).is_file()
+
+
+def _reached(combo: ResolvedRun) -> list[int]:
+    """The steps of a combination's checkpoints on disk (every seed folder's, for a host run of
+    several seeds: those all of them have)."""
+    folders = [Checkpointer(d).all_steps() for d in checkpoint_dirs(combo.run_dir).values()]
+    return sorted(set.intersection(*map(set, folders))) if folders else []
+
+
+def resume_sweep(sweep_dir: str | Path, steps: int | None = None, quiet: bool = False) -> dict:
+    """Finishes the stopped sweep in ``sweep_dir`` (see the module docstring).
+
+    Args:
+        sweep_dir: a directory ``kitae sweep`` wrote (it holds ``sweep-plan.json``).
+        steps: a new total for every combination (default: the sweep's own).
+        quiet: no progress bar.
+
+    Returns:
+        ``sweep.json``'s content with ``sweep_dir``, as ``kitae.runs.sweep.sweep_run`` returns it,
+        or the stop's description when a signal stopped it again.
+
+    Raises:
+        RunError: not a sweep directory, a sweep already finished (without a larger ``steps``), a
+            combination's directory missing or unreadable.
+    """
+    sweep_dir = Path(sweep_dir)
+    if not is_sweep_dir(sweep_dir):
+        raise RunError(f"{str(sweep_dir)!r} is not a sweep directory: it has no {PLAN}")
+    plan = json.loads((sweep_dir / PLAN).read_text())
+    seeds: list[int] = plan["seeds"]
+    combos: list[tuple[dict[str, float], ResolvedRun]] = []
+    for entry in plan["combinations"]:
+        combo = resolve_run_dir(check_run_dir(sweep_dir / entry["name"]), steps=steps, seeds=seeds)
+        combos.append((entry["values"], combo))
+    total = combos[0][1].total
+    grid = {key: [float(v) for v in values] for key, values in plan["grid"].items()}
+    run = dataclasses.replace(combos[0][1], run_dir=sweep_dir)  # the sweep's agent: the swept values are traced
+    clock = time.perf_counter()
+    compiled = isinstance(run.executor, CompiledExecutor)
+    stopped, compile_seconds, train_seconds = None, float("nan"), float("nan")
+    if len(_where_each_stopped(combos)["finished"]) == len(combos) and (
+        min(json.loads((c.run_dir / "summary.json").read_text())["steps"] for _, c in combos) >= total
+    ):
+        if (sweep_dir / "sweep.json").exists():
+            raise RunError(
+                f"the sweep in {str(sweep_dir)!r} already reached its {total:,} steps (its table: "
+                f"{sweep_dir / 'table.txt'}); pass --steps N with N > {total} to train it further"
+            )
+        # else every combination finished before the sweep wrote its table: only that is left
+    elif compiled:
+        stopped, compile_seconds, train_seconds = _go_on_compiled(run, combos, quiet, clock)
+    else:
+        stopped = _go_on_host(run, combos, quiet, plan)
+    if stopped is not None:
+        return {**stopped, **_where_each_stopped(combos), "sweep_dir": str(sweep_dir)}
+    return write_sweep(
+        sweep_dir,
+        run,
+        grid,
+        combos,
+        compiled,
+        plan["workers"],
+        time.perf_counter() - clock,
+        compile_seconds,
+        train_seconds,
+    )
+
+
+def _go_on_compiled(
+    run: ResolvedRun, combos: list[tuple[dict[str, float], ResolvedRun]], quiet: bool, clock: float
+) -> tuple[dict | None, float, float]:
+    """The compiled sweep's program again, from the newest step every combination checkpointed."""
+    common = set.intersection(*(set(_reached(combo)) for _, combo in combos))
+    first_step = max(common, default=0)
+    env = make_run_env(run.env, run.config.env_cfg.n_envs)
+    start = None
+    try:
+        if first_step:
+            agent = run.make_agent()
+            states = []
+            for _, combo in combos:
+                try:
+                    payload, restored = restore_payload(
+                        agent, env, run.executor, checkpoint_dirs(combo.run_dir)[None], max_step=first_step
+                    )
+                except CheckpointError as error:
+                    raise restore_error(error, combo) from None
+                if restored.step != first_step:
+                    raise RunError(
+                        f"{combo.run_dir.name}: its checkpoint at step {first_step:,} could not be read (the newest "
+                        f"readable is at {restored.step:,}); the sweep's combinations must go on from one step"
+                    )
+                states.append(payload.state)
+            # by leaves: each restore rebuilds the state's static parts (functions compare unequal)
+            leaves = [jax.tree_util.tree_leaves(state) for state in states]
+            start = jax.tree_util.tree_unflatten(
+                jax.tree_util.tree_structure(states[0]), [jnp.concatenate(rows) for rows in zip(*leaves)]
+            )
+    except BaseException:
+        env.close()
+        raise
+    _prepare(combos, first_step)
+    results, stopped = _compiled_sweep(run, env, combos, quiet, clock, start=start, first_step=first_step)
+    if stopped is not None or results is None:
+        return stopped, float("nan"), float("nan")
+    return None, results[0].compile_seconds, results[0].train_seconds
+
+
+def _go_on_host(
+    run: ResolvedRun, combos: list[tuple[dict[str, float], ResolvedRun]], quiet: bool, plan: dict
+) -> dict | None:
+    """The host sweep's combinations that had not finished: resumed from their checkpoints or
+    started, one after another or on the sweep's Ray workers."""
+    left, resume = [], set()
+    for values, combo in combos:
+        summary = combo.run_dir / "summary.json"
+        if summary.exists() and json.loads(summary.read_text())["steps"] >= combo.total:
+            continue
+        if _reached(combo):
+            resume.add(combo.run_dir.name)
+        else:  # not started, or stopped before its first checkpoint: from the beginning
+            _prepare([(values, combo)], 0)
+        left.append((values, combo))
+    return _host_sweep(run, None, left, quiet, plan["workers"], plan["address"], frozenset(resume))
+
+
+def _prepare(combos: list[tuple[dict[str, float], ResolvedRun]], step: int) -> None:
+    """Each combination's directory as it was at ``step``: its config with the run's total, its
+    metrics rows up to ``step``, no summary; TensorBoard's later events are hidden by the writer's
+    purge step, or at step 0 (a combination that starts again) its event files removed."""
+    for _, combo in combos:
+        write_config(combo.run_dir, combo.config)
+        keep: dict[int | None, int] = dict.fromkeys(combo.seeds or [], step)
+        truncate_metrics(combo.run_dir / "metrics.jsonl", {**keep, None: step})
+        (combo.run_dir / "summary.json").unlink(missing_ok=True)
+        (combo.run_dir / "curve.png").unlink(missing_ok=True)
+        if step == 0:
+            shutil.rmtree(combo.run_dir / "logs", ignore_errors=True)

@@ -17,12 +17,18 @@ Cases (whole processes, PPO on gymnax CartPole-v1 with its preset: CleanRL / Pur
   combination after another against ``--workers 2`` (the combinations at once in Ray tasks, on a
   runtime the sweep starts), alternating, cold caches: the wall-time ratio per round (no target in
   the issue; it says where the workers pay), and whether both give the same final states.
+- ``host-tune``: a search in a host-loop environment, ``kitae tune ppo CartPole-v1 --trials 4``
+  (rl-zoo's PPO settings, 100k steps, the default PPO space), one trial after another against
+  ``--workers 2``, alternating, cold caches: the wall-time ratio per round (no target in the
+  issue), and whether both searches' trials (TPE's random start: the same values, asked in the
+  same order) have the same scores.
 
 Run::
 
     .venv/bin/python benchmarks/bench_experiments.py sweep [--rounds 3]
     .venv/bin/python benchmarks/bench_experiments.py tune
     .venv/bin/python benchmarks/bench_experiments.py host-sweep [--rounds 3]
+    .venv/bin/python benchmarks/bench_experiments.py host-tune [--rounds 2]
 
 Results: ``benchmarks/results/experiments.json`` (merged case by case).
 """
@@ -165,15 +171,36 @@ def case_host_sweep(rounds: int) -> dict:
     return report
 
 
+def case_host_tune(rounds: int) -> dict:
+    base = [*KITAE, "tune", "ppo", "CartPole-v1", "--trials", "4"]
+    report: dict = {"command": " ".join(["kitae", *base[3:]]) + " [--workers 2] --quiet", "rounds": []}
+    for r in range(rounds):
+        with tempfile.TemporaryDirectory() as tmp_name:
+            tmp = Path(tmp_name)
+            row: dict = {}
+            for mode, extra in (("one_after_another", []), ("workers_2", ["--workers", "2"])):
+                wall, out = _timed([*base, "--study-dir", str(tmp / mode), "--quiet", *extra], tmp / f"cache-{mode}")
+                rows = (tmp / mode / "trials.csv").read_text().strip().splitlines()
+                row[mode] = {"wall_seconds": wall, "trials_csv": rows, "output": out.strip().splitlines()}
+            row["ratio"] = row["workers_2"]["wall_seconds"] / row["one_after_another"]["wall_seconds"]
+            # the first two trials are asked before any has finished in both: the same values
+            row["first_two_agree"] = row["workers_2"]["trials_csv"][:3] == row["one_after_another"]["trials_csv"][:3]
+            print(json.dumps({"round": r, **row}), flush=True)
+            report["rounds"].append(row)
+    report["median_ratio"] = statistics.median(r["ratio"] for r in report["rounds"])
+    return report
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("case", choices=["sweep", "tune", "host-sweep"])
+    parser.add_argument("case", choices=["sweep", "tune", "host-sweep", "host-tune"])
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     cases = {
         "sweep": lambda: case_sweep(args.rounds),
         "tune": case_tune,
         "host-sweep": lambda: case_host_sweep(args.rounds),
+        "host-tune": lambda: case_host_tune(args.rounds),
     }
     result = cases[args.case]()
     result.update(machine=f"{platform.machine()}, {os.cpu_count()} cores", date=time.strftime("%Y-%m-%d"))

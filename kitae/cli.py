@@ -7,8 +7,8 @@
                 [--workers N [--address HOST:PORT]]
     kitae tune ALGO ENV --trials N [--space KEY=LOW:HIGH[:log] ...] [--seeds K] [--batch B]
                [--steps N] [--seed S] [--n-envs E] [--config FILE.yaml] [--set KEY=VALUE ...]
-               [--study-dir DIR] [--quiet]
-    kitae resume RUN_DIR [--steps N] [--quiet]
+               [--study-dir DIR] [--quiet] [--workers N [--address HOST:PORT]]
+    kitae resume RUN_DIR|SWEEP_DIR [--steps N] [--quiet]
     kitae eval RUN_DIR [--episodes N] [--video] [--seed S]
     kitae plot RUN_DIR [RUN_DIR ...] [-o FILE.png]
 
@@ -61,6 +61,7 @@ EXAMPLES_TUNE = """examples:
   kitae tune ppo gymnax:CartPole-v1 --trials 16                 # 8 trials per compiled program
   kitae tune ppo gymnax:CartPole-v1 --trials 32 --space update_cfg.learning_rate=1e-5:1e-2:log
   kitae tune dqn CartPole-v1 --trials 10 --steps 50000           # host loop: one trial at a time
+  kitae tune dqn CartPole-v1 --trials 10 --steps 50000 --workers 2   # two at a time on Ray
   kitae train ppo gymnax:CartPole-v1 --config runs/tune-ppo-CartPole-v1-s0/best.yaml
 
 Optuna's TPE sampler and median pruner (intermediate returns, 20 per trial); a trial whose update
@@ -238,6 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_shared_run_flags(tune, "trial")
     tune.add_argument("--study-dir", help="where the study goes (default runs/tune-<algo>-<env>-s<seed>)")
     tune.add_argument("--quiet", action="store_true", help="no progress bar")
+    tune.add_argument("--workers", type=_positive_int, help="host-loop environments: N trials at a time on Ray")
+    tune.add_argument("--address", help="with --workers: HOST:PORT of an existing Ray cluster")
 
     resume = sub.add_parser(
         "resume",
@@ -360,6 +363,8 @@ def _tune(args: argparse.Namespace) -> int:
             sets=args.set,
             study_dir=args.study_dir,
             quiet=args.quiet,
+            workers=args.workers,
+            address=args.address,
         )
     )
     counts = (

@@ -205,13 +205,34 @@ def test_diverging_trials_are_pruned_in_the_host_loop(tmp_path, capsys):
     assert not (study_dir / "best.yaml").exists()
 
 
-def test_a_host_search_runs_its_trials_one_after_another(tmp_path, capsys):
-    study_dir = tmp_path / "study"
-    code = main(
-        ["tune", "dqn", "CartPole-v1", "--trials", "2", "--steps", "800", "--set", "algo_params.start_step=200",
-         "--study-dir", str(study_dir), "--quiet"]
-    )  # fmt: skip
-    out = capsys.readouterr().out
-    assert code == 0 and "2/2 trials finished" in out
-    assert yaml.safe_load((study_dir / "best.yaml").read_text())["n_env_steps"] == 800
-    assert {t["state"] for t in _trials(study_dir)} == {"COMPLETE"}
+def test_a_host_search_runs_its_trials_one_after_another_or_on_ray_workers(tmp_path, capsys):
+    """A host-loop search trains its trials one after another, or with ``--workers 2`` two at a
+    time in Ray tasks (a runtime the search starts and stops): the same values asked (TPE's first
+    trials are drawn at random from its seed) train to the same scores."""
+    trials = {}
+    for mode, extra in (("sequential", []), ("ray", ["--workers", "2"])):
+        study_dir = tmp_path / mode
+        code = main(
+            ["tune", "dqn", "CartPole-v1", "--trials", "2", "--steps", "800", "--set", "algo_params.start_step=200",
+             "--study-dir", str(study_dir), "--quiet", *extra]
+        )  # fmt: skip
+        out = capsys.readouterr().out
+        assert code == 0 and "2/2 trials finished" in out, out
+        assert yaml.safe_load((study_dir / "best.yaml").read_text())["n_env_steps"] == 800
+        trials[mode] = sorted(_trials(study_dir), key=lambda t: t["number"])
+        assert {t["state"] for t in trials[mode]} == {"COMPLETE"}
+    assert trials["ray"] == trials["sequential"]
+
+
+@pytest.mark.parametrize(
+    ("env_id", "flags", "message"),
+    [
+        ("gymnax:CartPole-v1", ["--workers", "2"], "is a JAX environment, whose trials train --batch at a time"),
+        ("CartPole-v1", ["--address", "127.0.0.1:6379"], "--address is for --workers: give --workers N too"),
+    ],
+)
+def test_ray_workers_are_refused_where_they_do_not_apply(tmp_path, capsys, env_id, flags, message):
+    code = main(["tune", "dqn", env_id, "--trials", "2", "--study-dir", str(tmp_path / "study"), *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "study").exists()

@@ -48,7 +48,6 @@ from typing import Any
 import jax
 
 from kitae.config import AlgoConfig, sweepable_keys
-from kitae.distributed.runtime import ray_runtime
 from kitae.loops.callbacks import Callback, RunInfo, WriterLogger
 from kitae.loops.compiled import CompiledExecutor
 from kitae.loops.result import Episodes, RunResult
@@ -60,6 +59,7 @@ from kitae.runs.load import checkpoint_dirs
 from kitae.runs.plotting import PLOT_MODULES
 from kitae.runs.presets import parse_value
 from kitae.runs.progress import ProgressBar
+from kitae.runs.ray_tasks import check_workers, in_ray_tasks
 from kitae.runs.resolve import ResolvedRun, RunSpec, resolve_train
 from kitae.runs.rundir import MetricsFile, read_metrics, state_fingerprint, write_config
 from kitae.runs.session import execute, plot_run, resume_run, run_divergences, train_plans, write_run_summary
@@ -307,46 +307,26 @@ def _host_sweep(
         return None
     if env is not None:
         env.close()  # each task makes its own
-    with ray_runtime(address) as ray, stop_on_signals() as stop:
-        # num_cpus=0: the window below, not Ray's CPU count, decides how many run at once; SPREAD
-        # puts them on different nodes of a cluster where it can.
-        # max_calls=1: each combination in a fresh worker process, as `kitae train` is one (no JAX
-        # state or memory carried from one combination to the next)
-        task = ray.remote(num_cpus=0, scheduling_strategy="SPREAD", max_retries=0, max_calls=1)(train_combination)
-        waiting = [combo for _, combo in combos]
-        running: dict[Any, ResolvedRun] = {}
-        stopped_at: list[int] = []
-        cancelled = False
-        bar = ProgressBar(f"sweep {len(combos)} combinations, {workers} Ray workers", quiet)
+    waiting = [combo for _, combo in combos]
+    stopped_at: list[int] = []
+    bar = ProgressBar(f"sweep {len(combos)} combinations, {workers} Ray workers", quiet)
+
+    def next_task(_: int) -> tuple[ResolvedRun, tuple] | None:
+        if not waiting:
+            return None
+        combo = waiting.pop(0)
+        # absolute: a task on another node of a cluster starts elsewhere than this process
+        remote = dataclasses.replace(combo, run_dir=combo.run_dir.absolute())
+        return combo, (remote, str(run.run_dir.absolute()), None, True, combo.run_dir.name in resume)
+
+    def on_result(combo: ResolvedRun, summary: dict) -> None:
+        if summary.get("stopped"):
+            stopped_at.append(int(summary["steps"]))
+        bar.message(f"{combo.run_dir.name}: done")
+
+    with stop_on_signals() as stop:
         try:
-            while waiting or running:
-                while waiting and len(running) < workers and not stop.should_stop():
-                    combo = waiting.pop(0)
-                    # absolute: a task on another node of a cluster starts elsewhere than this process
-                    remote = dataclasses.replace(combo, run_dir=combo.run_dir.absolute())
-                    going_on = combo.run_dir.name in resume
-                    running[task.remote(remote, str(run.run_dir.absolute()), None, True, going_on)] = combo
-                if stop.should_stop() and not cancelled:
-                    cancelled = True
-                    for ref in running:  # an interrupt in each task: it stops as on Ctrl-C, with a checkpoint
-                        ray.cancel(ref)
-                if not running:
-                    break
-                done, _ = ray.wait(list(running), num_returns=1, timeout=0.5)
-                for ref in done:
-                    combo = running.pop(ref)
-                    try:
-                        summary = ray.get(ref)
-                    except ray.exceptions.TaskCancelledError:
-                        continue
-                    except ray.exceptions.RayTaskError as error:  # the task's own error, as it was raised
-                        raise error.as_instanceof_cause() from None
-                    except ray.exceptions.RayError as error:  # its worker died (memory, a lost node)
-                        raise RunError(f"{combo.run_dir.name}: its Ray task failed: {error}") from None
-                    if summary.get("stopped"):
-                        stopped_at.append(int(summary["steps"]))
-                    finished = len(combos) - len(waiting) - len(running)
-                    bar.message(f"{combo.run_dir.name}: done ({finished}/{len(combos)})")
+            in_ray_tasks(train_combination, next_task, on_result, workers, address, stop, lambda c: c.run_dir.name)
         finally:
             bar.close()
         if stop.should_stop():
@@ -408,16 +388,9 @@ def sweep_run(spec: SweepSpec) -> dict:
                 raise RunError(f"--grid {key} cannot be swept: {what}; allowed: {', '.join(allowed)}")
         if run.config.distributed is not None:
             raise RunError("kitae sweep does not train distributed runs; drop --set distributed.*")
-        if spec.workers is not None:
-            if isinstance(spec.workers, bool) or not isinstance(spec.workers, int) or spec.workers < 1:
-                raise RunError(f"--workers {spec.workers!r} is not allowed; allowed: an int >= 1")
-            if isinstance(run.executor, CompiledExecutor):
-                raise RunError(
-                    f"--workers trains host-loop combinations in parallel on Ray; {run.env.id} is a JAX environment, "
-                    "whose sweep is one compiled program already: drop --workers"
-                )
-        elif spec.address is not None:
-            raise RunError("--address is for --workers: give --workers N too")
+        compiled = isinstance(run.executor, CompiledExecutor)
+        instead = "whose sweep is one compiled program already"
+        check_workers(spec.workers, spec.address, compiled, run.env.id, "combinations", instead)
         sweep_dir = Path(spec.sweep_dir) if spec.sweep_dir else Path("runs") / f"sweep-{run.run_dir.name}"
         if sweep_dir.exists() and any(sweep_dir.iterdir()):
             raise RunError(
@@ -449,7 +422,6 @@ def sweep_run(spec: SweepSpec) -> dict:
         "combinations": [{"values": values, "name": combo.run_dir.name} for values, combo in combos],
     }
     (sweep_dir / PLAN).write_text(json.dumps(plan, indent=2) + "\n")
-    compiled = isinstance(run.executor, CompiledExecutor)
     if compiled:
         results, stopped = _compiled_sweep(run, env, combos, spec.quiet, clock)
         if stopped is not None:

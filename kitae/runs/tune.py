@@ -10,7 +10,13 @@ and marked ``diverged``.
 In a JAX environment, ``--batch`` trials (x ``--seeds``) train together in ONE compiled program:
 their sampled values are traced and vmapped like seeds (``kitae.loops.program.make_variant_functions``);
 a batch stops early when all its trials are pruned. In the host loop, trials train one after another
-and a pruned trial stops at once.
+and a pruned trial stops at once, or with ``workers=N`` (``kitae tune ... --workers N``) N at a
+time in Ray tasks, on a runtime the search starts on 127.0.0.1 or on an existing cluster
+(``address``; the study directory must then be on a file system every node reaches): this
+process asks Optuna for each trial's values and tells it the result, and each task trains its
+trial, reporting its intermediate returns to the study and pruning as the pruner says. A trial
+trains to the same result either way; which values TPE asks for next depends on which trials
+have finished, so a parallel search takes another path through the space than a sequential one.
 
 The study lives in ``STUDY_DIR/study.db`` (SQLite): a search that is killed and started again with
 the same command continues the same study (the trials it had finished are kept; those it was
@@ -38,12 +44,13 @@ from kitae.loops.compiled import CompiledExecutor
 from kitae.loops.result import Episodes, RunResult
 from kitae.runs.errors import RunError
 from kitae.runs.progress import ProgressBar
+from kitae.runs.ray_tasks import check_workers, in_ray_tasks
 from kitae.runs.resolve import ResolvedRun, RunSpec, make_run_env, resolve_train
 from kitae.runs.rundir import final_return_from_rows
 from kitae.runs.signals import stop_on_signals
 from kitae.runs.sweep import with_values
 
-__all__ = ["TuneSpec", "DEFAULT_SPACES", "parse_space", "tune_run", "best_config_yaml"]
+__all__ = ["TuneSpec", "DEFAULT_SPACES", "parse_space", "tune_run", "best_config_yaml", "trial_task"]
 
 Space = dict[str, tuple[float, float, bool]]
 """``{dotted key: (low, high, log)}``."""
@@ -84,6 +91,10 @@ class TuneSpec:
         steps, seed, n_envs, config_file, sets: as ``kitae train`` (what is not searched).
         study_dir: where the study goes (default ``runs/tune-<algo>-<env>-s<seed>``).
         quiet: no progress bar.
+        workers: host-loop environments only: train this many trials at a time in Ray tasks
+            (``None``: one after another in this process).
+        address: with ``workers``: ``HOST:PORT`` of an existing Ray cluster (default: a runtime
+            started for the search on 127.0.0.1 and shut down after it).
     """
 
     algo: str
@@ -99,6 +110,8 @@ class TuneSpec:
     sets: list[str] = dataclasses.field(default_factory=list)
     study_dir: str | None = None
     quiet: bool = False
+    workers: int | None = None
+    address: str | None = None
 
 
 def parse_space(items: list[str]) -> Space:
@@ -190,7 +203,7 @@ def _open_study(study_dir: Path, run: ResolvedRun, space: Space, seeds: int) -> 
         load_if_exists=True,
         direction="maximize",
         sampler=optuna.samplers.TPESampler(seed=run.config.seed),
-        pruner=optuna.pruners.MedianPruner(n_startup_trials=4, n_warmup_steps=run.total // 4),
+        pruner=_pruner(run),
     )
     spec = {"algo": run.algo, "env": run.env.id, "steps": run.total, "seeds": seeds,
             "space": {k: list(v) for k, v in space.items()}}  # fmt: skip
@@ -211,6 +224,12 @@ def _open_study(study_dir: Path, run: ResolvedRun, space: Space, seeds: int) -> 
         if set(trial.params) == set(space):
             study.enqueue_trial(trial.params, skip_if_exists=False)
     return study
+
+
+def _pruner(run: ResolvedRun) -> Any:
+    import optuna
+
+    return optuna.pruners.MedianPruner(n_startup_trials=4, n_warmup_steps=run.total // 4)
 
 
 def _finished(study: Any) -> int:
@@ -265,6 +284,51 @@ def _trial_host(run: ResolvedRun, trial: Any, seeds: list[int], stop: Any, bar: 
     return reporter, diverged
 
 
+def trial_task(run: ResolvedRun, storage: str, trial_id: int, seeds: list[int]) -> dict:
+    """One host-loop trial, in a Ray task: the trial ``trial_id`` of the study in ``storage``
+    (asked by the search's own process), trained as ``_trial_host`` trains it, its intermediate
+    returns reported to the study and pruned as its pruner says. Returns ``{"score", "pruned",
+    "diverged", "stopped"}``; the search's process tells the study."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.load_study(study_name=STUDY_NAME, storage=storage, pruner=_pruner(run))
+    trial = optuna.trial.Trial(study, trial_id)  # the asked trial, continued in this process
+    with stop_on_signals() as stop:  # a cancelled task (Ctrl-C on the search) stops its trial
+        reporter, diverged = _trial_host(run, trial, seeds, stop, ProgressBar("", quiet=True))
+    return {"score": reporter.score(0), "pruned": 0 in reporter.pruned, "diverged": diverged, "stopped": stop()}
+
+
+def _trials_on_ray(
+    study: Any, study_dir: Path, run: ResolvedRun, distributions: dict, seeds: list[int], spec: TuneSpec, stop: Any
+) -> None:
+    """Host-loop trials ``spec.workers`` at a time in Ray tasks (``trial_task``) until
+    ``spec.trials`` have finished or ``stop`` says so (the running tasks are then cancelled: their
+    trials stay RUNNING, and the next start asks them again)."""
+    storage = f"sqlite:///{(study_dir / 'study.db').absolute()}"
+    bar = ProgressBar(f"trials {run.algo} {run.env.id}, {spec.workers} Ray workers", spec.quiet)
+
+    def next_task(running: int) -> tuple[Any, tuple] | None:
+        if spec.trials - _finished(study) <= running:
+            return None
+        trial = study.ask(distributions)
+        # Optuna continues an asked trial in another process from its study and id (the storage's)
+        return trial, (run, storage, trial._trial_id, seeds)
+
+    def on_result(trial: Any, out: dict) -> None:
+        if out["stopped"]:  # cancelled mid-trial: it stays RUNNING, asked again on the next start
+            return
+        _tell(study, trial, out["score"], out["pruned"], out["diverged"])
+        bar.message(f"trial {trial.number}: " + ("pruned" if out["pruned"] else f"{out['score']:.1f}"))
+
+    try:
+        in_ray_tasks(
+            trial_task, next_task, on_result, spec.workers or 1, spec.address, stop, lambda t: f"trial {t.number}"
+        )
+    finally:
+        bar.close()
+
+
 def tune_run(spec: TuneSpec) -> dict:
     """Runs (or continues) a search (see the module docstring); returns its report (``best``:
     the best trial's number, score and values; ``best_config``: the path of ``best.yaml``).
@@ -295,6 +359,9 @@ def tune_run(spec: TuneSpec) -> dict:
             with_values(run.config, {key: high})
         if run.config.distributed is not None:
             raise RunError("kitae tune does not train distributed runs; drop --set distributed.*")
+        compiled = isinstance(run.executor, CompiledExecutor)
+        instead = "whose trials train --batch at a time in one program already"
+        check_workers(spec.workers, spec.address, compiled, run.env.id, "trials", instead)
     except BaseException:
         env.close()
         raise
@@ -304,11 +371,16 @@ def tune_run(spec: TuneSpec) -> dict:
     study_dir.mkdir(parents=True, exist_ok=True)
     seeds = [run.config.seed + i for i in range(spec.seeds)]
     study = _open_study(study_dir, run, space, spec.seeds)
-    compiled = isinstance(run.executor, CompiledExecutor)
     import optuna
 
     distributions = {k: optuna.distributions.FloatDistribution(lo, hi, log=log) for k, (lo, hi, log) in space.items()}
     clock, stopped = time.perf_counter(), False
+    if spec.workers is not None:
+        env.close()  # each task makes its own
+        with stop_on_signals() as stop:
+            _trials_on_ray(study, study_dir, run, distributions, seeds, spec, stop)
+            stopped = bool(stop())
+        return _report(study, study_dir, run, space, spec, stopped, time.perf_counter() - clock)
     with stop_on_signals() as stop:
         while not stopped and (left := spec.trials - _finished(study)) > 0:
             trials = [study.ask(distributions) for _ in range(min(left, spec.batch if compiled else 1))]

@@ -191,6 +191,25 @@ def test_a_trial_killed_before_its_values_were_chosen_is_failed_and_not_asked_ag
     assert trials[2].system_attrs["fixed_params"] == whole.params
 
 
+def test_a_search_started_again_draws_new_values(tmp_path):
+    """The sampler of a search started again is seeded past the trials the study holds: its first
+    values are not those the first start drew (a sampler seeded as before would ask the finished
+    trials' values again, and TPE's random start would repeat itself)."""
+    space = {LR: (1e-4, 3e-3, True)}
+    run = SimpleNamespace(algo="ppo", env=SimpleNamespace(id="gymnax:CartPole-v1"), total=4096,
+                          config=SimpleNamespace(seed=0))  # fmt: skip
+    distributions = {LR: optuna.distributions.FloatDistribution(1e-4, 3e-3, log=True)}
+    study = _open_study(tmp_path, run, space, 1)
+    for value in (100.0, 200.0):
+        study.tell(study.ask(distributions), value)
+    first = [t.params[LR] for t in study.get_trials()]
+    again = _open_study(tmp_path, run, space, 1).ask(distributions).params[LR]
+    assert again not in first
+    (tmp_path / "other").mkdir()
+    fresh = _open_study(tmp_path / "other", run, space, 1).ask(distributions).params[LR]
+    assert fresh == first[0]  # a new study still starts from the run's seed
+
+
 def test_diverging_trials_are_pruned_in_the_host_loop(tmp_path, capsys):
     study_dir = tmp_path / "study"
     code = main(

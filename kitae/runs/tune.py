@@ -219,10 +219,14 @@ def _open_study(study_dir: Path, run: ResolvedRun, space: Space, seeds: int) -> 
     # trials left running by a search that was killed: failed, and asked again with their values.
     # A search killed inside ``study.ask`` leaves a trial whose values were not all chosen: it never
     # trained, so it is failed and not asked again (enqueueing its partial values would fix them).
+    held = len(study.get_trials(deepcopy=False))
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
         if set(trial.params) == set(space):
             study.enqueue_trial(trial.params, skip_if_exists=False)
+    # A sampler seeded as the first start's would draw that start's values again (TPE's first
+    # trials are random draws): a search started again seeds it past the trials it holds.
+    study.sampler = optuna.samplers.TPESampler(seed=run.config.seed + held)
     return study
 
 

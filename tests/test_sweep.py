@@ -205,10 +205,12 @@ def _interrupt_once_training(command, metrics_files, before_signal=None):
     return process.returncode, err
 
 
+@pytest.mark.timeout(600)  # two Ray runtimes and four worker processes: 220 s once inside a loaded suite
 def test_ctrl_c_stops_every_ray_worker_of_a_host_sweep_with_a_checkpoint(tmp_path):
     """SIGINT to ``kitae sweep --workers 2``: each running combination stops as ``kitae train``
     does on Ctrl-C (its checkpoint saved, loadable), the command exits 130 with one line, and no
-    process of the sweep's Ray runtime is left."""
+    process of the sweep's Ray runtime is left; ``kitae resume SWEEP_DIR`` then finishes both on
+    two Ray workers again."""
     sweep_dir = tmp_path / "sweep"
     command = [sys.executable, "-m", "kitae.cli", "sweep", "ppo", "CartPole-v1", "--grid", f"{LR}=1e-3,3e-4",
                "--steps", "400000", "--workers", "2", "--sweep-dir", str(sweep_dir), "--quiet"]  # fmt: skip

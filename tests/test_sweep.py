@@ -391,16 +391,21 @@ def test_kitae_resume_finishes_a_stopped_sweep(tmp_path, capsys, monkeypatch, wh
         rows = (stopped / "learning_rate=0.001" / "metrics.jsonl").read_text().splitlines()
         assert len(rows) == len((tmp_path / "whole" / "learning_rate=0.001" / "metrics.jsonl").read_text().splitlines())
     # finished: refused; killed between its last combination and its table: only the table is written
-    assert f"already reached its {2 * 2048 if env_id.startswith('gymnax') else 2048:,} steps" in _resume_error(
-        stopped, capsys
-    )
+    total = 4096 if env_id.startswith("gymnax") else 2048
+    assert f"already reached step {total:,} of {total:,}" in _resume_error(stopped, capsys)
     (stopped / "sweep.json").unlink()
     assert main(["resume", str(stopped), "--quiet"]) == 0
     assert json.loads((stopped / "sweep.json").read_text())["combinations"] == again["combinations"]
+    # a total below where it is: refused, nothing touched
+    (stopped / "sweep.json").unlink()
+    (stopped / "learning_rate=0.001" / "summary.json").unlink()
+    err = _resume_error(stopped, capsys, "--steps", "1024")
+    assert f"a combination at step {total:,}, past the total of 1,024 asked" in err, err
+    assert (stopped / "learning_rate=0.0003" / "summary.json").exists()
 
 
-def _resume_error(sweep_dir, capsys):
-    assert main(["resume", str(sweep_dir)]) != 0
+def _resume_error(sweep_dir, capsys, *flags):
+    assert main(["resume", str(sweep_dir), *flags]) != 0
     return capsys.readouterr().err
 
 

@@ -81,13 +81,13 @@ def resume_sweep(sweep_dir: str | Path, steps: int | None = None, quiet: bool = 
     clock = time.perf_counter()
     compiled = isinstance(run.executor, CompiledExecutor)
     stopped, compile_seconds, train_seconds = None, float("nan"), float("nan")
-    if len(_where_each_stopped(combos)["finished"]) == len(combos) and (
-        min(json.loads((c.run_dir / "summary.json").read_text())["steps"] for _, c in combos) >= total
-    ):
+    finished = len(_where_each_stopped(combos)["finished"]) == len(combos)
+    reached = min(json.loads((c.run_dir / "summary.json").read_text())["steps"] for _, c in combos) if finished else 0
+    if finished and reached >= total:
         if (sweep_dir / "sweep.json").exists():
             raise RunError(
-                f"the sweep in {str(sweep_dir)!r} already reached its {total:,} steps (its table: "
-                f"{sweep_dir / 'table.txt'}); pass --steps N with N > {total} to train it further"
+                f"the sweep in {str(sweep_dir)!r} already reached step {reached:,} of {total:,} (its table: "
+                f"{sweep_dir / 'table.txt'}); pass --steps N with N > {reached} to train it further"
             )
         # else every combination finished before the sweep wrote its table: only that is left
     elif compiled:
@@ -115,6 +115,7 @@ def _go_on_compiled(
     """The compiled sweep's program again, from the newest step every combination checkpointed."""
     common = set.intersection(*(set(_reached(combo)) for _, combo in combos))
     first_step = max(common, default=0)
+    _check_total(first_step, run.total)
     env = make_run_env(run.env, run.config.env_cfg.n_envs)
     start = None
     try:
@@ -160,11 +161,21 @@ def _go_on_host(
         if summary.exists() and json.loads(summary.read_text())["steps"] >= combo.total:
             continue
         if _reached(combo):
+            _check_total(_reached(combo)[-1], combo.total)  # each checked before any is touched
             resume.add(combo.run_dir.name)
-        else:  # not started, or stopped before its first checkpoint: from the beginning
-            _prepare([(values, combo)], 0)
         left.append((values, combo))
+    for values, combo in left:
+        if combo.run_dir.name not in resume:  # not started, or stopped before its first checkpoint
+            _prepare([(values, combo)], 0)
     return _host_sweep(run, None, left, quiet, plan["workers"], plan["address"], frozenset(resume))
+
+
+def _check_total(step: int, total: int) -> None:
+    if step >= total:
+        raise RunError(
+            f"the sweep has a combination at step {step:,}, past the total of {total:,} asked; pass --steps N with "
+            f"N > {step}"
+        )
 
 
 def _prepare(combos: list[tuple[dict[str, float], ResolvedRun]], step: int) -> None:

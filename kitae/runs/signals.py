@@ -33,9 +33,12 @@ class StopRequest(Callback):
 
 
 @contextlib.contextmanager
-def stop_on_signals() -> Iterator[StopRequest]:
+def stop_on_signals(
+    doing: str = "finishing the current step and saving a checkpoint (Ctrl-C again aborts without saving)",
+) -> Iterator[StopRequest]:
     """Within the block, SIGINT (Ctrl-C) and SIGTERM ask the run to stop cleanly; a second Ctrl-C
-    aborts at once (``KeyboardInterrupt``). Handlers are only installed in the main thread."""
+    aborts at once (``KeyboardInterrupt``). Handlers are only installed in the main thread.
+    ``doing``: what the notice printed at the first signal says happens next."""
     stop = StopRequest()
     if threading.current_thread() is not threading.main_thread():
         yield stop
@@ -44,10 +47,7 @@ def stop_on_signals() -> Iterator[StopRequest]:
     def handler(signum: int, frame: Any) -> None:
         if stop.signal is None:
             stop.signal = signum
-            sys.stderr.write(
-                f"\nkitae: {signal.Signals(signum).name} received: finishing the current step and saving a "
-                "checkpoint (Ctrl-C again aborts without saving)\n"
-            )
+            sys.stderr.write(f"\nkitae: {signal.Signals(signum).name} received: {doing}\n")
             sys.stderr.flush()
         elif signum == signal.SIGINT:
             raise KeyboardInterrupt

@@ -77,6 +77,8 @@ REPORTS = 20
 
 STUDY_NAME = "kitae"
 
+STOPPING = "stopping the running trials (the same command started again asks them again; Ctrl-C again aborts)"
+
 
 @dataclasses.dataclass
 class TuneSpec:
@@ -298,7 +300,7 @@ def trial_task(run: ResolvedRun, storage: str, trial_id: int, seeds: list[int]) 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.load_study(study_name=STUDY_NAME, storage=storage, pruner=_pruner(run))
     trial = optuna.trial.Trial(study, trial_id)  # the asked trial, continued in this process
-    with stop_on_signals() as stop:  # a cancelled task (Ctrl-C on the search) stops its trial
+    with stop_on_signals(STOPPING) as stop:  # a cancelled task (Ctrl-C on the search) stops its trial
         reporter, diverged = _trial_host(run, trial, seeds, stop, ProgressBar("", quiet=True))
     return {"score": reporter.score(0), "pruned": 0 in reporter.pruned, "diverged": diverged, "stopped": stop()}
 
@@ -381,11 +383,11 @@ def tune_run(spec: TuneSpec) -> dict:
     clock, stopped = time.perf_counter(), False
     if spec.workers is not None:
         env.close()  # each task makes its own
-        with stop_on_signals() as stop:
+        with stop_on_signals(STOPPING) as stop:
             _trials_on_ray(study, study_dir, run, distributions, seeds, spec, stop)
             stopped = bool(stop())
         return _report(study, study_dir, run, space, spec, stopped, time.perf_counter() - clock)
-    with stop_on_signals() as stop:
+    with stop_on_signals(STOPPING) as stop:
         while not stopped and (left := spec.trials - _finished(study)) > 0:
             trials = [study.ask(distributions) for _ in range(min(left, spec.batch if compiled else 1))]
             bar = ProgressBar(f"trials {trials[0].number}-{trials[-1].number} {run.algo} {run.env.id}", spec.quiet)

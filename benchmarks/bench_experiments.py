@@ -44,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -144,51 +145,51 @@ def case_tune() -> dict:
     }
 
 
-def case_host_sweep(rounds: int) -> dict:
-    base = [*KITAE, "sweep", "ppo", "CartPole-v1", "--grid", "update_cfg.learning_rate=3e-4,1e-3", "--seeds", "2"]
+def _with_and_without_workers(
+    rounds: int, base: list[str], dir_flag: str, read: Callable[[Path, str], dict], same: str, flag: str
+) -> dict:
+    """``base`` one after another, then with ``--workers 2``, in each of ``rounds`` rounds (cold
+    caches, a directory each via ``dir_flag``): ``read(directory, stdout)`` gives each run's row;
+    ``same`` names the key whose values both runs of a round should share, ``flag`` the round's
+    entry that says whether they do."""
     report: dict = {"command": " ".join(["kitae", *base[3:]]) + " [--workers 2] --quiet", "rounds": []}
     for r in range(rounds):
         with tempfile.TemporaryDirectory() as tmp_name:
             tmp = Path(tmp_name)
             row: dict = {}
             for mode, extra in (("one_after_another", []), ("workers_2", ["--workers", "2"])):
-                wall, _ = _timed([*base, "--sweep-dir", str(tmp / mode), "--quiet", *extra], tmp / f"cache-{mode}")
-                sweep = json.loads((tmp / mode / "sweep.json").read_text())
-                prints = [
-                    json.loads((Path(c["run_dir"]) / "summary.json").read_text())["state_fingerprint"]
-                    for c in sweep["combinations"]
-                ]
-                row[mode] = {
-                    "wall_seconds": wall,
-                    "final_returns": [c["final_return"] for c in sweep["combinations"]],
-                    "fingerprints": prints,
-                }
+                wall, out = _timed([*base, dir_flag, str(tmp / mode), "--quiet", *extra], tmp / f"cache-{mode}")
+                row[mode] = {"wall_seconds": wall, **read(tmp / mode, out)}
             row["ratio"] = row["workers_2"]["wall_seconds"] / row["one_after_another"]["wall_seconds"]
-            row["same_bits"] = row["workers_2"]["fingerprints"] == row["one_after_another"]["fingerprints"]
+            row[flag] = row["workers_2"][same] == row["one_after_another"][same]
             print(json.dumps({"round": r, **row}), flush=True)
             report["rounds"].append(row)
     report["median_ratio"] = statistics.median(r["ratio"] for r in report["rounds"])
     return report
+
+
+def _sweep_row(sweep_dir: Path, _: str) -> dict:
+    sweep = json.loads((sweep_dir / "sweep.json").read_text())
+    prints = [
+        json.loads((Path(c["run_dir"]) / "summary.json").read_text())["state_fingerprint"]
+        for c in sweep["combinations"]
+    ]
+    return {"final_returns": [c["final_return"] for c in sweep["combinations"]], "fingerprints": prints}
+
+
+def _study_row(study_dir: Path, out: str) -> dict:
+    # TPE's first 10 trials are random draws from its seed, asked in the same order either way
+    return {"trials_csv": (study_dir / "trials.csv").read_text().strip().splitlines(), "output": out.splitlines()}
+
+
+def case_host_sweep(rounds: int) -> dict:
+    base = [*KITAE, "sweep", "ppo", "CartPole-v1", "--grid", "update_cfg.learning_rate=3e-4,1e-3", "--seeds", "2"]
+    return _with_and_without_workers(rounds, base, "--sweep-dir", _sweep_row, "fingerprints", "same_bits")
 
 
 def case_host_tune(rounds: int) -> dict:
     base = [*KITAE, "tune", "ppo", "CartPole-v1", "--trials", "4"]
-    report: dict = {"command": " ".join(["kitae", *base[3:]]) + " [--workers 2] --quiet", "rounds": []}
-    for r in range(rounds):
-        with tempfile.TemporaryDirectory() as tmp_name:
-            tmp = Path(tmp_name)
-            row: dict = {}
-            for mode, extra in (("one_after_another", []), ("workers_2", ["--workers", "2"])):
-                wall, out = _timed([*base, "--study-dir", str(tmp / mode), "--quiet", *extra], tmp / f"cache-{mode}")
-                rows = (tmp / mode / "trials.csv").read_text().strip().splitlines()
-                row[mode] = {"wall_seconds": wall, "trials_csv": rows, "output": out.strip().splitlines()}
-            row["ratio"] = row["workers_2"]["wall_seconds"] / row["one_after_another"]["wall_seconds"]
-            # TPE's first 10 trials are random draws from its seed, asked in the same order either way
-            row["same_trials"] = row["workers_2"]["trials_csv"] == row["one_after_another"]["trials_csv"]
-            print(json.dumps({"round": r, **row}), flush=True)
-            report["rounds"].append(row)
-    report["median_ratio"] = statistics.median(r["ratio"] for r in report["rounds"])
-    return report
+    return _with_and_without_workers(rounds, base, "--study-dir", _study_row, "trials_csv", "same_trials")
 
 
 def main() -> None:

@@ -276,7 +276,7 @@ def train_combination(
     stopped it. A divergence is recorded in its summary; the sweep goes on."""
     try:
         if resume:
-            return resume_run(combo.run_dir, combo.total, quiet=True)
+            return resume_run(combo.run_dir, combo.total, quiet=quiet)
         agent = combo.make_agent()
         summary, _ = execute(
             combo, train_plans(combo, agent, env), combo.total, quiet=quiet, extra_summary={"sweep": sweep_dir}

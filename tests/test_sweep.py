@@ -412,3 +412,6 @@ def _resume_error(sweep_dir, capsys, *flags):
 def test_kitae_resume_refuses_a_directory_without_a_plan(tmp_path):
     with pytest.raises(RunError, match="is not a sweep directory: it has no sweep-plan.json"):
         resume_sweep(tmp_path)
+    (tmp_path / "sweep-plan.json").write_text("{")
+    with pytest.raises(RunError, match="sweep-plan.json is not valid JSON"):
+        resume_sweep(tmp_path)

@@ -69,7 +69,10 @@ def resume_sweep(sweep_dir: str | Path, steps: int | None = None, quiet: bool = 
     sweep_dir = Path(sweep_dir)
     if not is_sweep_dir(sweep_dir):
         raise RunError(f"{str(sweep_dir)!r} is not a sweep directory: it has no {PLAN}")
-    plan = json.loads((sweep_dir / PLAN).read_text())
+    try:
+        plan = json.loads((sweep_dir / PLAN).read_text())
+    except json.JSONDecodeError as error:
+        raise RunError(f"{sweep_dir / PLAN} is not valid JSON ({error}); kitae sweep writes it") from None
     seeds: list[int] = plan["seeds"]
     combos: list[tuple[dict[str, float], ResolvedRun]] = []
     for entry in plan["combinations"]:

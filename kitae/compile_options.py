@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
 
-__all__ = ["ONCE_OPTIONS", "jit_once", "one_blas_thread", "with_one_blas_thread"]
+__all__ = ["ONCE_OPTIONS", "jit_once", "once_options", "one_blas_thread", "with_one_blas_thread"]
 
 
 @contextlib.contextmanager
@@ -52,8 +53,22 @@ def one_blas_thread() -> Iterator[None]:
         yield
 
 
-ONCE_OPTIONS: dict[str, Any] = {"xla_backend_optimization_level": 1}
-"""XLA compiler options of the programs that run once (``jax.jit``'s ``compiler_options``)."""
+def once_options(xla_flags: str | None = None) -> dict[str, Any]:
+    """XLA compiler options for the programs that run once (``jax.jit``'s ``compiler_options``).
+
+    LLVM optimisation level 1, unless ``xla_flags`` (default: the ``XLA_FLAGS`` environment
+    variable) already chooses a backend optimisation level: then every program of the process
+    keeps that one, starting states included. Level 1 gives the default level's bits for a
+    starting state, but another level need not (level 0 does not): with a level of their own a
+    run's paths must still start from the same state (the agent's first state, the compiled
+    loop's, a distributed worker's), so they all compile at it. The test suite runs so
+    (``tests/conftest.py``)."""
+    flags = os.environ.get("XLA_FLAGS", "") if xla_flags is None else xla_flags
+    return {} if "xla_backend_optimization_level" in flags else {"xla_backend_optimization_level": 1}
+
+
+ONCE_OPTIONS: dict[str, Any] = once_options()
+"""``once_options()`` for this process's ``XLA_FLAGS`` (read once, as XLA reads them)."""
 
 
 def jit_once(fn: Callable[..., Any], **kwargs: Any) -> Callable[..., Any]:

@@ -4,7 +4,18 @@ import os
 import shutil
 import tempfile
 
-import jax
+# The suite compiles at XLA's backend optimisation level 0 (LLVM without its optimisation passes),
+# set before JAX starts so that every process the tests start (xdist workers, `kitae` commands,
+# Ray workers) inherits it. The tests check what kitae's code computes: values against hand-computed
+# ones, the same bits for two runs, or for two executors, compiled alike; not LLVM's code
+# generation. Their programs are short runs compiled once or twice, so compiling is most of their
+# time: level 0 took 90 s where the default took 154 s on four test modules (README, "Development").
+# Tests about compile options set theirs explicitly (tests/test_cold_start.py). A user's own
+# XLA_FLAGS that choose a level are kept.
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
+
+import jax  # after XLA_FLAGS
 import pytest
 
 # The tests compare two computations of the same maths at float32 tolerances (a scanned core

@@ -25,7 +25,7 @@ from _agents import (
 )
 
 from kitae.base import OnPolicyAgent
-from kitae.compile_options import jit_once, one_blas_thread
+from kitae.compile_options import ONCE_OPTIONS, once_options, one_blas_thread
 from kitae.devices import cpu_core_count, use_cpu_cores
 from kitae.envs.make import make_jax_env
 from kitae.loops.callbacks import Progress
@@ -127,19 +127,33 @@ def test_gymnax_renderers_imports_are_deferred_and_plots_still_work(tmp_path):
 
 @pytest.mark.parametrize("algo, env_id", [("ppo", "gymnax:CartPole-v1"), ("sac", "gymnax:Pendulum-v1")])
 def test_starting_state_compiled_once_has_the_default_compiles_bits(algo, env_id, tmp_path):
-    """``jit_once`` (LLVM optimisation level 1) makes a run's starting state (parameters,
-    optimizer, environments, buffer) with the same bits as ``jax.jit``'s default compile."""
+    """LLVM optimisation level 1 (``jit_once``'s) makes a run's starting state (parameters,
+    optimizer, environments, buffer) with the same bits as XLA's default level, 3. Both levels are
+    named: the suite's XLA_FLAGS choose level 0 for every program (tests/conftest.py)."""
     run, env = resolve_train(RunSpec(algo=algo, env_id=env_id))
     agent = run.agent_cls(run.algo, run.config, run_dir=tmp_path)
     fresh, _, _ = make_loop_functions(agent, env)
     seed = jax.numpy.asarray(5, jax.numpy.uint32)
-    with one_blas_thread():  # as jit_once runs it: only the compile options differ
-        default = jax.block_until_ready(jax.jit(fresh)(seed))
-    once = jit_once(fresh)(seed)
-    default_leaves, once_leaves = jax.tree_util.tree_leaves(default), jax.tree_util.tree_leaves(once)
+    states = []
+    for level in (3, 1):
+        program = jax.jit(fresh).lower(seed).compile(compiler_options={"xla_backend_optimization_level": level})
+        with one_blas_thread():  # as jit_once runs it: only the compile options differ
+            states.append(jax.tree_util.tree_leaves(jax.block_until_ready(program(seed))))
+    default_leaves, once_leaves = states
     assert len(default_leaves) == len(once_leaves) > 10
     for a, b in zip(default_leaves, once_leaves):
         assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+
+
+def test_programs_that_run_once_compile_at_level_1_unless_xla_flags_choose_a_level():
+    assert once_options("") == {"xla_backend_optimization_level": 1}
+    assert once_options("--xla_force_host_platform_device_count=2") == {"xla_backend_optimization_level": 1}
+    assert once_options("--xla_backend_optimization_level=0") == {}
+    assert ONCE_OPTIONS == once_options(os.environ["XLA_FLAGS"]) == {}  # the suite's level 0 (conftest)
+    script = "from kitae.compile_options import ONCE_OPTIONS; print(ONCE_OPTIONS)"
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    assert done.stdout.strip() == "{'xla_backend_optimization_level': 1}", done.stderr[-3000:]
 
 
 def test_thread_settings_do_not_change_a_starting_state():

@@ -242,13 +242,15 @@ def test_pixel_observations_train_in_the_host_loop_and_stay_uint8(algo):
     assert env.single_observation_space.shape == (height, width, 2 * channels)
     assert env.single_observation_space.dtype == np.uint8
     if algo == "ppo":
-        agent = PPO("pixels", env_config(env, PPOParams(), max_buffer_size=16, batch_size=16), run_dir="runs/px")
+        # one epoch: a convolution's backward pass is most of this test's time (it only has to run)
+        config = env_config(env, PPOParams(), max_buffer_size=16, batch_size=16, n_epochs=1)
+        agent = PPO("pixels", config, run_dir="runs/px")
     else:
         params = DQNParams(start_step=32, skip_steps=16)
         agent = DQN("pixels", env_config(env, params, max_buffer_size=64, batch_size=16), run_dir="runs/px")
     kernels = [x.shape for x in jax.tree_util.tree_leaves(agent.state)]
     assert (8, 8, 2 * channels, 32) in kernels  # NatureCNN's first convolution, picked by size
-    stats = agent.train(env, 96)
+    stats = agent.train(env, 64)
     assert stats.n_updates >= 2
     stored = agent.buffer.state.data.observation
     assert stored.dtype == np.uint8 and stored.shape[-3:] == (height, width, 2 * channels)

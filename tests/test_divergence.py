@@ -41,13 +41,17 @@ def test_a_diverging_run_stops_exits_3_and_keeps_its_last_finite_parameters(tmp_
     assert code == 3
     entry = _check_diverged_run(run_dir, err, steps_at_most=5120)
     assert entry["step"] >= 1000  # the preset learns from step 1,000 on: the first update diverges
+    if env_id.startswith("gymnax:"):  # its checkpoint says it diverged: a resume reports it, not trains on
+        assert main(["resume", str(run_dir), "--quiet"]) == 3
+        err = capsys.readouterr().err
+        assert f"kitae: diverged at step {entry['step']:,}: before the run was resumed" in err, err
+        assert bool(all_finite(load_agent(run_dir).state))
 
 
-def test_seeds_trained_together_go_on_where_they_did_not_diverge():
+def _dqn_in_gymnax():
     import kitae.config as cfg
     from kitae.algos.collections.dqn import DQN, DQNParams
     from kitae.envs.make import make_jax_env
-    from kitae.loops.compiled import CompiledExecutor
 
     env = make_jax_env("gymnax:CartPole-v1", 1)
     config = cfg.AlgoConfig(
@@ -57,19 +61,68 @@ def test_seeds_trained_together_go_on_where_they_did_not_diverge():
         train_cfg=cfg.TrainConfig(n_env_steps=600),
         env_cfg=cfg.EnvConfig("gymnax:CartPole-v1", env.single_observation_space, env.single_action_space),
     )
-    agent = DQN("dqn", config, run_dir="unused")
-    # seed 1 diverges: its starting parameters hold a NaN, which the first update spreads
-    fresh = CompiledExecutor().run(agent, env, 200, seeds=[0, 1])
-    state = fresh.state._replace(
+    return DQN("dqn", config, run_dir="unused"), env
+
+
+def _seed_1_poisoned(state):
+    """Seed 1's parameters hold a NaN, which its next update spreads: that update diverges."""
+    return state._replace(
         agent_state=jax.tree_util.tree_map(
-            lambda x: x.at[1].set(np.nan) if np.issubdtype(x.dtype, np.floating) else x, fresh.state.agent_state
+            lambda x: x.at[1].set(np.nan) if np.issubdtype(x.dtype, np.floating) else x, state.agent_state
         )
     )
+
+
+def test_seeds_trained_together_go_on_where_they_did_not_diverge():
+    from kitae.loops.compiled import CompiledExecutor
+
+    agent, env = _dqn_in_gymnax()
+    fresh = CompiledExecutor().run(agent, env, 200, seeds=[0, 1])
+    state = _seed_1_poisoned(fresh.state)
     result = CompiledExecutor().run(agent, env, 600, seeds=[0, 1], start=state, segment_iterations=50)
     assert result.divergence(0) is None and result.divergence(1) is not None
     assert result.divergence(1).step == 201 and not result.stopped  # the first update after the restart
     assert len(result.update_steps[0]) == 400 and len(result.update_steps[1]) == 0  # seed 1 no longer learns
     assert "nan" in result.divergence(1).describe()
+    np.testing.assert_array_equal(result.state.diverged_step, [-1, 201])
+
+
+def test_a_diverged_seed_stays_so_through_a_checkpoint_and_a_resume(tmp_path):
+    """Where each seed diverged is part of the loop state (``diverged_step``), so a checkpoint holds
+    it: a run of seeds trained together, stopped after one diverged and resumed from its checkpoint
+    on disk, keeps that seed where it was (no update made, the divergence at its first step) and
+    ends with the bits of the run never stopped. A state marked diverged keeps no update even
+    where its updates would be finite."""
+    from kitae.loops.compiled import CompiledExecutor
+    from kitae.loops.executor import EXECUTORS
+    from kitae.loops.state import Payload
+    from kitae.runs.checkpoints import Checkpointer
+    from kitae.runs.load import restore_payload
+    from kitae.runs.rundir import state_fingerprint
+
+    agent, env = _dqn_in_gymnax()
+    fresh = CompiledExecutor().run(agent, env, 200, seeds=[0, 1])
+    np.testing.assert_array_equal(fresh.state.diverged_step, [-1, -1])
+    state = _seed_1_poisoned(fresh.state)
+    whole = CompiledExecutor().run(agent, env, 600, seeds=[0, 1], start=state, segment_iterations=50)
+    part = CompiledExecutor().run(agent, env, 400, seeds=[0, 1], start=state, segment_iterations=50)
+    with Checkpointer(tmp_path / "checkpoints") as checkpointer:
+        checkpointer.save(400, Payload(part.state, {"executor": "compiled", "seeds": [0, 1]}))
+    payload, restored = restore_payload(agent, env, EXECUTORS["compiled"], tmp_path / "checkpoints")
+    assert restored.meta["diverged_saved"] and restored.step == 400
+    np.testing.assert_array_equal(payload.state.diverged_step, [-1, 201])
+    resumed = CompiledExecutor().run(agent, env, 600, seeds=[0, 1], start=payload.state, segment_iterations=50)
+    assert state_fingerprint(resumed.state.agent_state) == state_fingerprint(whole.state.agent_state)
+    assert resumed.divergence(1) == (201, {}) and resumed.divergence(1).describe() == "before the run was resumed"
+    assert len(resumed.update_steps[0]) == 200 and len(resumed.update_steps[1]) == 0
+
+    # a seed marked diverged with finite parameters: no update kept, its parameters unchanged
+    marked = fresh.state._replace(diverged_step=np.asarray([-1, 150], np.int32))
+    result = CompiledExecutor().run(agent, env, 300, seeds=[0, 1], start=marked)
+    assert len(result.update_steps[0]) == 100 and len(result.update_steps[1]) == 0
+    assert result.divergence(1) == (150, {})
+    seed_1 = [jax.tree_util.tree_map(lambda x: np.asarray(x)[1], s.agent_state) for s in (fresh.state, result.state)]
+    assert state_fingerprint(seed_1[0]) == state_fingerprint(seed_1[1])
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])

@@ -144,21 +144,33 @@ def test_a_compiled_sweep_writes_one_run_directory_per_combination(tmp_path, cap
         assert not entry["diverged_seeds"]
 
 
-def test_a_diverging_combination_is_marked_and_the_others_go_on(tmp_path, capsys):
+def test_a_diverging_combination_is_marked_and_the_others_go_on(tmp_path, capsys, monkeypatch):
+    """... and stays marked through a stop and ``kitae resume``: where it diverged is part of each
+    combination's checkpoint, so the resumed sweep ends with the bits and the divergence step of
+    the sweep never stopped."""
     sweep_dir = tmp_path / "sweep"
-    code = main(
-        ["sweep", "dqn", "gymnax:CartPole-v1", "--grid", f"{LR}=1e-3,1e12", "--steps", "3000",
-         "--set", "update_cfg.max_grad_norm=null", "--set", "algo_params.start_step=500",
-         "--sweep-dir", str(sweep_dir), "--quiet"]
-    )  # fmt: skip
+    command = ["sweep", "dqn", "gymnax:CartPole-v1", "--grid", f"{LR}=1e-3,1e12", "--steps", "3000",
+               "--set", "update_cfg.max_grad_norm=null", "--set", "algo_params.start_step=500",
+               "--set", "train_cfg.save_frequency=1000", "--quiet"]  # fmt: skip
+    code = main([*command, "--sweep-dir", str(sweep_dir)])
     out = capsys.readouterr().out
     assert code == 0 and "diverged (seeds 0)" in out
     report = json.loads((sweep_dir / "sweep.json").read_text())
     fine, diverged = report["combinations"]
     assert fine["diverged_seeds"] == [] and diverged["diverged_seeds"] == [0]
     summary = json.loads((sweep_dir / "learning_rate=1e+12" / "summary.json").read_text())
-    assert summary["diverged"][0]["step"] >= 500
+    assert 500 <= summary["diverged"][0]["step"] < 1000
     assert json.loads((sweep_dir / "learning_rate=0.001" / "summary.json").read_text()).get("diverged") is None
+
+    stopped = tmp_path / "stopped"
+    with monkeypatch.context() as patch:
+        patch.setattr("kitae.runs.sweep.stop_on_signals", _stop_at_first_checkpoint)
+        assert main([*command, "--sweep-dir", str(stopped)]) == 130  # at step 1,000, past the divergence
+    assert main(["resume", str(stopped), "--quiet"]) == 0
+    assert _fingerprints(stopped) == _fingerprints(sweep_dir)
+    again = json.loads((stopped / "learning_rate=1e+12" / "summary.json").read_text())["diverged"][0]
+    assert again["step"] == summary["diverged"][0]["step"] and again["what"] == "before the run was resumed"
+    assert json.loads((stopped / "sweep.json").read_text())["combinations"][1]["diverged_seeds"] == [0]
 
 
 def test_a_host_sweep_on_ray_workers_gives_the_runs_of_one_after_another(tmp_path, capsys):

@@ -121,14 +121,16 @@ def _update_steps(metrics: IterationMetrics, seed_index: int, batched: bool) -> 
     return np.asarray(m.env_step)[np.asarray(m.updated)].astype(np.int64)
 
 
-def _divergence(metrics: IterationMetrics, seed_index: int, batched: bool) -> Divergence | None:
-    """The seed's first iteration that diverged, as a ``Divergence`` (``None``: none did)."""
-    m = pick_seed(metrics, seed_index) if batched else metrics  # host metrics: numpy leaves
-    rows = np.flatnonzero(np.asarray(m.diverged))
-    if not len(rows):
+def _divergence(metrics: IterationMetrics, state: LoopState, seed_index: int, batched: bool) -> Divergence | None:
+    """Where the seed's run diverged, as a ``Divergence`` (``None``: it has not): the step is the
+    state's ``diverged_step``; the losses are those of that iteration's metrics, or none where it
+    diverged before this run started (a resumed run: that part's logs have them)."""
+    step = int(np.asarray(state.diverged_step)[seed_index] if batched else np.asarray(state.diverged_step))
+    if step < 0:
         return None
-    j = int(rows[0])
-    return Divergence(int(m.env_step[j]), {k: float(v[j]) for k, v in m.info.items()})
+    m = pick_seed(metrics, seed_index) if batched else metrics  # host metrics: numpy leaves
+    rows = np.flatnonzero(np.logical_and(np.asarray(m.diverged), np.asarray(m.env_step) == step))
+    return Divergence(step, {k: float(v[rows[0]]) for k, v in m.info.items()} if len(rows) else {})
 
 
 def _variant_values(variants: dict[str, Any] | None, seeds: list[int], batched: bool) -> dict[str, jax.Array]:
@@ -273,19 +275,14 @@ class CompiledExecutor:
             capacity = segment_capacity(length)
 
             def segment(
-                state: LoopState, values: dict, n: jax.Array, index: jax.Array, diverged: jax.Array
-            ) -> tuple[LoopState, IterationMetrics, jax.Array]:
+                state: LoopState, values: dict, n: jax.Array, index: jax.Array
+            ) -> tuple[LoopState, IterationMetrics]:
                 if batched:
-                    state, rows = jax.vmap(lambda s, v, d: run(s, v, n, index, length=capacity, diverged=d))(
-                        state, values, diverged
-                    )
-                    return state, rows, rows.diverged[:, n - 1]
-                state, rows = run(state, values, n, index, length=capacity, diverged=diverged)
-                return state, rows, rows.diverged[n - 1]  # carried into the next segment
+                    return jax.vmap(lambda s, v: run(s, v, n, index, length=capacity))(state, values)
+                return run(state, values, n, index, length=capacity)
 
-            no_divergence = jnp.zeros((len(seed_list),) if batched else (), bool)
             compiling = _Compiling(
-                lambda state: jax.jit(segment).lower(state, values, jnp.int32(0), jnp.int32(0), no_divergence), shape
+                lambda state: jax.jit(segment).lower(state, values, jnp.int32(0), jnp.int32(0)), shape
             )
         state = make_state()
         callbacks.on_start(RunInfo(self.name, seed_list, first_step, n_iterations * per_iteration, agent))
@@ -301,8 +298,8 @@ class CompiledExecutor:
             stopped, done = False, n_iterations
         else:
 
-            def segment_call(state: LoopState, n: jax.Array, index: jax.Array, diverged: jax.Array) -> tuple:
-                return executable(state, values, n, index, diverged)
+            def segment_call(state: LoopState, n: jax.Array, index: jax.Array) -> tuple:
+                return executable(state, values, n, index)
 
             state, metrics, train_seconds, stopped, done = self._segments(
                 segment_call,
@@ -327,7 +324,7 @@ class CompiledExecutor:
             state=state,
             episodes=[_episodes_of(metrics, i, batched) for i in range(len(seed_list))],
             update_steps=[_update_steps(metrics, i, batched) for i in range(len(seed_list))],
-            diverged=[_divergence(metrics, i, batched) for i in range(len(seed_list))],
+            diverged=[_divergence(metrics, state, i, batched) for i in range(len(seed_list))],
             start_step=first_step,
             env_steps=env_steps,
             compile_seconds=compile_seconds,
@@ -384,6 +381,8 @@ class CompiledExecutor:
 
             shape, first_step = jax.eval_shape(with_env, start, seed_array), int(np.max(np.asarray(start.env_step)))
         else:
+            if start.diverged_step is None:  # a checkpoint older than the field: no seed had diverged
+                start = start._replace(diverged_step=jnp.full(np.shape(start.env_step), -1, jnp.int32))
             state = placed(start)
             return state, lambda: state, int(np.max(np.asarray(state.env_step)))
         if sharding is not None:
@@ -419,12 +418,11 @@ class CompiledExecutor:
         chunks, stopped, done, train_seconds = [], False, first, 0.0
         plan = segment_plan(first, total, schedule, length)
         clock = time.perf_counter()
-        no_divergence = jnp.zeros((len(seeds),) if batched else (), bool)
-        ahead = compiled(state, jnp.int32(plan[0][1]), jnp.int32(plan[0][0]), no_divergence)
+        ahead = compiled(state, jnp.int32(plan[0][1]), jnp.int32(plan[0][0]))
         for k, (index, n, save) in enumerate(plan):
-            state, rows, diverged = ahead
+            state, rows = ahead
             if k + 1 < len(plan):
-                ahead = compiled(state, jnp.int32(plan[k + 1][1]), jnp.int32(plan[k + 1][0]), diverged)
+                ahead = compiled(state, jnp.int32(plan[k + 1][1]), jnp.int32(plan[k + 1][0]))
             rows = jax.tree_util.tree_map(lambda x, n=n: np.asarray(x)[:, :n] if batched else np.asarray(x)[:n], rows)
             train_seconds = time.perf_counter() - clock
             chunks.append(rows)

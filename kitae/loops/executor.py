@@ -88,7 +88,9 @@ class _Compiled(CompiledExecutor):
     def restore_target(self, agent: Any, env: Any, meta: dict) -> LoopState | None:
         if not meta.get("env_saved"):
             return None
-        return loop_state_shape(agent, env, meta.get("seeds"))
+        shape = loop_state_shape(agent, env, meta.get("seeds"))
+        # checkpoints written before LoopState.diverged_step lack it (the run starts it at -1)
+        return shape if meta.get("diverged_saved") else shape._replace(diverged_step=None)
 
     def evaluate(self, agent: Any, spec: EnvSpec, episodes: int, seed: int = 0) -> np.ndarray:
         return evaluate_jax(agent, spec, episodes, seed)

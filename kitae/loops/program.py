@@ -142,6 +142,7 @@ def make_loop_functions(agent: Any, env: VecJaxEnv) -> tuple[Callable, Callable,
             buffer = empty_buffer(state.agent_state, state.agent_key, carry.observation)
         else:
             buffer = mark_episodes_cut(state.buffer, step > 0)
+        diverged_step = jnp.full((), -1, jnp.int32) if state.diverged_step is None else state.diverged_step
         out = LoopState(
             state.agent_state,
             jnp.asarray(state.agent_key),
@@ -149,6 +150,7 @@ def make_loop_functions(agent: Any, env: VecJaxEnv) -> tuple[Callable, Callable,
             step,
             jnp.asarray(state.n_updates, jnp.int32),
             carry,
+            jnp.asarray(diverged_step, jnp.int32),
         )
         # strongly typed leaves: a fresh and a restored state trace, compile and compute the same program
         return strongly_typed(out)
@@ -173,9 +175,11 @@ def make_loop_functions(agent: Any, env: VecJaxEnv) -> tuple[Callable, Callable,
         state = state._replace(agent_key=out.agent_key, buffer=buffer, env_step=state.env_step + n_envs, env=out.env)
         return (state, return_sum, length_sum, episodes, agent_return_sum), None
 
-    def iteration(carry: tuple[LoopState, jax.Array], index: jax.Array) -> tuple[tuple, IterationMetrics]:
+    def iteration(state: LoopState, index: jax.Array) -> tuple[LoopState, IterationMetrics]:
         del index
-        state, diverged = carry
+        diverged_step = state.diverged_step
+        assert diverged_step is not None  # attach() gives every compiled state one
+        diverged = diverged_step >= 0
         zero = (
             jnp.zeros((), jnp.float32),
             jnp.zeros((), jnp.int32),
@@ -208,17 +212,25 @@ def make_loop_functions(agent: Any, env: VecJaxEnv) -> tuple[Callable, Callable,
             )
             buffer = state.buffer._replace(priorities=out.priorities)
         updated = jnp.logical_and(made, jnp.logical_and(active, out.finite))
-        diverged = jnp.logical_or(diverged, jnp.logical_and(made, jnp.logical_not(out.finite)))
+        diverges = jnp.logical_and(active, jnp.logical_and(made, jnp.logical_not(out.finite)))
         state = state._replace(
             agent_state=out.agent_state,
             agent_key=out.key,
             buffer=buffer,
             n_updates=state.n_updates + updated.astype(jnp.int32),
+            diverged_step=jnp.where(diverges, state.env_step, diverged_step),
         )
         metrics = IterationMetrics(
-            state.env_step, return_sum, length_sum, episodes, updated, out.info, agent_return_sum, diverged
+            state.env_step,
+            return_sum,
+            length_sum,
+            episodes,
+            updated,
+            out.info,
+            agent_return_sum,
+            jnp.logical_or(diverged, diverges),
         )
-        return (state, diverged), metrics
+        return state, metrics
 
     def run(
         state: LoopState,
@@ -226,7 +238,6 @@ def make_loop_functions(agent: Any, env: VecJaxEnv) -> tuple[Callable, Callable,
         first_index: int | jax.Array = 0,
         *,
         length: int | None = None,
-        diverged: Any = False,
     ) -> tuple[LoopState, IterationMetrics]:
         """Runs ``n_iterations`` iterations, numbered from ``first_index``.
 
@@ -235,28 +246,25 @@ def make_loop_functions(agent: Any, env: VecJaxEnv) -> tuple[Callable, Callable,
         (``<= length``): one compiled program then runs segments of any length up to ``length``,
         and the metrics have a leading axis of ``length`` (rows past ``n_iterations`` are zeros).
         Each iteration runs the same computation either way, so cutting a run into segments
-        gives the same bits as one program. ``diverged``: the run diverged before (the last
-        ``IterationMetrics.diverged`` of the previous segment): no update is kept.
+        gives the same bits as one program. A state that has diverged (``state.diverged_step``)
+        keeps no update.
         """
-        carry = (state, jnp.asarray(diverged, bool))
         # jitted, the iteration is traced once however often it is called with the same shapes:
         # the segments' rows need its metrics' shapes before the loop that runs it
         step = jax.jit(iteration)
         if length is None:
-            (state, _), metrics = jax.lax.scan(step, carry, first_index + jnp.arange(n_iterations, dtype=jnp.int32))
-            return state, metrics
+            return jax.lax.scan(step, state, first_index + jnp.arange(n_iterations, dtype=jnp.int32))
         index = jnp.asarray(first_index, jnp.int32)
-        metrics_shape = jax.eval_shape(step, carry, index)[1]
+        metrics_shape = jax.eval_shape(step, state, index)[1]
         rows = jax.tree_util.tree_map(lambda x: jnp.zeros((length, *x.shape), x.dtype), metrics_shape)
 
-        def body(i: jax.Array, loop: tuple[tuple, IterationMetrics]) -> tuple[tuple, IterationMetrics]:
-            carry, rows = loop
-            carry, metrics = step(carry, index + i)
+        def body(i: jax.Array, loop: tuple[LoopState, IterationMetrics]) -> tuple[LoopState, IterationMetrics]:
+            state, rows = loop
+            state, metrics = step(state, index + i)
             rows = jax.tree_util.tree_map(lambda r, x: r.at[i].set(x), rows, metrics)
-            return carry, rows
+            return state, rows
 
-        (state, _), rows = jax.lax.fori_loop(0, jnp.minimum(n_iterations, length), body, (carry, rows))
-        return state, rows
+        return jax.lax.fori_loop(0, jnp.minimum(n_iterations, length), body, (state, rows))
 
     return fresh, attach, run
 
@@ -270,7 +278,7 @@ def _rebind(tree: Any, like: Any) -> Any:
 def make_variant_functions(agent: Any, env: VecJaxEnv, keys: tuple[str, ...]) -> tuple[Callable, Callable, Callable]:
     """``make_loop_functions`` for an agent whose float hyperparameters ``keys`` are arguments:
     ``fresh(seed, values)``, ``attach(state, seed)`` and ``run(state, values, n_iterations,
-    first_index=0, *, length=None, diverged=False)``, with ``values`` a ``{key: scalar}`` dict (traced
+    first_index=0, *, length=None)``, with ``values`` a ``{key: scalar}`` dict (traced
     in the program: ``jax.vmap`` over it trains several configurations in one program, as over
     seeds).
 

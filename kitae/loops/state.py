@@ -72,6 +72,11 @@ class LoopState(NamedTuple):
         n_updates: int32, updates made so far.
         env: an ``EnvCarry`` (compiled loop), or ``None`` (host loop: its environments cannot be
             saved).
+        diverged_step: compiled loop: int32, the environment step at which the run's update
+            diverged (its losses or new state not finite; from then on no update is kept), -1
+            while it has not. Part of the state, so that a checkpoint holds it and a resumed
+            run of several seeds keeps a diverged seed where it stopped. ``None`` in the host
+            loop (a run that diverges stops there), and in checkpoints older than the field.
     """
 
     agent_state: Any
@@ -80,6 +85,7 @@ class LoopState(NamedTuple):
     env_step: jax.Array | np.ndarray
     n_updates: jax.Array | np.ndarray
     env: EnvCarry | None = None
+    diverged_step: jax.Array | np.ndarray | None = None
 
 
 class Payload(NamedTuple):

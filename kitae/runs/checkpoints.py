@@ -80,7 +80,8 @@ class Restored:
 
     Attributes:
         step: the checkpoint's step (environment transitions).
-        meta: the checkpoint's JSON metadata (``executor``, ``env_saved``, ``env_step``, ``n_updates``, ``seeds``...).
+        meta: the checkpoint's JSON metadata (``executor``, ``env_saved``, ``diverged_saved``, ``env_step``,
+            ``n_updates``, ``seeds``...).
         items: ``{name: tree}``: each restored item in the structure of the target given for it,
             or as the flat list of its arrays where no target was given.
         path: the checkpoint folder.
@@ -152,12 +153,19 @@ def _unflatten_into(name: str, target: Any, arrays: list[np.ndarray], described:
     return jax.tree_util.tree_unflatten(treedef, values)
 
 
-def _without_unwanted_env(target: Any, entries: list[dict], arrays: list[np.ndarray]) -> tuple[list, list]:
-    """A loop state saved with its environments, restored into a target without them (an agent
-    loaded for evaluation needs no environment): the ``.env`` arrays are left out."""
-    if not isinstance(target, LoopState) or target.env is not None:
+def _without_unwanted_parts(target: Any, entries: list[dict], arrays: list[np.ndarray]) -> tuple[list, list]:
+    """A loop state saved with its environments (and the compiled loop's ``diverged_step``),
+    restored into a target without them (an agent loaded for evaluation needs no environment):
+    those arrays are left out."""
+    if not isinstance(target, LoopState):
         return entries, arrays
-    keep = [i for i, entry in enumerate(entries) if not entry["path"].startswith(".env.")]
+
+    def unwanted(path: str) -> bool:
+        return (target.env is None and path.startswith(".env.")) or (
+            target.diverged_step is None and path == ".diverged_step"
+        )
+
+    keep = [i for i, entry in enumerate(entries) if not unwanted(entry["path"])]
     return [entries[i] for i in keep], [arrays[i] for i in keep]
 
 
@@ -405,7 +413,7 @@ class Checkpointer:
                     )
                 arrays.append(array)
             if target is not None and target.get(name) is not None:
-                entries, arrays = _without_unwanted_env(target[name], entries, arrays)
+                entries, arrays = _without_unwanted_parts(target[name], entries, arrays)
                 items[name] = _unflatten_into(name, target[name], arrays, entries, step)
             else:
                 items[name] = arrays
@@ -463,6 +471,7 @@ def payload_items(payload: Payload) -> tuple[dict[str, tuple[list[str], list[Any
         "executor": payload.meta.get("executor", "host"),
         "seeds": payload.meta.get("seeds"),
         "env_saved": state.env is not None,
+        "diverged_saved": state.diverged_step is not None,
         "env_step": int(env_step.max()) if env_step.size else 0,
         "n_updates": int(n_updates.max()) if n_updates.size else 0,
     }

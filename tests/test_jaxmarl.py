@@ -289,14 +289,19 @@ def test_ippo_compiled_run_trains_with_team_and_agent_statistics(ippo_runs):
 def test_same_seed_twice_gives_identical_parameters_and_vmapped_seeds_match_single_runs(ippo_runs):
     runs = {name: result for name, (_, result) in ippo_runs.items()}
     assert _leaves_equal(runs["0"].state.agent_state, runs["0 again"].state.agent_state)
-    assert not _leaves_close(
-        runs["0"].state.agent_state.actor_critic.params, runs["3"].state.agent_state.actor_critic.params
+    assert not _leaves_close(  # not even at the tolerance below
+        runs["0"].state.agent_state.actor_critic.params, runs["3"].state.agent_state.actor_critic.params, atol=5e-3
     )
     batched = runs["batched"]
     assert batched.metrics.return_sum.shape == (2, 6)
     for i, name in enumerate(("0", "3")):
         per_seed = jax.tree_util.tree_map(lambda x, i=i: x[i], batched.state.agent_state)
-        assert _leaves_close(per_seed, runs[name].state.agent_state, rtol=1e-4, atol=1e-5)
+        # The vmapped program rounds differently from the single one, and Adam moves a weight by
+        # about the learning rate (1e-3) per step however small its gradient is: where rounding
+        # flips a near-zero gradient's sign, that weight drifts by up to 2e-3 a step (24 steps
+        # here). Compiled at XLA's backend level 0 (the suite's) a few weights drift by ~1e-3;
+        # seeds 0 and 3 differ by more (checked above).
+        assert _leaves_close(per_seed, runs[name].state.agent_state, rtol=1e-4, atol=5e-3)
         np.testing.assert_allclose(batched.metrics.return_sum[i], runs[name].metrics.return_sum, rtol=1e-4)
         for a in AGENTS:
             np.testing.assert_allclose(

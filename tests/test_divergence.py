@@ -83,7 +83,7 @@ def test_seeds_trained_together_go_on_where_they_did_not_diverge():
     assert result.divergence(0) is None and result.divergence(1) is not None
     assert result.divergence(1).step == 201 and not result.stopped  # the first update after the restart
     assert len(result.update_steps[0]) == 400 and len(result.update_steps[1]) == 0  # seed 1 no longer learns
-    assert "nan" in result.divergence(1).describe()
+    assert "nan" in result.divergence(1).describe() and not result.divergence(1).before_resume
     np.testing.assert_array_equal(result.state.diverged_step, [-1, 201])
 
 
@@ -113,14 +113,14 @@ def test_a_diverged_seed_stays_so_through_a_checkpoint_and_a_resume(tmp_path):
     np.testing.assert_array_equal(payload.state.diverged_step, [-1, 201])
     resumed = CompiledExecutor().run(agent, env, 600, seeds=[0, 1], start=payload.state, segment_iterations=50)
     assert state_fingerprint(resumed.state.agent_state) == state_fingerprint(whole.state.agent_state)
-    assert resumed.divergence(1) == (201, {}) and resumed.divergence(1).describe() == "before the run was resumed"
+    assert resumed.divergence(1) == (201, {}, True) and resumed.divergence(1).describe() == "before the run was resumed"
     assert len(resumed.update_steps[0]) == 200 and len(resumed.update_steps[1]) == 0
 
     # a seed marked diverged with finite parameters: no update kept, its parameters unchanged
     marked = fresh.state._replace(diverged_step=np.asarray([-1, 150], np.int32))
     result = CompiledExecutor().run(agent, env, 300, seeds=[0, 1], start=marked)
     assert len(result.update_steps[0]) == 100 and len(result.update_steps[1]) == 0
-    assert result.divergence(1) == (150, {})
+    assert result.divergence(1) == (150, {}, True)
     seed_1 = [jax.tree_util.tree_map(lambda x: np.asarray(x)[1], s.agent_state) for s in (fresh.state, result.state)]
     assert state_fingerprint(seed_1[0]) == state_fingerprint(seed_1[1])
 

@@ -130,7 +130,9 @@ def _divergence(metrics: IterationMetrics, state: LoopState, seed_index: int, ba
         return None
     m = pick_seed(metrics, seed_index) if batched else metrics  # host metrics: numpy leaves
     rows = np.flatnonzero(np.logical_and(np.asarray(m.diverged), np.asarray(m.env_step) == step))
-    return Divergence(step, {k: float(v[rows[0]]) for k, v in m.info.items()} if len(rows) else {})
+    if not len(rows):  # it diverged before this run started
+        return Divergence(step, {}, before_resume=True)
+    return Divergence(step, {k: float(v[rows[0]]) for k, v in m.info.items()})
 
 
 def _variant_values(variants: dict[str, Any] | None, seeds: list[int], batched: bool) -> dict[str, jax.Array]:

@@ -79,16 +79,19 @@ class Divergence(NamedTuple):
     Attributes:
         step: the environment step after which that update was made.
         losses: its info, ``{name: value}`` (the non-finite values say which loss diverged);
-            empty where the run diverged before it was resumed (that part's logs have them).
+            empty where ``before_resume``.
+        before_resume: the run diverged before it was last resumed (a compiled run's
+            checkpoint keeps the step; that part's logs have the losses).
     """
 
     step: int
     losses: dict[str, float]
+    before_resume: bool = False
 
     def describe(self) -> str:
         """``"loss_qvalue=nan"`` (the non-finite losses), ``"a parameter is not finite (every
         loss is)"``, or ``"before the run was resumed"``."""
-        if not self.losses:
+        if self.before_resume:
             return "before the run was resumed"
         bad = [f"{name}={value}" for name, value in self.losses.items() if not np.isfinite(value)]
         return ", ".join(bad) if bad else "a parameter is not finite (every loss is)"

@@ -224,8 +224,9 @@ def test_command_line_spreads_seeds_over_cpu_devices(tmp_path):
     summary.json says so, and the closing line reaches the terminal before the process exits."""
     command = [sys.executable, "-m", "kitae.cli", "train", "ppo", "gymnax:CartPole-v1", "--seeds", "2",
                "--steps", "1024", "--run-dir", str(tmp_path / "run")]  # fmt: skip
-    env = {**os.environ, "KITAE_CPU_DEVICES": "2", "JAX_PLATFORMS": "cpu"}  # XLA_FLAGS: the suite's level only
-    assert "device_count" not in env["XLA_FLAGS"]
+    # XLA_FLAGS keep the suite's level but choose no device count (kitae would then leave the count alone)
+    flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f)
+    env = {**os.environ, "KITAE_CPU_DEVICES": "2", "JAX_PLATFORMS": "cpu", "XLA_FLAGS": flags}
     result = subprocess.run(command, capture_output=True, text=True, timeout=280, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "final return" in result.stdout and str(tmp_path / "run") in result.stdout

@@ -190,7 +190,8 @@ def test_sharded_seeds_match_unsharded(tmp_path):
     """4 virtual CPU devices: the seed axis sharded across them gives the unsharded result."""
     script = textwrap.dedent(f"""
         import os, sys
-        os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=4"  # kept: the suite's level 0
+        # appended: the suite's XLA level (tests/conftest.py) stays
+        os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
         sys.path.insert(0, {str(ROOT / "tests")!r})
         import jax, numpy as np
         from _agents import TinyA2C, TinyA2CParams, make_config

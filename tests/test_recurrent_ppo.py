@@ -25,13 +25,14 @@ from kitae.algos.collections.recurrent_ppo import (
 )
 from kitae.cli import main
 from kitae.distributed import AgentAlgorithm
-from kitae.envs.make import make_jax_env
+from kitae.envs.make import EnvSpec, make_jax_env
 from kitae.loops.collect import compiled_steps
 from kitae.loops.executor import EXECUTORS
 from kitae.loops.host import HostCollector
 from kitae.loops.jax_collect import JaxCollector
 from kitae.loops.state import env_reset_key
 from kitae.runs import preset_agent
+from kitae.runs.presets import load_preset
 from kitae.runs.rundir import state_fingerprint
 
 SETS = ["update_cfg.max_buffer_size=16", "update_cfg.batch_size=32", "algo_params.sequence_length=8"]
@@ -299,3 +300,22 @@ def test_the_params_round_trip_through_yaml(tmp_path):
     assert isinstance(loaded.algo_params, RecurrentPPOParams)
     assert loaded.algo_params == agent.config.algo_params
     env.close()
+
+
+# The network's own keys: the recurrent preset's core and heads, the feed-forward baseline's MLP.
+NETWORK_KEYS = {"core", "core_size", "hidden_sizes", "head_sizes", "shared_core", "activation", "sequence_length"}
+
+
+@pytest.mark.parametrize("env_id", ["CartPoleNoVel-v1", "gymnax:CartPoleNoVel-v1"])
+def test_the_feed_forward_baseline_preset_has_the_recurrent_presets_ppo_settings(env_id):
+    """``ppo`` on CartPole without velocities is the baseline of issue 12's benchmark ("on the same
+    settings": speed and learning, benchmarks/bench_recurrent.py): every setting but the network is
+    ``ppo_lstm``'s, so a change to one preset that the other lacks fails here."""
+    ff, recurrent = (load_preset(algo, EnvSpec.parse(env_id)) for algo in ("ppo", "ppo_lstm"))
+    assert {k: v for k, v in ff.items() if k != "algo_params"} == {
+        k: v for k, v in recurrent.items() if k != "algo_params"
+    }
+    ff_params = {k: v for k, v in ff["algo_params"].items() if k not in NETWORK_KEYS}
+    recurrent_params = {k: v for k, v in recurrent["algo_params"].items() if k not in NETWORK_KEYS}
+    assert ff_params == recurrent_params
+    assert recurrent["algo_params"]["shared_core"] is True and recurrent["update_cfg"]["n_epochs"] == 10

@@ -318,4 +318,5 @@ def test_the_feed_forward_baseline_preset_has_the_recurrent_presets_ppo_settings
     ff_params = {k: v for k, v in ff["algo_params"].items() if k not in NETWORK_KEYS}
     recurrent_params = {k: v for k, v in recurrent["algo_params"].items() if k not in NETWORK_KEYS}
     assert ff_params == recurrent_params
+    # the preset BENCHMARKS.md's speed figure (2.15x) was measured with: one shared core, 10 epochs
     assert recurrent["algo_params"]["shared_core"] is True and recurrent["update_cfg"]["n_epochs"] == 10

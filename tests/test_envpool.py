@@ -337,7 +337,8 @@ def test_dqn_trains_a_few_updates_on_envpool_cartpole_and_same_seed_same_paramet
     assert _tree_equal(agent.state, again.state)
 
 
-@pytest.mark.slow  # compiles the NatureCNN update: 8 to 33 s here, depending on the load
+@pytest.mark.slow  # compiles and runs the NatureCNN update: 15 s at LLVM level 1, 73 s at the suite's level 0
+@pytest.mark.usefixtures("xla_level_1")
 def test_kitae_train_ppo_on_envpool_pong_runs_a_few_updates_in_the_host_loop(tmp_path):
     from kitae.runs import RunSpec, train_run
 

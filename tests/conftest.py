@@ -50,7 +50,7 @@ def pytest_unconfigure(config):
 
 
 @pytest.fixture
-def xla_level_1(monkeypatch):
+def xla_level_1():
     """Compiles the test's programs at LLVM optimisation level 1 instead of the suite's level 0.
 
     Level 0 compiles faster, but the code it makes for convolutions' gradients runs far slower:
@@ -72,9 +72,9 @@ def xla_level_1(monkeypatch):
         return original(*args, env_options_overrides=overrides, **kwargs)
 
     jax.clear_caches()
-    monkeypatch.setattr(compiler, "get_compile_options", get_compile_options)
-    yield
-    monkeypatch.undo()
+    with pytest.MonkeyPatch.context() as patch:  # its own: undone before the test's other patches
+        patch.setattr(compiler, "get_compile_options", get_compile_options)
+        yield
     jax.clear_caches()
 
 

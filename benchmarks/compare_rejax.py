@@ -24,9 +24,10 @@ apart): ``FiveValueStep`` below joins them.
 
 Run (rejax is in the ``compare`` extra; ``pip install --no-deps rejax==0.1.3`` is enough here)::
 
-    .venv/bin/python benchmarks/compare_rejax.py one|seeds|sweep [--rounds 3]
+    .venv/bin/python benchmarks/compare_rejax.py one|seeds|sweep [--rounds 3] [--out PATH]
 
-Results: ``benchmarks/results/compare_rejax.json`` (merged case by case).
+Results: ``benchmarks/results/compare_rejax.json`` (merged case by case), or ``--out``'s file (a
+run on another machine, kept apart from the recorded one).
 """
 
 from __future__ import annotations
@@ -175,13 +176,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("case", choices=["one", "seeds", "sweep"])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--out", type=Path, default=RESULTS / "compare_rejax.json", help="the JSON file the case is merged into"
+    )
     parser.add_argument("--rejax-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rejax_worker:
         rejax_worker(args.case)
         return
     result = run_case(args.case, args.rounds)
-    path = RESULTS / "compare_rejax.json"
+    path = args.out
     data = json.loads(path.read_text()) if path.exists() else {}
     data[args.case] = result
     path.write_text(json.dumps(data, indent=2) + "\n")

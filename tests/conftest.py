@@ -4,20 +4,38 @@ import os
 import shutil
 import tempfile
 
-# The suite compiles at XLA's backend optimisation level 0 (LLVM without its optimisation passes),
-# set before JAX starts so that every process the tests start (xdist workers, `kitae` commands,
-# Ray workers) inherits it. The tests check what kitae's code computes: values against hand-computed
-# ones, the same bits for two runs, or for two executors, compiled alike; not LLVM's code
-# generation. Their programs are short runs compiled once or twice, so compiling is most of their
-# time: level 0 took 90 s where the default took 154 s on four test modules (README, "Development").
-# Tests about compile options set theirs explicitly (tests/test_cold_start.py); tests whose programs
-# mostly run convolutions take level 1 (the `xla_level_1` fixture below: level 0's convolution
-# gradients run several times slower). A user's own XLA_FLAGS that choose a level are kept.
-if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
-
-import jax  # after XLA_FLAGS
 import pytest
+
+# The suite compiles with three XLA:CPU flags, set before JAX starts so that every process the
+# tests start (xdist workers, `kitae` commands, Ray workers) inherits them. The tests check what
+# kitae's code computes: values against hand-computed ones, the same bits for two runs, or for two
+# programs of the same maths (a run in segments and in one program, the host and compiled loops,
+# the functional API and the agents, a Ray worker and the compiled loop), compiled alike; not
+# XLA's code generation. Their programs are short runs compiled once or twice, so compiling is most
+# of their time:
+# - backend optimisation level 0 (LLVM without its optimisation passes): 90 s where the default
+#   took 154 s on four test modules (README, "Development");
+# - XLA's older fusion emitters, which compile in about half the time of the default ones (PPO's
+#   training program on gymnax CartPole: 3.1 s of backend compile against 6.3 s);
+# - no instruction newer than AVX. With the older emitters alone, two programs of the same maths
+#   gave other bits (8 tests failed); capped at AVX, the same bits again (a run in segments against
+#   one program: other bits with AVX2 or AVX-512 allowed, the same with AVX; which of the newer
+#   instructions, FMA among them, made the difference was not pinned down). The AVX2 and AVX-512
+#   machines CI runs on both get AVX code.
+# The three together: the whole suite used 29.9 min of CPU against 39.5 with level 0 alone (20:12
+# against 25:32, 2026-11-28, one after the other). Tests about compile options set theirs explicitly
+# (tests/test_cold_start.py); tests whose programs mostly run convolutions take level 1 (the
+# `xla_level_1` fixture below: level 0's convolution gradients run several times slower). A flag
+# that a user's own XLA_FLAGS set is left as they set it.
+for _name, _value in {
+    "xla_backend_optimization_level": "0",
+    "xla_cpu_use_fusion_emitters": "false",
+    "xla_cpu_max_isa": "AVX",
+}.items():
+    if _name not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --{_name}={_value}".strip()
+
+import jax  # noqa: E402  (after XLA_FLAGS)
 
 # The tests compare two computations of the same maths at float32 tolerances (a scanned core
 # against the core stepped one step at a time, an update against its two halves). On NVIDIA GPUs

@@ -125,18 +125,25 @@ def test_gymnax_renderers_imports_are_deferred_and_plots_still_work(tmp_path):
     assert (tmp_path / "curve.png").stat().st_size > 1000
 
 
+# XLA's defaults for the flags the suite sets besides the level (tests/conftest.py): the new fusion
+# emitters, every instruction the CPU has
+USERS_COMPILE = {"xla_cpu_use_fusion_emitters": True, "xla_cpu_max_isa": ""}
+
+
 @pytest.mark.parametrize("algo, env_id", [("ppo", "gymnax:CartPole-v1"), ("sac", "gymnax:Pendulum-v1")])
 def test_starting_state_compiled_once_has_the_default_compiles_bits(algo, env_id, tmp_path):
     """LLVM optimisation level 1 (``jit_once``'s) makes a run's starting state (parameters,
     optimizer, environments, buffer) with the same bits as XLA's default level, 3. Both levels are
-    named: the suite's XLA_FLAGS choose level 0 for every program (tests/conftest.py)."""
+    named, and the emitters and instructions a user's compile takes: the suite's XLA_FLAGS choose
+    level 0, XLA's older fusion emitters and AVX for every program (tests/conftest.py)."""
     run, env = resolve_train(RunSpec(algo=algo, env_id=env_id))
     agent = run.agent_cls(run.algo, run.config, run_dir=tmp_path)
     fresh, _, _ = make_loop_functions(agent, env)
     seed = jax.numpy.asarray(5, jax.numpy.uint32)
     states = []
     for level in (3, 1):
-        program = jax.jit(fresh).lower(seed).compile(compiler_options={"xla_backend_optimization_level": level})
+        options = {"xla_backend_optimization_level": level, **USERS_COMPILE}
+        program = jax.jit(fresh).lower(seed).compile(compiler_options=options)
         with one_blas_thread():  # as jit_once runs it: only the compile options differ
             states.append(jax.tree_util.tree_leaves(jax.block_until_ready(program(seed))))
     default_leaves, once_leaves = states

@@ -347,36 +347,36 @@ def _summary(run_dir):
 
 
 def test_prioritized_n_step_dqn_trains_deterministically_and_resumes_exactly_in_the_compiled_loop(tmp_path):
-    args = ["train", "dqn", "gymnax:CartPole-v1", "--steps", "2048", "--quiet", "--set", "replay.prioritized=true"]
+    args = ["train", "dqn", "gymnax:CartPole-v1", "--steps", "1024", "--quiet", "--set", "replay.prioritized=true"]
     args += [
         "--set",
         "replay.n_step=3",
         "--set",
         "algo_params.start_step=200",
         "--set",
-        "train_cfg.save_frequency=1024",
+        "train_cfg.save_frequency=512",
     ]
     whole, again, cut = tmp_path / "whole", tmp_path / "again", tmp_path / "cut"
     for run_dir in (whole, again):
         assert main([*args, "--run-dir", str(run_dir)]) == 0
     a, b = _summary(whole), _summary(again)
     assert a["state_fingerprint"] == b["state_fingerprint"]
-    # the run as if stopped after its checkpoint at 1024 steps: resuming it gives the whole run's bits
+    # the run as if stopped after its checkpoint at 512 steps: resuming it gives the whole run's bits
     shutil.copytree(whole, cut)
     for folder in (cut / "checkpoints").iterdir():
-        if folder.name.isdigit() and int(folder.name) > 1024:
+        if folder.name.isdigit() and int(folder.name) > 512:
             shutil.rmtree(folder)
     (cut / "summary.json").unlink()
     assert main(["resume", str(cut), "--quiet"]) == 0
     c = _summary(cut)
-    assert c["resumed_from"] == 1024 and c["state_fingerprint"] == a["state_fingerprint"]
+    assert c["resumed_from"] == 512 and c["state_fingerprint"] == a["state_fingerprint"]
     config = (cut / "config.yaml").read_text()
     assert "prioritized: true" in config and "n_step: 3" in config
 
 
 @pytest.mark.parametrize("algo,env_id", [("sac", "Pendulum-v1"), ("td3", "Pendulum-v1"), ("sac", "CartPole-v1")])
 def test_off_policy_agents_train_with_prioritized_n_step_replay_deterministically(tmp_path, algo, env_id):
-    args = ["train", algo, env_id, "--steps", "600", "--quiet", "--set", "algo_params.start_step=200"]
+    args = ["train", algo, env_id, "--steps", "400", "--quiet", "--set", "algo_params.start_step=200"]
     args += ["--set", "replay.prioritized=true", "--set", "replay.n_step=3", *small(algo)]
     for name in ("a", "b"):
         assert main([*args, "--run-dir", str(tmp_path / name)]) == 0

@@ -339,9 +339,11 @@ def test_dqn_trains_a_few_updates_on_envpool_cartpole_and_same_seed_same_paramet
 
 @pytest.mark.slow  # compiles and runs the NatureCNN update: 15 s at LLVM level 1, 73 s at the suite's level 0
 @pytest.mark.usefixtures("xla_level_1")
-def test_kitae_train_ppo_on_envpool_pong_runs_a_few_updates_in_the_host_loop(tmp_path):
-    from kitae.runs import RunSpec, train_run
+def test_kitae_train_ppo_on_envpool_pong_runs_a_few_updates_in_the_host_loop(tmp_path, monkeypatch):
+    from kitae.runs import RunSpec, resolve, train_run
 
+    # the warning is given once per process: as if no EnvPool run came before in this one
+    monkeypatch.setattr(resolve, "_WARNED_HOST_ONLY", set())
     sets = ["update_cfg.max_buffer_size=16", "update_cfg.batch_size=16", "update_cfg.n_epochs=1"]
     with pytest.warns(UserWarning, match=r"envpool: environments train in the host loop"):
         summary = train_run(

@@ -299,12 +299,15 @@ class RolloutBuffer(_HostBuffer):
         self._rows: Any = None  # the staged data: leaves (capacity, E, ...) numpy arrays
 
     def add(self, experience: Any) -> None:
-        experience = _as_experience_arrays(experience)
         if self._rows is None:
+            experience = _as_experience_arrays(experience)  # the first row decides the dtypes
             self._rows = jax.tree_util.tree_map(lambda x: np.zeros((self.capacity, *x.shape), x.dtype), experience)
             leaves = jax.tree_util.tree_leaves(experience)
             self._n_per_row = leaves[0].shape[0] * _n_agents(experience)
-        for row, x in zip(jax.tree_util.tree_leaves(self._rows), jax.tree_util.tree_leaves(experience)):
+        # NumPy's assignment casts to the staged dtypes (float64 -> float32, int64 -> int32, as
+        # _as_experience_arrays does) without converting each leaf first: a host-loop step spent
+        # about 30 µs converting
+        for row, x in zip(jax.tree_util.tree_leaves(self._rows), jax.tree_util.tree_leaves(experience), strict=True):
             row[self._position] = x
         self._advance()
 

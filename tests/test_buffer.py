@@ -483,3 +483,29 @@ def test_add_rows_stores_the_steps_in_order(buffer_cls):
     assert at_once.size == one_by_one.size == 3
     for a, b in zip(jax.tree_util.tree_leaves(at_once.state), jax.tree_util.tree_leaves(one_by_one.state)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("buffer_cls", [ReplayBuffer, RolloutBuffer])
+def test_host_rows_take_the_first_rows_dtypes_and_are_stored_as_converted(buffer_cls):
+    """float64 is stored as float32 and int64 as int32 in every row (the rollout buffer converts
+    only its first row and lets NumPy's assignment cast the later ones: the same values)."""
+    rows = [
+        {"x": np.array([0.1, 1e-8 + 1.0], np.float64), "a": np.array([3, -(2**31) - 5], np.int64), "j": jnp.ones(2)}
+        for _ in range(3)
+    ]
+    rows[1]["x"] = np.array([1 / 3, 2 / 3])
+    buffer = buffer_cls(3)
+    for row in rows:
+        buffer.add(row)
+    data = buffer.state.data
+    assert data["x"].dtype == np.float32 and data["a"].dtype == np.int32 and data["j"].dtype == np.float32
+    for t, row in enumerate(rows):
+        np.testing.assert_array_equal(np.asarray(data["x"][t]), row["x"].astype(np.float32))
+        np.testing.assert_array_equal(np.asarray(data["a"][t]), row["a"].astype(np.int32))
+
+
+def test_a_rollout_row_of_another_structure_is_refused():
+    buffer = RolloutBuffer(3)
+    buffer.add({"x": np.zeros(2), "done": np.zeros(2, bool)})
+    with pytest.raises(ValueError):
+        buffer.add({"x": np.zeros(2)})

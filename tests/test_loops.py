@@ -297,3 +297,28 @@ def test_track_episodes_numpy_and_jax_agree():
     jr, jn, jer, jel = jax.jit(lambda *a: track_episodes(jnp, *a))(returns, lengths, rewards, ended)
     np.testing.assert_allclose(jr, r)
     np.testing.assert_array_equal(jn, n)
+
+
+def test_the_compiled_act_gives_the_same_bits_from_a_prepared_state_and_compiles_once():
+    """``compiled_steps(agent).act`` takes the acting parameters as they are or flattened once
+    (``CompiledAct.prepare``, what the host loop holds between updates): the same actions,
+    log-probabilities and next key, from one program; ``act_step`` unjitted agrees."""
+    from kitae.loops.collect import CompiledAct, act_step, compiled_steps
+
+    env = gym.make_vec(
+        "CartPole-v1", num_envs=4, vectorization_mode="sync", vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP}
+    )
+    agent = TinyA2C("test", make_config(env, TinyA2CParams(), max_buffer_size=8, batch_size=8), run_dir="unused")
+    obs, _ = env.reset(seed=0)
+    env.close()
+    acting, key, step = agent.acting_params(agent.state), jax.random.PRNGKey(5), np.asarray(8, np.int32)
+    act = compiled_steps(agent).act
+    prepared = CompiledAct.prepare(acting)
+    expected = act_step(agent, acting, key, obs, step)
+    for out in (act(acting, key, obs, step), act(prepared, key, obs, step)):
+        actions, log_probs, next_key, hidden = out
+        np.testing.assert_array_equal(actions, expected[0])
+        np.testing.assert_array_equal(log_probs, expected[1])
+        np.testing.assert_array_equal(jax.random.key_data(next_key), jax.random.key_data(expected[2]))
+        assert hidden is None and log_probs.dtype == jnp.float32
+    assert act._cache_size() == 1

@@ -29,7 +29,7 @@ from kitae.compilation_cache import use_compilation_cache
 from kitae.distributed.algorithm import AgentAlgorithm
 from kitae.envs.make import EnvSpec, make_env
 from kitae.envs.parallel import VecParallelEnv
-from kitae.loops.collect import act_step, compiled_steps
+from kitae.loops.collect import CompiledAct, FlatActing, compiled_steps
 from kitae.loops.host import HostCollector, check_env
 from kitae.loops.jax_collect import JaxCollector
 from kitae.loops.state import env_reset_key, mark_episodes_cut, reset_seed
@@ -74,12 +74,9 @@ class CollectionWorker:
             return
         env = check_env(make_env(spec, n_envs))
         self.collector = HostCollector(self.agent, env, isinstance(env, VecParallelEnv))
-        if fold is None:
-            self.act = compiled_steps(self.agent).act  # the host loop's own compiled act
-        else:  # the loop key advances as in the host loop
-            self.act = jax.jit(
-                lambda params, key, obs, step, memory=None: act_step(self.agent, params, key, obs, step, fold, memory)
-            )
+        # one worker acts with the host loop's own compiled act; several each with its fold of the
+        # act key (the loop key advances as in the host loop)
+        self.act = compiled_steps(self.agent).act if fold is None else CompiledAct(self.agent, fold)
 
     def pid(self) -> int:
         """The worker's process id (the fault tests kill it)."""
@@ -113,14 +110,16 @@ class CollectionWorker:
             ``{"rows": leaves (n_steps, E_w, ...), "episodes": [(t, Episodes)], "key": next loop
             key, "version": version}``.
         """
-        acting = jax.tree_util.tree_unflatten(self.acting_structure, acting)
+        # on the device once per collection, not once per act call
+        flat = FlatActing(jax.device_put(list(acting)), self.acting_structure)
         if self.jax_collector is not None:
-            rows, episodes, key = self.jax_collector.collect(acting, key, env_step, n_steps, total_envs)
+            tree = jax.tree_util.tree_unflatten(flat.treedef, flat.leaves)
+            rows, episodes, key = self.jax_collector.collect(tree, key, env_step, n_steps, total_envs)
             return {"rows": rows, "episodes": episodes, "key": np.asarray(key), "version": version}
         rows, episodes = [], []
         for t in range(n_steps):
             experience, ended, key = self.collector.step(
-                self.act, acting, key, env_step + t * total_envs, env_step + (t + 1) * total_envs
+                self.act, flat, key, env_step + t * total_envs, env_step + (t + 1) * total_envs
             )
             rows.append(experience)
             if ended is not None:

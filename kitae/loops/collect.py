@@ -34,6 +34,8 @@ __all__ = [
     "make_experience",
     "compiled_steps",
     "CompiledSteps",
+    "CompiledAct",
+    "FlatActing",
 ]
 
 
@@ -216,6 +218,57 @@ def make_experience(
     return experience_type(**{name: fields.get(name) for name in experience_type._fields})
 
 
+class FlatActing(NamedTuple):
+    """Acting parameters flattened once (``CompiledAct.prepare``): the host loop acts many times
+    with the same parameters, and flattening an agent's state (dataclasses and dicts, flattened
+    in Python) on every call cost about a third of a call's dispatch (PPO on CartPole: 46 -> 26
+    µs per call)."""
+
+    leaves: list
+    treedef: Any
+
+
+class CompiledAct:
+    """``act_step`` of one agent as one XLA call: ``act(acting, key, observation, env_step,
+    memory=None) -> (actions, log_probs, key, hidden)``, where ``acting`` is
+    ``agent.acting_params(state)`` or, faster when it is used for many calls, ``prepare(acting)``
+    of it. Both give the same program and the same bits.
+
+    Args:
+        agent: the agent (its pure ``act``, or ``act_recurrent``).
+        fold: ``act_step``'s ``fold`` (a distributed collection worker's share of the step).
+    """
+
+    def __init__(self, agent: Any, fold: int | None = None) -> None:
+        self.agent, self.fold = agent, fold
+        self._by_treedef: dict[Any, Callable[..., Any]] = {}
+
+    @staticmethod
+    def prepare(acting: Any) -> FlatActing:
+        """``acting`` flattened for repeated calls."""
+        leaves, treedef = jax.tree_util.tree_flatten(acting)
+        return FlatActing(leaves, treedef)
+
+    def __call__(
+        self, acting: Any, key: jax.Array, observation: Any, env_step: Any, memory: Memory | None = None
+    ) -> tuple[Any, Any, jax.Array, Any]:
+        flat = acting if isinstance(acting, FlatActing) else self.prepare(acting)
+        act = self._by_treedef.get(flat.treedef)
+        if act is None:
+            treedef, agent, fold = flat.treedef, self.agent, self.fold
+            act = jax.jit(
+                lambda leaves, key, obs, step, memory=None: act_step(
+                    agent, jax.tree_util.tree_unflatten(treedef, leaves), key, obs, step, fold, memory
+                )
+            )
+            self._by_treedef[treedef] = act
+        return act(flat.leaves, key, observation, env_step, memory)
+
+    def _cache_size(self) -> int:
+        """Programs compiled so far (for tests: a run compiles its act once)."""
+        return sum(act._cache_size() for act in self._by_treedef.values())  # type: ignore[attr-defined]
+
+
 class CompiledSteps(NamedTuple):
     """``act_step`` and ``update_step`` of one agent, each compiled as one XLA call (the host
     loop's)."""
@@ -225,14 +278,12 @@ class CompiledSteps(NamedTuple):
 
 
 def compiled_steps(agent: Any) -> CompiledSteps:
-    """The agent's compiled ``act_step`` and ``update_step`` (made once per agent and kept on it,
-    so later runs of the same agent reuse the compiled programs)."""
+    """The agent's compiled ``act_step`` (a ``CompiledAct``) and ``update_step`` (made once per
+    agent and kept on it, so later runs of the same agent reuse the compiled programs)."""
     steps = agent.__dict__.get("_compiled_steps")
     if steps is None:
         steps = CompiledSteps(
-            act=jax.jit(
-                lambda params, key, obs, step, memory=None: act_step(agent, params, key, obs, step, memory=memory)
-            ),
+            act=CompiledAct(agent),
             update=jax.jit(lambda state, key, buffer: update_step(agent, state, key, buffer)),
         )
         agent.__dict__["_compiled_steps"] = steps

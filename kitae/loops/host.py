@@ -29,7 +29,7 @@ from gymnasium.vector import AutoresetMode
 from kitae.compilation_cache import use_compilation_cache
 from kitae.envs.parallel import SyncVecParallelEnv, VecParallelEnv, is_parallel_env
 from kitae.loops.callbacks import Callback, CallbackList, LossMeans, Progress, RunInfo
-from kitae.loops.collect import Memory, compiled_steps, initial_memory, make_experience, next_memory
+from kitae.loops.collect import CompiledAct, Memory, compiled_steps, initial_memory, make_experience, next_memory
 from kitae.loops.episodes import track_episodes
 from kitae.loops.multi_agent import AgentEpisodes
 from kitae.loops.result import Divergence, Episodes, RunResult, concat_episodes
@@ -389,7 +389,7 @@ class HostExecutor:
         buffer.state = mark_episodes_cut(state.buffer) if first > 0 else state.buffer
         agent_state, key = strongly_typed(state.agent_state), jax.numpy.asarray(state.agent_key)
         n_updates = int(np.asarray(state.n_updates))
-        acting = agent.acting_params(agent_state)
+        acting = CompiledAct.prepare(agent.acting_params(agent_state))  # flattened once per update
         n_envs, per_iteration = env.num_envs, schedule.steps_per_iteration
         losses = LossMeans(agent.config.train_cfg.log_frequency, first)
         collector = HostCollector(agent, env, parallel)
@@ -438,7 +438,7 @@ class HostExecutor:
                 buffer.set_priorities(out.priorities)
                 if schedule.on_policy:
                     buffer.reset()
-                acting = agent.acting_params(agent_state)
+                acting = CompiledAct.prepare(agent.acting_params(agent_state))  # flattened once per update
                 n_updates += 1
                 update_steps.append(env_step)
                 logged = losses.add(env_step, info)

@@ -22,8 +22,8 @@ def main(n_env_steps: int = 10_240) -> None:
     print(f"observations {env.single_observation_space}, actions {env.single_action_space}")
     stats = agent.train(env, n_env_steps)  # closes env at the end
     print(
-        f"{stats.env_steps} steps in {stats.train_seconds:.0f} s ({stats.compile_seconds:.0f} s compiling), "
-        f"{stats.n_updates} updates, {len(stats.episode_returns)} episodes"
+        f"{stats.env_steps} steps: {stats.compile_seconds:.0f} s compiling, then {stats.train_seconds:.0f} s "
+        f"training; {stats.n_updates} updates, {len(stats.episode_returns)} episodes"
     )
     if stats.episode_returns:
         print(

@@ -307,7 +307,14 @@ class RolloutBuffer(_HostBuffer):
         # NumPy's assignment casts to the staged dtypes (float64 -> float32, int64 -> int32, as
         # _as_experience_arrays does) without converting each leaf first: a host-loop step spent
         # about 30 µs converting
-        for row, x in zip(jax.tree_util.tree_leaves(self._rows), jax.tree_util.tree_leaves(experience), strict=True):
+        rows, leaves = jax.tree_util.tree_leaves(self._rows), jax.tree_util.tree_leaves(experience)
+        if len(rows) != len(leaves):
+            raise ValueError(
+                f"the experience has {len(leaves)} arrays ({jax.tree_util.tree_structure(experience)}) where the "
+                f"rollout's first step had {len(rows)} ({jax.tree_util.tree_structure(self._rows)}); every step "
+                "must have the same fields"
+            )
+        for row, x in zip(rows, leaves):
             row[self._position] = x
         self._advance()
 

@@ -507,5 +507,6 @@ def test_host_rows_take_the_first_rows_dtypes_and_are_stored_as_converted(buffer
 def test_a_rollout_row_of_another_structure_is_refused():
     buffer = RolloutBuffer(3)
     buffer.add({"x": np.zeros(2), "done": np.zeros(2, bool)})
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"the experience has 1 arrays .* the rollout's first step had 2"):
         buffer.add({"x": np.zeros(2)})
+    assert buffer.size == 1

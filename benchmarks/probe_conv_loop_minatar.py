@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from probe_conv_loop import _seconds
+from probe_conv_loop import compare
 
 from kitae.modules.encoders import MinAtarCNN
 
@@ -33,24 +33,7 @@ class Net(nn.Module):
 def main() -> None:
     model = Net()
     frames = jnp.asarray(np.random.default_rng(0).integers(0, 2, (4, 1024, 10, 10, 4)).astype(np.float32))
-    params = model.init(jax.random.PRNGKey(0), frames[0, :1])
-
-    def step(p, x):  # one plain gradient step
-        grads = jax.grad(lambda q: model.apply(q, x).sum())(p)
-        return jax.tree_util.tree_map(lambda a, b: a - 1e-6 * b, p, grads)
-
-    single = jax.jit(step)
-
-    def four_calls(p, xs):
-        for i in range(4):
-            p = single(p, xs[i])
-        return p
-
-    rolled = jax.jit(lambda p, xs: jax.lax.scan(lambda q, x: (step(q, x), None), p, xs)[0])
-    unrolled = jax.jit(lambda p, xs: jax.lax.scan(lambda q, x: (step(q, x), None), p, xs, unroll=True)[0])
-    print(f"4 gradient steps, one call each: {_seconds(four_calls, params, frames):.3f} s")
-    print(f"4 gradient steps, one unrolled scan: {_seconds(unrolled, params, frames):.3f} s")
-    print(f"4 gradient steps, one rolled scan: {_seconds(rolled, params, frames):.3f} s")
+    compare(model, model.init(jax.random.PRNGKey(0), frames[0, :1]), frames)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """The NatureCNN's gradient step on the CPU: called on its own, unrolled, and inside a rolled
-``jax.lax.scan`` (what PPO's update does over epochs and minibatches).
+``jax.lax.scan`` (what PPO's update does over epochs and minibatches), with flax's convolution and
+with ``kitae.modules.conv.Conv`` (whose gradients are written channels-last).
 
 Four gradient steps on minibatches of 256 uint8 84x84x4 frames through the Atari preset's
 network (three convolutions, a 512-unit layer, 6 outputs), each way, after one warm-up call; the
@@ -19,15 +20,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kitae.modules.conv import Conv
+
 
 class NatureCNN(nn.Module):
-    """The Atari network: ``(B, 84, 84, 4)`` uint8 -> ``(B, 6)``."""
+    """The Atari network: ``(B, 84, 84, 4)`` uint8 -> ``(B, 6)``, its convolutions ``layer``."""
+
+    layer: type[nn.Module] = nn.Conv
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         x = x.astype(jnp.float32) / 255.0
         for features, kernel, stride in ((32, 8, 4), (64, 4, 2), (64, 3, 1)):
-            x = nn.relu(nn.Conv(features, (kernel, kernel), (stride, stride), padding="VALID")(x))
+            x = nn.relu(self.layer(features, (kernel, kernel), (stride, stride), padding="VALID")(x))
         x = nn.relu(nn.Dense(512)(x.reshape(x.shape[0], -1)))
         return nn.Dense(6)(x)
 
@@ -62,12 +67,14 @@ def compare(model: nn.Module, params: object, frames: jax.Array) -> None:
 
 
 def main() -> None:
-    model = NatureCNN()
     frames = jnp.asarray(np.random.default_rng(0).integers(0, 255, (4, 256, 84, 84, 4), np.uint8))
-    params = model.init(jax.random.PRNGKey(0), frames[0, :1])
-    forward = jax.jit(lambda p, x: model.apply(p, x))
-    print(f"forward pass (256 frames): {_seconds(forward, params, frames[0]) * 1e3:.0f} ms")
-    compare(model, params, frames)
+    for layer in (nn.Conv, Conv):
+        print(f"{layer.__module__}.{layer.__name__}:")
+        model = NatureCNN(layer)
+        params = model.init(jax.random.PRNGKey(0), frames[0, :1])
+        forward = jax.jit(lambda p, x, model=model: model.apply(p, x))
+        print(f"forward pass (256 frames): {_seconds(forward, params, frames[0]) * 1e3:.0f} ms")
+        compare(model, params, frames)
 
 
 if __name__ == "__main__":

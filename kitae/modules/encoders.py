@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from kitae.action_masks import ACTION_MASK_KEY
+from kitae.modules.conv import Conv
 
 Activation = str | Callable[[jax.Array], jax.Array]
 """An activation: a name understood by ``get_activation`` or a callable ``(...) -> (...)``."""
@@ -143,15 +144,14 @@ class NatureCNN(nn.Module):
 def _conv_torso(x: jax.Array, convs: tuple[tuple[int, int, int], ...], features: int, orthogonal: bool) -> jax.Array:
     """``image_to_float`` -> ``Conv(f, k x k, stride s, VALID) -> ReLU`` for each ``(f, k, s)`` in
     ``convs`` -> flatten -> ``Dense(features) -> ReLU``, leading batch dims kept. Called from a
-    module's ``nn.compact`` ``__call__``, so the layers are that module's (``Conv_0``, ...)."""
+    module's ``nn.compact`` ``__call__``, so the layers are that module's (``Conv_0``, ...).
+    ``kitae.modules.conv.Conv``: flax's ``Conv``, with gradients XLA:CPU runs fast in loops."""
     x = image_to_float(x)
     kinit = dense_init(None, orthogonal)
     batch = x.shape[:-3]
     x = x.reshape((-1,) + x.shape[-3:])
     for n_filters, kernel, stride in convs:
-        x = nn.relu(
-            nn.Conv(n_filters, (kernel, kernel), strides=(stride, stride), padding="VALID", kernel_init=kinit)(x)
-        )
+        x = nn.relu(Conv(n_filters, (kernel, kernel), strides=(stride, stride), padding="VALID", kernel_init=kinit)(x))
     x = x.reshape(batch + (-1,))
     return nn.relu(nn.Dense(features, kernel_init=kinit)(x))
 

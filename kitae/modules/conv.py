@@ -41,7 +41,8 @@ def _pairs(
 @partial(jax.custom_vjp, nondiff_argnums=(2, 3))
 def conv(x: jax.Array, kernel: jax.Array, strides: tuple[int, int], padding: Padding) -> jax.Array:
     """``lax.conv_general_dilated`` with channels last: ``x (N, H, W, C)``, ``kernel (kh, kw, C,
-    O)`` -> ``(N, H', W', O)``; ``strides`` and ``padding`` as there (static)."""
+    O)`` -> ``(N, H', W', O)``; ``strides`` and ``padding`` as there (static, so hashable:
+    explicit padding as a tuple of ``(low, high)`` pairs)."""
     return lax.conv_general_dilated(x, kernel, strides, padding, dimension_numbers=_LAYOUT)
 
 

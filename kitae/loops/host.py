@@ -275,6 +275,10 @@ class HostCollector:
         environments' step; a recurrent agent's memory goes on (``next_memory``).
 
         Args:
+            act: ``compiled_steps(agent).act`` (a ``CompiledAct``) or a function like it.
+            acting: ``agent.acting_params(state)``, or ``CompiledAct.prepare`` of it (flattened
+                once, for many steps with the same parameters: the host loop's).
+            key: the loop key.
             env_step: transitions before this step (what acting reads); ``next_step``: after it
                 (the step the episodes that end here are recorded at).
 

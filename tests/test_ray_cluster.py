@@ -16,6 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from ray._private.utils import get_ray_address_file  # where Ray keeps it; no public name
 
 RAY = str(Path(sys.executable).with_name("ray"))
 
@@ -36,11 +37,18 @@ def _session_of(port: int) -> str | None:
     return None
 
 
-def _stop_cluster(session: str) -> list[int]:
-    """Terminates every process of the cluster's session and their children; returns those left."""
+def _of_cluster(args: list[str], session: str, port: int) -> bool:
+    """Whether a command line is one of the cluster's processes: they name its session directory,
+    except the Ray client server, which names the GCS address only (``--address=IP:PORT``; once
+    missed here, it outlived the test and held its port)."""
+    return any(session in arg or (arg.startswith("--address=") and arg.endswith(f":{port}")) for arg in args)
+
+
+def _stop_cluster(session: str, port: int) -> list[int]:
+    """Terminates every process of the cluster and their children; returns those left."""
     found = set()
     for process in psutil.process_iter(["cmdline"]):
-        if any(session in arg for arg in process.info["cmdline"] or []):
+        if _of_cluster(process.info["cmdline"] or [], session, port):
             found.add(process)
             with contextlib.suppress(psutil.NoSuchProcess):
                 found |= set(process.children(recursive=True))
@@ -57,8 +65,11 @@ def _stop_cluster(session: str) -> list[int]:
 def test_a_short_ppo_run_and_a_sweep_train_on_a_two_node_cluster(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
     env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16), RAY_USAGE_STATS_ENABLED="0")
-    port = _free_port()
-    head = [RAY, "start", "--head", f"--port={port}", "--num-cpus=1", "--include-dashboard=false"]
+    port, client_port = _free_port(), _free_port()
+    head = [RAY, "start", "--head", f"--port={port}", "--num-cpus=1"]
+    head += ["--include-dashboard=false", f"--ray-client-server-port={client_port}"]
+    current = Path(get_ray_address_file(None))  # the newest cluster's address: `ray start --head` writes it
+    before = current.read_text() if current.exists() else None
     subprocess.run(head, env=env, check=True, capture_output=True, timeout=120)
     session = _session_of(port)
     assert session is not None
@@ -90,7 +101,16 @@ def test_a_short_ppo_run_and_a_sweep_train_on_a_two_node_cluster(tmp_path):
         for name in ("learning_rate=0.001", "learning_rate=0.0003"):
             assert json.loads((sweep_dir / name / "summary.json").read_text())["steps"] == 512
     finally:
-        left = _stop_cluster(session)
+        left = _stop_cluster(session, port)
+        # `ray stop` would also remove the pointer to the newest cluster, but it stops every Ray
+        # runtime on the machine; leave the pointer as it was, so that a later `ray.init()` does
+        # not try to join this stopped cluster
+        if current.exists() and current.read_text().strip().endswith(f":{port}"):
+            if before is None:
+                current.unlink()
+            else:
+                current.write_text(before)
     assert not left
+    assert not [p for p in psutil.process_iter(["cmdline"]) if _of_cluster(p.info["cmdline"] or [], session, port)]
     if _session_of(port) is not None:
         pytest.fail("the cluster's GCS still runs")

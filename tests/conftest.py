@@ -24,9 +24,7 @@ import pytest
 #   machines CI runs on both get AVX code.
 # The three together: the whole suite used 29.9 min of CPU against 39.5 with level 0 alone (20:12
 # against 25:32, 2026-11-28, one after the other). Tests about compile options set theirs explicitly
-# (tests/test_cold_start.py); tests whose programs mostly run convolutions take level 1 (the
-# `xla_level_1` fixture below: level 0's convolution gradients run several times slower). A flag
-# that a user's own XLA_FLAGS set is left as they set it.
+# (tests/test_cold_start.py). A flag that a user's own XLA_FLAGS set is left as they set it.
 for _name, _value in {
     "xla_backend_optimization_level": "0",
     "xla_cpu_use_fusion_emitters": "false",
@@ -65,35 +63,6 @@ enable_compilation_cache()
 def pytest_unconfigure(config):
     if _OWN_CACHE and not hasattr(config, "workerinput"):
         shutil.rmtree(os.environ["KITAE_CACHE_DIR"], ignore_errors=True)
-
-
-@pytest.fixture
-def xla_level_1():
-    """Compiles the test's programs at LLVM optimisation level 1 instead of the suite's level 0.
-
-    Level 0 compiles faster, but the code it makes for convolutions' gradients runs far slower:
-    PPO's NatureCNN update on Pong took 73 s of a test at level 0 and 15 s at level 1 (the
-    compile included). XLA reads XLA_FLAGS once per process; a program's own compile options
-    (``jax.jit``'s ``compiler_options``, what ``kitae.compile_options.jit_once`` uses) override
-    them, and JAX builds every program's options in ``jax._src.compiler.get_compile_options``,
-    so the fixture adds the level there. Options a program sets itself win. The on-disk cache's
-    keys hold the options, and JAX's in-memory caches are emptied before and after the test: a
-    level-1 program is never reused in place of a level-0 one (other bits) in this test or the next.
-    For the tests whose programs mostly run convolutions; it does not reach processes the test
-    starts."""
-    from jax._src import compiler
-
-    original = compiler.get_compile_options
-
-    def get_compile_options(*args, env_options_overrides=None, **kwargs):
-        overrides = {"xla_backend_optimization_level": 1, **(env_options_overrides or {})}
-        return original(*args, env_options_overrides=overrides, **kwargs)
-
-    jax.clear_caches()
-    with pytest.MonkeyPatch.context() as patch:  # its own: undone before the test's other patches
-        patch.setattr(compiler, "get_compile_options", get_compile_options)
-        yield
-    jax.clear_caches()
 
 
 @pytest.fixture(autouse=True)

@@ -337,8 +337,7 @@ def test_dqn_trains_a_few_updates_on_envpool_cartpole_and_same_seed_same_paramet
     assert _tree_equal(agent.state, again.state)
 
 
-@pytest.mark.slow  # compiles and runs the NatureCNN update: 15 s at LLVM level 1, 73 s at the suite's level 0
-@pytest.mark.usefixtures("xla_level_1")
+@pytest.mark.slow  # compiles and runs the NatureCNN update (about 4 s)
 def test_kitae_train_ppo_on_envpool_pong_runs_a_few_updates_in_the_host_loop(tmp_path, monkeypatch):
     from kitae.runs import RunSpec, resolve, train_run
 

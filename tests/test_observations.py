@@ -234,7 +234,6 @@ def test_dict_observations_train_in_the_compiled_loop(algo):
 
 
 @pytest.mark.parametrize("algo", ["ppo", "dqn"])
-@pytest.mark.usefixtures("xla_level_1")  # a convolution's gradient: 57 s (PPO) at the suite's level 0
 def test_pixel_observations_train_in_the_host_loop_and_stay_uint8(algo):
     env = make_vec_env(
         "CartPole-v1", 2, env_kwargs={"render_mode": "rgb_array"}, wrappers=[cartpole_pixels], frame_stack=2

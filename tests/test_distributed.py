@@ -8,6 +8,7 @@ ends with the host loop's state, bit for bit.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -143,3 +144,17 @@ def test_no_ray_process_outlives_a_run_that_started_its_runtime(tmp_path):
         time.sleep(0.5)
     left = [pid for pid in report["pids"] if psutil.pid_exists(pid)]
     assert not left, [psutil.Process(pid).name() for pid in left if psutil.pid_exists(pid)]
+
+
+def test_a_runtime_starts_in_a_process_that_imported_ray_before_kitae_set_its_environment():
+    """Ray reads its RAY_* variables when it is imported: a process that imported Ray first (a
+    user's `import ray`) held the authentication mode it read then, so its driver sent no token
+    to the runtime kitae started, which wanted one ("Authentication token is missing", after 20 s
+    of retries). Found by the suite itself, once a test module imported Ray at collection."""
+    script = "import ray\nfrom kitae.distributed.runtime import ray_runtime\n"
+    script += "with ray_runtime(num_cpus=1) as r:\n    print(len(r.nodes()))\n"
+    # a fresh process's environment: what earlier runtimes of this worker set is not there
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "1"

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-from ray._private.utils import get_ray_address_file  # where Ray keeps it; no public name
 
 RAY = str(Path(sys.executable).with_name("ray"))
 
@@ -68,6 +67,8 @@ def test_a_short_ppo_run_and_a_sweep_train_on_a_two_node_cluster(tmp_path):
     port, client_port = _free_port(), _free_port()
     head = [RAY, "start", "--head", f"--port={port}", "--num-cpus=1"]
     head += ["--include-dashboard=false", f"--ray-client-server-port={client_port}"]
+    from ray._private.utils import get_ray_address_file  # where Ray keeps it (no public name)
+
     current = Path(get_ray_address_file(None))  # the newest cluster's address: `ray start --head` writes it
     before = current.read_text() if current.exists() else None
     subprocess.run(head, env=env, check=True, capture_output=True, timeout=120)

@@ -60,6 +60,14 @@ def ray_runtime(address: str | None = None, *, num_cpus: int | None = None) -> I
         return
     kwargs: dict[str, Any] = {"log_to_driver": False, "configure_logging": False}
     if address is None:
+        # Ray reads its RAY_* variables into its C++ config when it is first imported: a process
+        # that imported Ray before _local_only_environment() (the user's own `import ray`) holds
+        # the authentication mode it read then, and its driver would send no token to the runtime
+        # it starts, which wants one (GCS "Authentication token is missing", after 20 s of
+        # retries). Re-read them, as ray.init does when it turns token authentication on itself.
+        from ray._raylet import Config  # type: ignore[attr-defined]  # Cython; no public name in Ray 2.60
+
+        Config.initialize("")
         # "local": a new instance even when a cluster started with `ray start` runs on this machine
         # (with no address Ray would join that one, found through /tmp/ray/ray_current_cluster)
         ray.init(address="local", include_dashboard=False, num_cpus=num_cpus, **kwargs)

@@ -146,15 +146,33 @@ def test_no_ray_process_outlives_a_run_that_started_its_runtime(tmp_path):
     assert not left, [psutil.Process(pid).name() for pid in left if psutil.pid_exists(pid)]
 
 
-def test_a_runtime_starts_in_a_process_that_imported_ray_before_kitae_set_its_environment():
+def test_a_runtime_starts_in_a_process_that_imported_ray_first_and_leaves_its_settings_as_they_were():
     """Ray reads its RAY_* variables when it is imported: a process that imported Ray first (a
     user's `import ray`) held the authentication mode it read then, so its driver sent no token
     to the runtime kitae started, which wanted one ("Authentication token is missing", after 20 s
     of retries). Found by the suite itself, once a test module imported Ray at collection."""
-    script = "import ray\nfrom kitae.distributed.runtime import ray_runtime\n"
-    script += "with ray_runtime(num_cpus=1) as r:\n    print(len(r.nodes()))\n"
+    script = textwrap.dedent(
+        """
+        import json, os
+        import ray
+        import ray._private.ray_constants as constants
+        from kitae.distributed.runtime import ray_runtime
+
+        names = ("RAY_AUTH_MODE", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
+        before = [os.environ.get(name) for name in names], constants.ENABLE_RAY_CLUSTER
+        for _ in range(2):
+            with ray_runtime(num_cpus=1) as r:
+                nodes = len(r.nodes())
+        after = [os.environ.get(name) for name in names], constants.ENABLE_RAY_CLUSTER
+        print(json.dumps({"nodes": nodes, "before": before, "after": after}))
+        """
+    )
     # a fresh process's environment: what earlier runtimes of this worker set is not there
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")}
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip().splitlines()[-1] == "1"
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["nodes"] == 1
+    # the settings of a runtime that serves this machine only last as long as the runtime: a later
+    # `ray.init` or `ray start` of the user's is not bound to them
+    assert report["after"] == report["before"] == [[None, None], True]

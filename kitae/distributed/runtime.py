@@ -1,11 +1,11 @@
 """The Ray runtime a distributed run uses: started by the run itself, or an existing cluster.
 
 With no address, ``ray_runtime()`` starts a local Ray instance bound to 127.0.0.1, with Ray's
-token authentication on and no dashboard, and shuts it down when the run ends (no Ray process
-outlives it). With an address (``"HOST:PORT"`` of a head started by ``ray start --head``), it joins
-that cluster and only disconnects at the end. When this process is already connected to Ray
-(``ray.init`` called by the user, or a test sharing one runtime), it uses that connection and
-leaves it open.
+token authentication on and no dashboard, and shuts it down when the run ends: no Ray process
+outlives it, and the process's Ray settings are as they were. With an address (``"HOST:PORT"``
+of a head started by ``ray start --head``), it joins that cluster and only disconnects at the end.
+When this process is already connected to Ray (``ray.init`` called by the user, or a test sharing
+one runtime), it uses that connection and leaves it open.
 """
 
 from __future__ import annotations
@@ -18,15 +18,45 @@ from typing import Any
 __all__ = ["ray_runtime", "import_ray"]
 
 
-def _local_only_environment() -> None:
-    """Environment of a runtime that serves this machine only.
+_LOCAL_ONLY = {"RAY_AUTH_MODE": "token", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
-    ``RAY_AUTH_MODE=token``: every RPC carries Ray's generated token. Ray resolves 127.0.0.1 to
-    the machine's outward address unless ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` is false, which
+
+@contextmanager
+def _local_only_settings() -> Iterator[None]:
+    """Ray's settings for a runtime that serves this machine only, for the ``with`` block; the
+    process's own are restored after it (its environment variables and Ray's constant), so that a
+    later ``ray.init`` or ``ray start`` of the user's is not bound to them.
+
+    ``RAY_AUTH_MODE=token`` (unless the user chose a mode): every RPC carries Ray's generated
+    token. Ray resolves 127.0.0.1 to the machine's outward address unless
+    ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` is false (the environment variable, read by the processes
+    the runtime starts, and its constant in this process, read when Ray picks its address), which
     makes a local instance take the loopback address: its servers then listen on 127.0.0.1 only.
     """
-    os.environ.setdefault("RAY_AUTH_MODE", "token")
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    import ray._private.ray_constants as constants
+    from ray._raylet import Config  # type: ignore[attr-defined]  # Cython; no public name in Ray 2.60
+
+    saved = {name: os.environ.get(name) for name in _LOCAL_ONLY}
+    saved_constant = constants.ENABLE_RAY_CLUSTER
+    os.environ.setdefault("RAY_AUTH_MODE", _LOCAL_ONLY["RAY_AUTH_MODE"])
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = _LOCAL_ONLY["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"]
+    constants.ENABLE_RAY_CLUSTER = False
+    # Ray reads its RAY_* variables into its C++ config when it is first imported: a process that
+    # imported Ray before this point (the user's own `import ray`) holds the authentication mode
+    # it read then, and its driver would send no token to the runtime it starts, which wants one
+    # (GCS "Authentication token is missing", after 20 s of retries). Re-read them, as ray.init
+    # does when it turns token authentication on itself; and again once they are restored.
+    Config.initialize("")
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        constants.ENABLE_RAY_CLUSTER = saved_constant
+        Config.initialize("")
 
 
 def import_ray() -> Any:
@@ -48,32 +78,23 @@ def ray_runtime(address: str | None = None, *, num_cpus: int | None = None) -> I
         num_cpus: CPUs the local runtime offers its actors (default: Ray's count). Workers
             reserve none, so the number of actors is not bound by the number of cores.
     """
-    if address is None:
-        _local_only_environment()
     ray = import_ray()
-    if address is None:
-        import ray._private.ray_constants as constants
-
-        constants.ENABLE_RAY_CLUSTER = False  # read when Ray picks its address (see above)
     if ray.is_initialized():
         yield ray
         return
     kwargs: dict[str, Any] = {"log_to_driver": False, "configure_logging": False}
-    if address is None:
-        # Ray reads its RAY_* variables into its C++ config when it is first imported: a process
-        # that imported Ray before _local_only_environment() (the user's own `import ray`) holds
-        # the authentication mode it read then, and its driver would send no token to the runtime
-        # it starts, which wants one (GCS "Authentication token is missing", after 20 s of
-        # retries). Re-read them, as ray.init does when it turns token authentication on itself.
-        from ray._raylet import Config  # type: ignore[attr-defined]  # Cython; no public name in Ray 2.60
-
-        Config.initialize("")
+    if address is not None:
+        ray.init(address=address, **kwargs)
+        try:
+            yield ray
+        finally:
+            ray.shutdown()
+        return
+    with _local_only_settings():
         # "local": a new instance even when a cluster started with `ray start` runs on this machine
         # (with no address Ray would join that one, found through /tmp/ray/ray_current_cluster)
         ray.init(address="local", include_dashboard=False, num_cpus=num_cpus, **kwargs)
-    else:
-        ray.init(address=address, **kwargs)
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
+        try:
+            yield ray
+        finally:
+            ray.shutdown()

@@ -414,6 +414,11 @@ def _report(summary: dict, quiet: bool) -> int:
     return 0
 
 
+def _count(n: int, noun: str) -> str:
+    """``"1 episode"``, ``"3 episodes"``."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
+
+
 def _eval(args: argparse.Namespace) -> int:
     from kitae.runs import eval_run
 
@@ -421,7 +426,7 @@ def _eval(args: argparse.Namespace) -> int:
     for i, (mean, std) in enumerate(zip(result["mean"], result["std"])):
         who = f" seed {result['seeds'][i]}" if result["seeds"] else ""
         print(
-            f"{result['env']}{who}: return {mean:.2f} +- {std:.2f} over {result['episodes']} episodes "
+            f"{result['env']}{who}: return {mean:.2f} +- {std:.2f} over {_count(result['episodes'], 'episode')} "
             f"(deterministic policy, checkpoint step {result['step']:,})"
         )
     if result["video"]:

@@ -232,6 +232,11 @@ def test_eval_reports_mean_and_std_and_records_a_video(capsys, run_copy):
     assert len(videos) == 1 and videos[0].stat().st_size > 1000
 
 
+def test_eval_of_one_episode_says_one_episode(capsys, run_copy):
+    assert main(["eval", str(run_copy), "--episodes", "1"]) == 0
+    assert "over 1 episode (deterministic policy" in capsys.readouterr().out
+
+
 def test_plot_puts_several_runs_on_one_figure(capsys, run_copy, trained_run, tmp_path):
     out = tmp_path / "both.png"
     assert main(["plot", str(trained_run), str(run_copy), "-o", str(out)]) == 0

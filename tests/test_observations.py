@@ -265,3 +265,31 @@ def test_minatar_trains_in_the_compiled_loop():
     run = compiled_train(agent, env, 4 * 16 * 3)
     assert int(np.sum(run.metrics.updated)) == 3
     assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree_util.tree_leaves(agent.state))
+
+
+_RENDER_SCRIPT = """
+import os, sys
+from kitae.envs.make import make_vec_env
+env = make_vec_env("CartPole-v1", 1, env_kwargs={"render_mode": "rgb_array"})
+env.reset(seed=0)
+frame = env.envs[0].render()
+env.close()
+print(frame.shape, os.environ.get("SDL_AUDIODRIVER"), os.environ.get("SDL_VIDEODRIVER"))
+"""
+
+
+@pytest.mark.parametrize("audio", [None, "disk"])
+def test_a_rendering_environment_renders_off_screen_and_keeps_the_users_sdl_settings(audio):
+    """``render_mode="rgb_array"``: pygame starts with SDL's dummy drivers, so a headless machine
+    prints no ALSA or XDG_RUNTIME_DIR errors; a driver the user chose is kept."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SDL_", "PYGAME_"))}
+    if audio is not None:
+        env["SDL_AUDIODRIVER"] = audio
+    done = subprocess.run([sys.executable, "-c", _RENDER_SCRIPT], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["(400,", "600,", "3)", audio or "dummy", "dummy"]
+    assert "ALSA" not in done.stderr and "XDG_RUNTIME_DIR" not in done.stderr, done.stderr

@@ -127,6 +127,22 @@ def make_jax_env(env_id: str | EnvSpec, n_envs: int, **env_kwargs: Any) -> Any:
     )
 
 
+def render_offscreen() -> None:
+    """Lets pygame, Gymnasium's renderer for ``rgb_array`` frames, draw without a display or a
+    sound card: SDL's ``dummy`` video and audio drivers, unless the process already names others.
+
+    Without them, on a headless machine pygame's start prints a dozen ALSA and
+    ``XDG_RUNTIME_DIR`` errors to stderr, for frames it renders off-screen anyway. Called before a
+    rendering environment is made (videos, ``render_mode="rgb_array"``); it sets process
+    environment variables (``setdefault``: a user's own choice is kept).
+    """
+    import os
+
+    os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
+
+
 def _gymnasium_thunk(
     name: str,
     index: int,
@@ -136,6 +152,8 @@ def _gymnasium_thunk(
     wrap: Callable[[gym.Env], gym.Env] | None = None,
 ) -> Callable[[], gym.Env]:
     def thunk() -> gym.Env:
+        if (capture_video and index == 0) or env_kwargs.get("render_mode") is not None:
+            render_offscreen()  # in the process that makes the environment (a worker, with async)
         if capture_video and index == 0:
             env = gym.make(name, render_mode="rgb_array", **env_kwargs)
             env = gym.wrappers.RecordVideo(env, str(video_dir), disable_logger=True)

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from kitae.envs.make import EnvSpec
+from kitae.envs.make import EnvSpec, render_offscreen
 from kitae.runs.errors import RunError
 from kitae.runs.load import load_agent, run_seeds
 from kitae.runs.resolve import resolve_run_dir
@@ -30,14 +30,11 @@ def record_video(agent: Any, env: EnvSpec, folder: Path, prefix: str, seed: int 
     """Records one episode of ``agent.select_action`` as an MP4 in ``folder`` (Gymnasium's
     ``RecordVideo`` on ``rgb_array`` frames; a gymnax environment is rendered through its
     Gymnasium twin, ``gymnasium_twin``). Returns the file."""
-    import os
     import warnings
 
     import gymnasium as gym
 
-    os.environ.setdefault("SDL_AUDIODRIVER", "dummy")  # pygame renders off-screen: no sound card,
-    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # no display needed
-    os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
+    render_offscreen()
     name = gymnasium_twin(env)
     if name is None:
         raise RunError(f"--video: {env.id} has no Gymnasium environment of the same name to render")

@@ -13,7 +13,10 @@ SB3 and SBX, with an empty compilation cache (every run compiles, as SB3/SBX's f
 ``kitae-warm`` is the same with kitae's persistent compilation cache warmed by one untimed run
 (what a user's second run of a configuration costs); ``kitae-compiled`` is the compiled loop over
 the gymnax port of the same environment (``gymnax:CartPole-v1`` / ``gymnax:Pendulum-v1``, same
-dynamics, same hyperparameters), cold cache, wall time including compilation.
+dynamics, same hyperparameters), cold cache, wall time including compilation. ``kitae-bare`` (not
+run by default) is the host loop with a cold cache and no run directory: the executor called
+without callbacks (``kitae.loops.host.HostExecutor().run``), so that, like SB3's and SBX's
+``learn`` here, it writes no logs, checkpoints or plot.
 
 Needs the optional comparison dependencies: ``make compare`` installs them
 (``pip install torch==2.13.0`` for the CPU wheel on disk, then ``.[compare]``).
@@ -122,7 +125,7 @@ def _sb3_like(framework: str, task: str, seed: int) -> dict:
     }
 
 
-def _kitae(task: str, seed: int, compiled: bool = False) -> dict:
+def _kitae(task: str, seed: int, compiled: bool = False, bare: bool = False) -> dict:
     sys.path.insert(0, str(HERE))
     from common import build_config
 
@@ -170,7 +173,12 @@ def _kitae(task: str, seed: int, compiled: bool = False) -> dict:
     # a new run directory each time: agent.train writes its run there (config, checkpoints, logs)
     agent = Agent("compare", config, run_dir=tempfile.mkdtemp(prefix=f"kitae-compare-{task}-{seed}-"))
     start = time.perf_counter()
-    result = agent.train(env, spec["steps"])
+    if bare:  # the loop alone: no run directory (TensorBoard, metrics, checkpoints, plot)
+        from kitae.loops.host import HostExecutor
+
+        result = HostExecutor().run(agent, env, spec["steps"])
+    else:
+        result = agent.train(env, spec["steps"])
     wall = time.perf_counter() - start
     if compiled:
         return {
@@ -190,7 +198,7 @@ def _kitae(task: str, seed: int, compiled: bool = False) -> dict:
 
 def worker(framework: str, task: str, seed: int) -> None:
     if framework.startswith("kitae"):
-        result = _kitae(task, seed, compiled=framework == "kitae-compiled")
+        result = _kitae(task, seed, compiled=framework == "kitae-compiled", bare=framework == "kitae-bare")
     else:
         result = _sb3_like(framework, task, seed)
     result["peak_rss_mb"] = _peak_mb()
@@ -205,7 +213,7 @@ def main() -> None:
         "--frameworks",
         nargs="+",
         default=["sb3", "sbx", "kitae", "kitae-warm", "kitae-compiled"],
-        choices=["sb3", "sbx", "kitae", "kitae-warm", "kitae-compiled"],
+        choices=["sb3", "sbx", "kitae", "kitae-warm", "kitae-compiled", "kitae-bare"],
     )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0)

@@ -270,6 +270,9 @@ def test_minatar_trains_in_the_compiled_loop():
 _RENDER_SCRIPT = """
 import os, sys
 from kitae.envs.make import make_vec_env
+env = make_vec_env("CartPole-v1", 1, env_kwargs={"render_mode": "human"})  # a window: SDL left alone
+env.close()
+assert "SDL_VIDEODRIVER" not in os.environ, os.environ["SDL_VIDEODRIVER"]
 env = make_vec_env("CartPole-v1", 1, env_kwargs={"render_mode": "rgb_array"})
 env.reset(seed=0)
 frame = env.envs[0].render()
@@ -281,7 +284,8 @@ print(frame.shape, os.environ.get("SDL_AUDIODRIVER"), os.environ.get("SDL_VIDEOD
 @pytest.mark.parametrize("audio", [None, "disk"])
 def test_a_rendering_environment_renders_off_screen_and_keeps_the_users_sdl_settings(audio):
     """``render_mode="rgb_array"``: pygame starts with SDL's dummy drivers, so a headless machine
-    prints no ALSA or XDG_RUNTIME_DIR errors; a driver the user chose is kept."""
+    prints no ALSA or XDG_RUNTIME_DIR errors; a driver the user chose is kept, and ``"human"``
+    (a window) leaves the drivers alone."""
     import os
     import subprocess
     import sys

@@ -127,6 +127,12 @@ def make_jax_env(env_id: str | EnvSpec, n_envs: int, **env_kwargs: Any) -> Any:
     )
 
 
+OFFSCREEN_MODES = ("rgb_array", "depth_array")
+"""Gymnasium render modes that return frames (``rgb_array``, ``rgb_array_list``, ...): no window,
+so ``make_vec_env`` makes such environments after ``render_offscreen``. ``"human"`` opens a window
+and is left as it is."""
+
+
 def render_offscreen() -> None:
     """Lets pygame, Gymnasium's renderer for ``rgb_array`` frames, draw without a display or a
     sound card: SDL's ``dummy`` video and audio drivers, unless the process already names others.
@@ -152,7 +158,7 @@ def _gymnasium_thunk(
     wrap: Callable[[gym.Env], gym.Env] | None = None,
 ) -> Callable[[], gym.Env]:
     def thunk() -> gym.Env:
-        if (capture_video and index == 0) or env_kwargs.get("render_mode") is not None:
+        if (capture_video and index == 0) or str(env_kwargs.get("render_mode")).startswith(OFFSCREEN_MODES):
             render_offscreen()  # in the process that makes the environment (a worker, with async)
         if capture_video and index == 0:
             env = gym.make(name, render_mode="rgb_array", **env_kwargs)

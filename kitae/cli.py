@@ -430,7 +430,8 @@ def _eval(args: argparse.Namespace) -> int:
             f"(deterministic policy, checkpoint step {result['step']:,})"
         )
     if result["video"]:
-        print(f"video: {result['video']}")
+        of = f" (seed {result['seeds'][0]})" if result["seeds"] else ""  # a run of several seeds films its first
+        print(f"video{of}: {result['video']}")
     return 0
 
 

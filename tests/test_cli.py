@@ -237,6 +237,21 @@ def test_eval_of_one_episode_says_one_episode(capsys, run_copy):
     assert "over 1 episode (deterministic policy" in capsys.readouterr().out
 
 
+def test_eval_of_a_run_of_several_seeds_reports_each_seed_and_films_the_first(capsys, tmp_path):
+    run_dir = tmp_path / "two"
+    assert main(["train", "ppo", "gymnax:CartPole-v1", "--steps", "1024", "--seeds", "2", "--seed", "5",
+                 "--run-dir", str(run_dir), "--quiet"]) == 0  # fmt: skip
+    capsys.readouterr()
+    assert main(["eval", str(run_dir), "--episodes", "2", "--video"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [line.split(":")[1] for line in lines[:2]] == ["CartPole-v1 seed 5", "CartPole-v1 seed 6"], lines
+    assert all("over 2 episodes (deterministic policy, checkpoint step 1,024)" in line for line in lines[:2])
+    assert lines[2].startswith("video (seed 5): ") and len(lines) == 3, lines
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert len(summary["eval_return"]) == len(summary["eval_return_std"]) == 2 and summary["eval_episodes"] == 2
+    assert len(list((run_dir / "videos").glob("*.mp4"))) == 1
+
+
 def test_plot_puts_several_runs_on_one_figure(capsys, run_copy, trained_run, tmp_path):
     out = tmp_path / "both.png"
     assert main(["plot", str(trained_run), str(run_copy), "-o", str(out)]) == 0

@@ -93,3 +93,42 @@ def test_a_second_train_call_goes_on_from_the_agents_state(loop, tmp_path):
     assert agent.env_step == 96 and agent.n_updates == len(first.update_steps[0]) + len(second.update_steps[0])
     assert list(second.update_steps[0]) == list(range(52, 97, 4))  # the schedule goes on where it was
     assert sorted(int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir()) == [48, 96]
+
+
+@pytest.mark.parametrize("loop", ["host", "compiled"])
+def test_an_environment_of_other_spaces_is_refused_before_anything_runs(loop, tmp_path):
+    """Both executors check the environment's spaces against ``env_cfg`` (one rule,
+    ``kitae.envs.spaces.check_env_spaces``), instead of failing inside the networks."""
+    make = (lambda i: make_jax_env(f"gymnax:{i}", 2)) if loop == "compiled" else (lambda i: make_vec_env(i, 2))
+    config = make_config(make("CartPole-v1"), TinyA2CParams(), max_buffer_size=16, batch_size=32, n_env_steps=64)
+    executor = CompiledExecutor() if loop == "compiled" else HostExecutor()
+    wrong = make("Acrobot-v1")  # observations (6,), three actions
+    message = "observation space does not match env_cfg.observation_space.*shape \\(6,\\) where \\(4,\\) was expected"
+    with pytest.raises(ValueError, match=message):
+        executor.run(TinyA2C("x", config, run_dir=tmp_path / "run"), wrong, 64)
+
+
+def test_space_mismatch_names_what_differs_and_ignores_bounds():
+    import gymnasium as gym
+
+    from kitae.envs.spaces import space_mismatch
+
+    box = gym.spaces.Box(-1.0, 1.0, (4,))
+    assert space_mismatch(box, gym.spaces.Box(-5.0, 5.0, (4,), np.float64)) is None  # bounds and dtype: not checked
+    assert space_mismatch(box, gym.spaces.Box(-1.0, 1.0, (3,))) == "shape (3,) where (4,) was expected"
+    assert space_mismatch(box, gym.spaces.Discrete(4)) == "Discrete where Box was expected"
+    assert space_mismatch(gym.spaces.Discrete(2), gym.spaces.Discrete(3)) == (
+        "Discrete(3, start=0) where Discrete(2, start=0) was expected"
+    )
+    assert space_mismatch(gym.spaces.MultiDiscrete([2, 3]), gym.spaces.MultiDiscrete([2, 4])) == (
+        "nvec [2, 4] where [2, 3] was expected"
+    )
+    nested = gym.spaces.Dict({"a": box, "b": gym.spaces.Tuple([gym.spaces.Discrete(2), box])})
+    assert space_mismatch(nested, nested) is None
+    other = gym.spaces.Dict({"a": box, "b": gym.spaces.Tuple([gym.spaces.Discrete(2), gym.spaces.Box(0, 1, (5,))])})
+    assert space_mismatch(nested, other) == "shape (5,) where (4,) was expected at ['b'][1]"
+    assert space_mismatch(nested, gym.spaces.Dict({"a": box})) == "keys ['a'] where ['a', 'b'] were expected"
+    # the same task from two sources declares other bounds: one agent trains in both
+    gymnasium_env, gymnax_env = make_vec_env("CartPole-v1", 1), make_jax_env("gymnax:CartPole-v1", 1)
+    assert space_mismatch(gymnasium_env.single_observation_space, gymnax_env.single_observation_space) is None
+    gymnasium_env.close()

@@ -84,6 +84,22 @@ def test_a_run_started_from_python_saves_resumes_and_loads_like_one_from_the_com
         _dqn(run_dir)[0].train(make_vec_env("CartPole-v1", 2), 100)
 
 
+def test_a_run_that_refused_its_environment_can_be_trained_again_in_its_directory(tmp_path):
+    """``agent.train`` with the wrong environment fails before any step, having written only what a
+    run writes before its first step; the call with the right one then trains in that directory
+    (which a run with anything recorded would refuse, above)."""
+    run_dir = tmp_path / "run"
+    agent, env = _dqn(run_dir)
+    with pytest.raises(ValueError, match="the environment has 3 sub-environments but env_cfg.n_envs=2"):
+        agent.train(make_vec_env("CartPole-v1", 3), 100)
+    assert sorted(p.name for p in run_dir.iterdir()) == ["config.yaml", "logs", "metrics.jsonl"]
+    assert agent.train(env, 100).env_steps == 100
+    assert len(list((run_dir / "logs").iterdir())) == 1  # the refused run's event file was cleared
+    assert Checkpointer(run_dir / "checkpoints").all_steps() == [50, 100]
+    with pytest.raises(RunError, match="already holds a run"):  # now it holds one
+        _dqn(run_dir)[0].train(make_vec_env("CartPole-v1", 2), 100)
+
+
 def test_a_resumed_host_run_marks_the_interrupted_episodes_truncated(tmp_path):
     agent, env = _dqn(tmp_path / "run")
     agent.train(env, 100)

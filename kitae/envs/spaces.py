@@ -90,3 +90,67 @@ def space_from_dict(data: dict[str, Any]) -> gym.Space:
     except KeyError as missing:
         raise ValueError(f"space of type {kind!r} is missing the key {missing}") from None
     raise ValueError(f"unknown space type {kind!r}: accepted types are {_ACCEPTED}")
+
+
+def space_mismatch(expected: gym.Space, actual: gym.Space, where: str = "") -> str | None:
+    """Where ``actual`` differs from ``expected`` in what an agent's networks are built for, or
+    ``None`` when they agree: the kind of space, a ``Box``'s shape, a ``Discrete``'s ``n`` and
+    ``start``, a ``MultiDiscrete``'s ``nvec``, a ``MultiBinary``'s ``n``, a ``Dict``'s keys and a
+    ``Tuple``'s length, recursively. Bounds and dtypes are not compared: the same task from two
+    sources (``CartPole-v1`` and ``gymnax:CartPole-v1``) declares other bounds for the same
+    observations, and one agent trains in both.
+
+    Args:
+        where: the path of the sub-space being compared (for the message), ``""`` at the top.
+    """
+    at = f" at {where}" if where else ""
+    if type(expected) is not type(actual):
+        return f"{type(actual).__name__} where {type(expected).__name__} was expected{at}"
+    return _same_kind_mismatch(expected, actual, where, at)
+
+
+def _same_kind_mismatch(expected: Any, actual: Any, where: str, at: str) -> str | None:
+    """``space_mismatch`` for two spaces of the same class."""
+    if isinstance(expected, gym.spaces.Box) and expected.shape != actual.shape:
+        return f"shape {actual.shape} where {expected.shape} was expected{at}"
+    if isinstance(expected, gym.spaces.Discrete) and (expected.n, expected.start) != (actual.n, actual.start):
+        given, wanted = f"Discrete({actual.n}, start={actual.start})", f"Discrete({expected.n}, start={expected.start})"
+        return f"{given} where {wanted} was expected{at}"
+    if isinstance(expected, gym.spaces.MultiDiscrete) and not np.array_equal(expected.nvec, actual.nvec):
+        return f"nvec {actual.nvec.tolist()} where {expected.nvec.tolist()} was expected{at}"
+    if isinstance(expected, gym.spaces.MultiBinary) and expected.shape != actual.shape:
+        return f"MultiBinary{actual.shape} where MultiBinary{expected.shape} was expected{at}"
+    if isinstance(expected, gym.spaces.Dict):
+        if sorted(expected.spaces) != sorted(actual.spaces):
+            return f"keys {sorted(actual.spaces)} where {sorted(expected.spaces)} were expected{at}"
+        for key in expected.spaces:
+            found = space_mismatch(expected[key], actual[key], f"{where}[{key!r}]")
+            if found:
+                return found
+    if isinstance(expected, gym.spaces.Tuple):
+        if len(expected.spaces) != len(actual.spaces):
+            return f"{len(actual.spaces)} spaces where {len(expected.spaces)} were expected{at}"
+        for i, (e, a) in enumerate(zip(expected.spaces, actual.spaces)):
+            found = space_mismatch(e, a, f"{where}[{i}]")
+            if found:
+                return found
+    return None
+
+
+def check_env_spaces(env_cfg: Any, observation_space: gym.Space, action_space: gym.Space) -> None:
+    """Checks an environment's (one copy's, one agent's) spaces against the ``EnvConfig`` an agent
+    was built from (``space_mismatch``).
+
+    Raises:
+        ValueError: naming the space, what differs, and what to do.
+    """
+    for name, expected, actual in (
+        ("observation", env_cfg.observation_space, observation_space),
+        ("action", env_cfg.action_space, action_space),
+    ):
+        found = space_mismatch(expected, actual)
+        if found:
+            raise ValueError(
+                f"the environment's {name} space does not match env_cfg.{name}_space, which the agent was "
+                f"built for: {found}; build the agent's config from this environment's single_{name}_space"
+            )

@@ -28,6 +28,7 @@ from gymnasium.vector import AutoresetMode
 
 from kitae.compilation_cache import use_compilation_cache
 from kitae.envs.parallel import SyncVecParallelEnv, VecParallelEnv, is_parallel_env
+from kitae.envs.spaces import check_env_spaces
 from kitae.loops.callbacks import Callback, CallbackList, LossMeans, Progress, RunInfo
 from kitae.loops.collect import CompiledAct, Memory, compiled_steps, initial_memory, make_experience, next_memory
 from kitae.loops.episodes import track_episodes
@@ -160,13 +161,15 @@ def _with_final_observations(observations: Any, finals: list, rows: np.ndarray) 
 
 
 def _check_layout(agent: Any, env: Any) -> bool:
-    """Checks the environment against ``env_cfg``; returns whether it is multi-agent."""
+    """Checks the environment against ``env_cfg`` (copies, spaces, agents); returns whether it is
+    multi-agent."""
     n_envs = env.num_envs
     if n_envs != agent.config.env_cfg.n_envs:
         raise ValueError(
             f"the environment has {n_envs} sub-environments but env_cfg.n_envs="
             f"{agent.config.env_cfg.n_envs}; they must match"
         )
+    check_env_spaces(agent.config.env_cfg, env.single_observation_space, env.single_action_space)
     parallel = isinstance(env, VecParallelEnv)
     n_agents = agent.config.env_cfg.n_agents
     if parallel and env.num_agents != n_agents:

@@ -26,6 +26,7 @@ import numpy as np
 
 from kitae.buffer import buffer_add, buffer_init, buffer_reset
 from kitae.envs.jax_env import VecJaxEnv
+from kitae.envs.spaces import check_env_spaces
 from kitae.loops.collect import UpdateOutcome, act_step, initial_memory, make_experience, update_step
 from kitae.loops.jax_collect import jax_vector_step, reset_env_carry
 from kitae.loops.multi_agent import env_agents
@@ -75,6 +76,7 @@ def _check_env(agent: Any, env: Any) -> tuple[str, ...] | None:
             f"the environment has {env.num_envs} copies but env_cfg.n_envs={agent.config.env_cfg.n_envs}; "
             "they must match"
         )
+    check_env_spaces(agent.config.env_cfg, env.single_observation_space, env.single_action_space)
     agents = env_agents(env)
     n_agents = 1 if agents is None else len(agents)
     if agent.config.env_cfg.n_agents != n_agents:

@@ -23,7 +23,7 @@ from kitae.replay.sum_tree import SumTree
 from kitae.runs.checkpoints import Checkpointer, CheckpointError, CheckpointMismatch, Restored
 from kitae.runs.errors import RunError
 from kitae.runs.resolve import resolve_run_dir
-from kitae.runs.rundir import check_run_dir, holds_only_config
+from kitae.runs.rundir import check_run_dir, never_trained
 
 __all__ = [
     "checkpoint_dirs",
@@ -162,7 +162,7 @@ def restore_error(error: Exception, run: Any = None) -> RunError:
     if isinstance(error, CheckpointError) and text.startswith("no checkpoint in"):
         command = "kitae train ALGO ENV --config RUN_DIR/config.yaml --run-dir NEW_DIR"
         if run is not None:
-            target = run.run_dir if holds_only_config(run.run_dir) else "NEW_DIR"  # train takes such a directory
+            target = run.run_dir if never_trained(run.run_dir) else "NEW_DIR"  # train takes such a directory
             command = f"kitae train {run.algo} {run.env.id} --config {run.run_dir}/config.yaml --run-dir {target}"
         return RunError(
             f"{text}: the run stopped before its first checkpoint (checkpoints are written every "

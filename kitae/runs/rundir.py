@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import resource
+import shutil
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -123,10 +124,29 @@ def write_config(run_dir: Path, config: AlgoConfig) -> None:
     tmp.replace(run_dir / "config.yaml")
 
 
-def holds_only_config(run_dir: Path) -> bool:
-    """``run_dir`` holds ``config.yaml`` and nothing else: a run written up front and never started
-    (a sweep's combination the sweep had not reached when it stopped)."""
-    return run_dir.is_dir() and [p.name for p in run_dir.iterdir()] == ["config.yaml"]
+BEFORE_TRAINING = frozenset({"config.yaml", "logs", "metrics.jsonl"})
+"""What a run writes before its first step: its config, TensorBoard's event file (the config as
+text) and an empty ``metrics.jsonl``."""
+
+
+def never_trained(run_dir: Path) -> bool:
+    """``run_dir`` holds ``config.yaml`` and at most the rest of ``BEFORE_TRAINING``, with an empty
+    ``metrics.jsonl``: a run written up front and never started (a sweep's combination the sweep
+    had not reached when it stopped), or one that stopped before its first step (an environment
+    its agent refused). It has no checkpoint to go on from and recorded nothing: training it
+    again from the start loses nothing."""
+    if not run_dir.is_dir():
+        return False
+    names = {p.name for p in run_dir.iterdir()}
+    metrics = run_dir / "metrics.jsonl"
+    return "config.yaml" in names and names <= BEFORE_TRAINING and (not metrics.exists() or metrics.stat().st_size == 0)
+
+
+def clear_before_training(run_dir: Path) -> None:
+    """Removes what a run that never trained (``never_trained``) wrote besides ``config.yaml``, so
+    that training it again starts from the directory a new run has."""
+    shutil.rmtree(run_dir / "logs", ignore_errors=True)
+    (run_dir / "metrics.jsonl").unlink(missing_ok=True)
 
 
 def final_return_from_rows(rows: list[dict], seed: int, last: int = 10) -> float:

@@ -42,8 +42,9 @@ from kitae.runs.resolve import ResolvedRun, RunSpec, make_run_env, resolve_agent
 from kitae.runs.rundir import (
     MetricsFile,
     check_run_dir,
+    clear_before_training,
     final_return_from_rows,
-    holds_only_config,
+    never_trained,
     peak_rss_mb,
     read_metrics,
     read_run_config,
@@ -308,9 +309,11 @@ def _holds_a_run(run_dir: Path) -> bool:
 
 
 def _not_started(run: ResolvedRun) -> bool:
-    """The run directory holds nothing but the ``config.yaml`` this run would write (a sweep's
-    combination that had not started when the sweep stopped): training it loses nothing."""
-    return holds_only_config(run.run_dir) and (run.run_dir / "config.yaml").read_text() == run.config.to_yaml()
+    """The run directory holds no more than this run writes before its first step
+    (``never_trained``: a sweep's combination that had not started when the sweep stopped, a run
+    that refused its environment), with the ``config.yaml`` this run would write: training it
+    loses nothing."""
+    return never_trained(run.run_dir) and (run.run_dir / "config.yaml").read_text() == run.config.to_yaml()
 
 
 def train_run(spec: RunSpec) -> dict:
@@ -327,6 +330,7 @@ def train_run(spec: RunSpec) -> dict:
         raise RunError(f"run directory {str(run.run_dir)!r} already exists and is not empty; choose another --run-dir")
     agent = run.make_agent()
     run.run_dir.mkdir(parents=True, exist_ok=True)
+    clear_before_training(run.run_dir)
     write_config(run.run_dir, run.config)
     return execute(run, train_plans(run, agent, env), run.total, quiet=spec.quiet)[0]
 
@@ -358,6 +362,8 @@ def train_agent(agent: Any, env: Any, n_env_steps: int | None, *, callbacks: Any
             "agent another run_name or run_dir"
         )
     run.run_dir.mkdir(parents=True, exist_ok=True)
+    if fresh:  # a new directory, or one whose run never trained: started from scratch
+        clear_before_training(run.run_dir)
     if not (run.run_dir / "config.yaml").exists():
         write_config(run.run_dir, run.config)
     plan = Plan(run.run_dir / "checkpoints", agent.config.seed, agent=agent, env=env)

@@ -51,6 +51,10 @@ jax.config.update("jax_default_matmul_precision", "highest")
 _OWN_CACHE = "PYTEST_XDIST_WORKER" not in os.environ
 if _OWN_CACHE:
     os.environ["KITAE_CACHE_DIR"] = tempfile.mkdtemp(prefix="kitae-test-cache-")
+    # Thrown away at the end: unbounded (JAX's default), which spares each of the suite's
+    # thousands of writes the bound's scan of the whole folder (tests/test_compilation_cache.py
+    # tests the bound).
+    os.environ.setdefault("KITAE_CACHE_MAX_BYTES", "-1")
 
 from kitae.compilation_cache import enable_compilation_cache  # noqa: E402  (after KITAE_CACHE_DIR)
 

@@ -78,6 +78,8 @@ def test_a_run_started_from_python_saves_resumes_and_loads_like_one_from_the_com
     assert Checkpointer(run_dir / "checkpoints").all_steps() == [100, 150, 200]
     assert json.loads((run_dir / "summary.json").read_text())["resumed_from"] == 100
     assert state_fingerprint(TinyDQN.unserialize(run_dir).state) == state_fingerprint(resumed.state)
+    with pytest.raises(RunError, match="seed_index=1 is not allowed; the run trained one seed: allowed 0"):
+        TinyDQN.unserialize(run_dir, seed_index=1)
     with pytest.raises(RunError, match="already reached step 200"):
         _dqn(run_dir)[0].resume(make_vec_env("CartPole-v1", 2), 200)
     with pytest.raises(RunError, match="already holds a run"):  # a fresh agent does not overwrite it

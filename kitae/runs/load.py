@@ -224,6 +224,8 @@ def load_agent(run_dir: str | Path, seed_index: int = 0, agent_cls: type | None 
     seeds = per_seed or run_seeds(run_dir)
     if seeds and not 0 <= seed_index < len(seeds):
         raise RunError(f"seed_index={seed_index} is not allowed; the run has {len(seeds)} seeds: {seeds}")
+    if not seeds and seed_index != 0:
+        raise RunError(f"seed_index={seed_index} is not allowed; the run trained one seed: allowed 0")
     agent = run.make_agent(seeds[seed_index] if seeds else None)
     directory = dirs[per_seed[seed_index]] if per_seed else dirs[None]
     try:

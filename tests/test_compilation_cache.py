@@ -1,0 +1,84 @@
+"""kitae's persistent compilation cache: bounded, least recently used entries evicted first, and
+read and written under JAX's file lock (``kitae.compilation_cache``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from kitae.compilation_cache import DEFAULT_MAX_BYTES, cache_max_bytes
+
+# Twelve distinct programs, compiled one after the other into a cache bounded to 60 kB (each of
+# these programs takes a few kB); prints what the cache folder holds and JAX's setting.
+_FILL = """
+import json, os, pathlib, sys
+import jax, jax.numpy as jnp
+from kitae.compilation_cache import enable_compilation_cache
+path = enable_compilation_cache(sys.argv[1])
+for n in range(1, 13):
+    jax.jit(lambda x: jnp.tanh(x @ x.T) + n)(jnp.ones((n, 3))).block_until_ready()
+entries = sorted(path.glob("*-cache"))
+print(json.dumps({
+    "max_size": jax.config.jax_compilation_cache_max_size,
+    "entries": len(entries),
+    "bytes": sum(p.stat().st_size for p in entries),
+    "lock": (path / ".lockfile").exists(),
+}))
+"""
+
+
+def _fill(tmp_path, **env: str) -> dict:
+    environ = {
+        k: v for k, v in os.environ.items() if k not in ("KITAE_CACHE_MAX_BYTES", "JAX_COMPILATION_CACHE_MAX_SIZE")
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", _FILL, str(tmp_path / "cache")],
+        env={**environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_cache_keeps_to_its_bound_evicting_the_oldest_entries(tmp_path):
+    bounded = _fill(tmp_path / "a", KITAE_CACHE_MAX_BYTES="60000")
+    assert bounded["max_size"] == 60000 and bounded["lock"]  # bounded: JAX locks each read and write
+    assert 0 < bounded["bytes"] <= 60000
+    unbounded = _fill(tmp_path / "b", KITAE_CACHE_MAX_BYTES="-1")
+    assert unbounded["max_size"] == -1 and not unbounded["lock"]
+    assert unbounded["bytes"] > 60000 and unbounded["entries"] > bounded["entries"]  # the bound evicted some
+
+
+def test_the_default_bound_and_the_users_own_jax_setting(monkeypatch):
+    monkeypatch.delenv("KITAE_CACHE_MAX_BYTES", raising=False)  # the suite's own cache is unbounded (conftest)
+    assert cache_max_bytes() == DEFAULT_MAX_BYTES == 4 * 1024**3
+    done = subprocess.run(
+        [sys.executable, "-c", "import jax, sys; from kitae.compilation_cache import enable_compilation_cache; "
+         "enable_compilation_cache(sys.argv[1]); print(jax.config.jax_compilation_cache_max_size)", "unused-cache"],
+        env={**os.environ, "JAX_COMPILATION_CACHE_MAX_SIZE": "12345"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "12345"  # JAX's own variable wins
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "lots", "1.5"])
+def test_a_bad_bound_is_refused(monkeypatch, value):
+    monkeypatch.setenv("KITAE_CACHE_MAX_BYTES", value)
+    with pytest.raises(ValueError, match=f"KITAE_CACHE_MAX_BYTES='{value}' is not allowed; allowed: an int >= 1"):
+        cache_max_bytes()
+
+
+def test_a_good_bound_is_read(monkeypatch):
+    monkeypatch.setenv("KITAE_CACHE_MAX_BYTES", "1000000")
+    assert cache_max_bytes() == 1_000_000
+    monkeypatch.setenv("KITAE_CACHE_MAX_BYTES", "-1")
+    assert cache_max_bytes() == -1

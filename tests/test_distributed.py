@@ -108,6 +108,10 @@ def test_bad_runs_are_rejected_before_anything_starts(tmp_path):
         DistributedExecutor(DistributedConfig()).run(agent, env, 1024)
     with pytest.raises(TypeError, match="DistributedConfig"):
         DistributedExecutor({"workers": 2})
+    # an id of other spaces than the config's: the rule of every executor, before Ray starts
+    message = "observation space does not match env_cfg.observation_space.*shape \\(6,\\) where \\(4,\\)"
+    with pytest.raises(ValueError, match=message):
+        DistributedExecutor(DistributedConfig(workers=2)).run(agent, "gymnax:Acrobot-v1", 1024)
     env.close()
 
 

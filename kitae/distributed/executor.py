@@ -45,7 +45,8 @@ from kitae.distributed.algorithm import AgentAlgorithm
 from kitae.distributed.gradients import average_gradients, gradient_plan
 from kitae.distributed.runtime import ray_runtime
 from kitae.distributed.workers import CollectionWorker, GradientWorker
-from kitae.envs.make import EnvSpec
+from kitae.envs.make import EnvSpec, make_env
+from kitae.envs.spaces import check_env_spaces
 from kitae.loops.callbacks import Callback, CallbackList, LossMeans, Progress, RunInfo
 from kitae.loops.evaluate import evaluate_host, evaluate_jax
 from kitae.loops.result import Divergence, Episodes, RunResult, concat_episodes
@@ -148,12 +149,29 @@ class DistributedExecutor:
         """
         check_positive_int("n_env_steps", n_env_steps)
         spec = self.check(env, agent.config.env_cfg.n_envs)
+        _check_spaces(agent, spec)
         seeds = [agent.config.seed] if seeds is None else list(seeds)
         if len(seeds) != 1:
             raise ValueError(f"seeds={seeds} is not allowed here; allowed: one seed per distributed run")
         callbacks = callbacks if isinstance(callbacks, Callback) else CallbackList(callbacks)
         with ray_runtime(self.config.address) as ray:
             return _Run(self, ray, agent, spec, n_env_steps, start, seeds[0], callbacks).run()
+
+
+def _check_spaces(agent: Any, spec: EnvSpec) -> None:
+    """The rule of every executor (``kitae.envs.spaces.check_env_spaces``), before Ray starts: one
+    copy of ``spec`` is made here, since the workers make theirs from the id (which need not be
+    the one the config was made from: ``agent.train_distributed(env_id)``).
+
+    Raises:
+        ValueError: for spaces that differ from ``env_cfg``'s.
+    """
+    env = make_env(spec, 1)
+    try:
+        check_env_spaces(agent.config.env_cfg, env.single_observation_space, env.single_action_space)
+    finally:
+        if hasattr(env, "close"):
+            env.close()
 
 
 class _Run:

@@ -115,6 +115,22 @@ def test_bad_runs_are_rejected_before_anything_starts(tmp_path):
     env.close()
 
 
+def test_the_configs_own_id_is_not_made_again_to_check_its_spaces(monkeypatch, tmp_path):
+    """The space check makes a copy in the driver only for an id other than the config's (which
+    gave env_cfg its spaces; a copy would import Brax or JaxMARL into the driver for nothing)."""
+    import kitae.distributed.executor as executor_module
+    from kitae.envs.make import EnvSpec
+
+    agent, env = preset_agent("ppo", "CartPole-v1", steps=1024, run_dir=tmp_path / "a")
+    env.close()
+    made = []
+    monkeypatch.setattr(executor_module, "make_env", lambda spec, n: made.append(spec.id) or env)
+    executor_module._check_spaces(agent, EnvSpec.parse("CartPole-v1"))
+    assert made == []
+    executor_module._check_spaces(agent, EnvSpec.parse("gymnax:CartPole-v1"))  # same spaces, another id
+    assert made == ["gymnax:CartPole-v1"]
+
+
 def test_no_ray_process_outlives_a_run_that_started_its_runtime(tmp_path):
     """A child process trains with a runtime of its own; every process of that runtime (the
     child's descendants while it trains) is gone once the run ends."""

@@ -159,13 +159,21 @@ class DistributedExecutor:
 
 
 def _check_spaces(agent: Any, spec: EnvSpec) -> None:
-    """The rule of every executor (``kitae.envs.spaces.check_env_spaces``), before Ray starts: one
-    copy of ``spec`` is made here, since the workers make theirs from the id (which need not be
-    the one the config was made from: ``agent.train_distributed(env_id)``).
+    """The rule of every executor (``kitae.envs.spaces.check_env_spaces``), before Ray starts, for
+    an id other than the one the config was made from (``agent.train_distributed(env_id)`` takes
+    any): the workers make their environments from the id, so one copy is made here to check.
+    The config's own id (``kitae train``, ``preset_agent``) gave ``env_cfg`` its spaces: no copy
+    is made for it (making one imports its library here, 1-3 s for Brax or JaxMARL).
 
     Raises:
         ValueError: for spaces that differ from ``env_cfg``'s.
     """
+    try:
+        own = EnvSpec.parse(agent.config.env_cfg.task_name).id == spec.id
+    except ValueError:  # a task name that is not an id ("CartPole-pixels")
+        own = False
+    if own:
+        return
     env = make_env(spec, 1)
     try:
         check_env_spaces(agent.config.env_cfg, env.single_observation_space, env.single_action_space)

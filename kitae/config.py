@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 import types
 import typing
 from collections.abc import Callable
@@ -112,6 +113,14 @@ def check_algo_param(condition: bool, field: str, value: Any, allowed: str) -> N
     _require(condition, f"algo_params.{field}", value, allowed)
 
 
+def unknown_field_message(field: Any, where: str, names: list[str], prefix: str = "") -> str:
+    """``"unknown field update_cfg.learnig_rate in UpdateConfig; did you mean
+    update_cfg.learning_rate?; allowed fields: ..."``: the closest name, where one is close."""
+    close = difflib.get_close_matches(str(field), names, n=1, cutoff=0.75)
+    hint = f"; did you mean {prefix}{close[0]}?" if close else ""
+    return f"unknown field {prefix}{field} in {where}{hint}; allowed fields: {', '.join(names)}"
+
+
 def _from_mapping(cls: type[D], data: Any, prefix: str) -> D:
     """Builds a dataclass from a mapping, rejecting unknown keys by name."""
     if not isinstance(data, dict):
@@ -119,7 +128,7 @@ def _from_mapping(cls: type[D], data: Any, prefix: str) -> D:
     names = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(data) - set(names))
     if unknown:
-        raise ValueError(f"unknown field {prefix}{unknown[0]} in {cls.__name__}; allowed fields: {', '.join(names)}")
+        raise ValueError(unknown_field_message(unknown[0], cls.__name__, names, prefix))
     required = [
         f.name
         for f in dataclasses.fields(cls)
@@ -432,10 +441,10 @@ class DistributedConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DistributedConfig:
-        unknown = set(data) - set(cls.__dataclass_fields__)
+        unknown = sorted(set(data) - set(cls.__dataclass_fields__))
         if unknown:
             raise ValueError(
-                f"distributed has unknown fields {sorted(unknown)}; allowed: {sorted(cls.__dataclass_fields__)}"
+                unknown_field_message(unknown[0], "DistributedConfig", list(cls.__dataclass_fields__), "distributed.")
             )
         return cls(**data)
 
@@ -516,7 +525,7 @@ class AlgoConfig:
         allowed = [f.name for f in dataclasses.fields(cls)]
         unknown = sorted(set(data) - set(allowed))
         if unknown:
-            raise ValueError(f"unknown field {unknown[0]} in AlgoConfig; allowed fields: {', '.join(allowed)}")
+            raise ValueError(unknown_field_message(unknown[0], "AlgoConfig", allowed))
         missing = [name for name in allowed if name not in data and name not in ("distributed", "replay")]
         if missing:
             raise ValueError(f"AlgoConfig is missing the field {missing[0]}")

@@ -96,11 +96,29 @@ def test_malformed_yaml(capsys, tmp_path):
     _bad(capsys, ["train", "ppo", "--config", str(tmp_path / "missing.yaml")], "does not exist")
     unknown = tmp_path / "unknown.yaml"
     unknown.write_text(yaml.safe_dump({"optimizer": "adam"}))
-    _bad(capsys, ["train", "ppo", "--config", str(unknown)], "unknown key 'optimizer'")
+    _bad(capsys, ["train", "ppo", "--config", str(unknown)], "unknown key 'optimizer' in")
+    flat = tmp_path / "flat.yaml"
+    flat.write_text(yaml.safe_dump({"gamma": 0.9}))
+    _bad(
+        capsys,
+        ["train", "ppo", "--config", str(flat)],
+        "flat.yaml; did you mean 'algo_params.gamma'?",
+    )
+    misspelt = tmp_path / "misspelt.yaml"
+    misspelt.write_text(yaml.safe_dump({"update_cfg": {"learnin_rate": 1e-3}}))
+    _bad(capsys, ["train", "ppo", "--config", str(misspelt)], "did you mean update_cfg.learning_rate?")
 
 
 def test_unknown_set_key_and_wrong_type(capsys):
-    _bad(capsys, ["train", "ppo", "--set", "update_cfg.lr=1e-3"], "unknown --set key 'update_cfg.lr'")
+    _bad(capsys, ["train", "ppo", "--set", "update_cfg.lr=1e-3"], "unknown --set key 'update_cfg.lr'; allowed keys")
+    # A near miss is named: the field under another section, or a misspelling.
+    _bad(
+        capsys,
+        ["train", "ppo", "--set", "learning_rate=1e-3"],
+        "unknown --set key 'learning_rate'; did you mean 'update_cfg.learning_rate'?",
+    )
+    _bad(capsys, ["train", "ppo", "--set", "algo_params.gama=0.9"], "did you mean 'algo_params.gamma'?")
+    _bad(capsys, ["train", "dqn", "--set", "algo_params.batch_size=32"], "did you mean 'update_cfg.batch_size'?")
     _bad(capsys, ["train", "ppo", "--set", "novalue"], "KEY=VALUE")
     _bad(capsys, ["train", "ppo", "--set", "update_cfg.n_epochs=many"], "update_cfg.n_epochs")
     _bad(capsys, ["train", "ppo", "--set", "update_cfg.learning_rate=-1"], "update_cfg.learning_rate")

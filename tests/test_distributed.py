@@ -95,8 +95,12 @@ def test_bad_layouts_are_rejected_clearly(fields, match):
 def test_config_round_trips_and_rejects_unknown_fields():
     config = DistributedConfig(workers=4, gradient_workers=2, async_collection=True, address="127.0.0.1:6379")
     assert DistributedConfig.from_dict(config.to_dict()) == config
-    with pytest.raises(ValueError, match="unknown fields"):
+    with pytest.raises(ValueError, match="unknown field distributed.threads in DistributedConfig; allowed fields"):
         DistributedConfig.from_dict({"workers": 2, "threads": 3})
+    with pytest.raises(
+        ValueError, match=r"distributed.worker in DistributedConfig; did you mean distributed.workers\?"
+    ):
+        DistributedConfig.from_dict({"worker": 2})
 
 
 def test_bad_runs_are_rejected_before_anything_starts(tmp_path):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +27,16 @@ PRESETS_DIR = Path(__file__).resolve().parents[1] / "presets"
 SECTION_KEYS = ("n_envs", "n_env_steps", "algo_params", "update_cfg", "train_cfg", "seed", "distributed", "replay")
 
 
-def _check_section(section: Any, where: str) -> dict:
+def _check_section(section: Any, where: str, params_cls: type | None = None) -> dict:
     if section is None:
         return {}
     if not isinstance(section, dict):
         raise ValueError(f"{where} must be a mapping with keys among {', '.join(SECTION_KEYS)}, got {section!r}")
     unknown = sorted(set(section) - set(SECTION_KEYS))
     if unknown:
-        raise ValueError(f"unknown key {unknown[0]!r} in {where}; allowed: {', '.join(SECTION_KEYS)}")
+        keys = set(SECTION_KEYS) | settable_keys(params_cls)
+        hint = did_you_mean(str(unknown[0]), keys) if unknown[0] not in keys else ""
+        raise ValueError(f"unknown key {unknown[0]!r} in {where}{hint}; allowed: {', '.join(SECTION_KEYS)}")
     return section
 
 
@@ -75,7 +78,7 @@ def load_config_file(path: str | Path, params_cls: type | None = None) -> dict:
         raise ValueError(f"malformed YAML in {str(path)!r}: {error}".replace("\n", " ")) from None
     if isinstance(data, dict) and "algo_params_class" in data:
         data = _from_run_config(data, path, params_cls)
-    data = _check_section(data, str(path))
+    data = _check_section(data, str(path), params_cls)
     train = data.get("train_cfg")
     if isinstance(train, dict) and "n_env_steps" in train:
         # One key for the budget, so that --steps and --set n_env_steps, merged after the file,
@@ -134,7 +137,7 @@ def parse_sets(items: list[str], params_cls: type) -> dict:
     Raises:
         ValueError: for an item without ``=`` or an unknown key, naming the allowed keys.
     """
-    allowed = _allowed_keys(params_cls)
+    allowed = settable_keys(params_cls)
     out: dict = {}
     for item in items:
         key, sep, text = item.partition("=")
@@ -142,7 +145,9 @@ def parse_sets(items: list[str], params_cls: type) -> dict:
         if not sep or not key:
             raise ValueError(f"--set {item!r} is not KEY=VALUE")
         if key not in allowed:
-            raise ValueError(f"unknown --set key {key!r}; allowed keys: {', '.join(sorted(allowed))}")
+            raise ValueError(
+                f"unknown --set key {key!r}{did_you_mean(key, allowed)}; allowed keys: {', '.join(sorted(allowed))}"
+            )
         path = key.split(".")
         node = out
         for part in path[:-1]:
@@ -151,11 +156,36 @@ def parse_sets(items: list[str], params_cls: type) -> dict:
     return out
 
 
-def _allowed_keys(params_cls: type) -> set[str]:
+def did_you_mean(key: str, allowed: set[str]) -> str:
+    """``"; did you mean 'update_cfg.learning_rate'?"`` for a near miss of a dotted key, else ``""``.
+
+    The key's last part is matched against the fields' names: the same name under another section
+    (``learning_rate``, ``algo_params.batch_size``), else the closest spelling (``algo_params.gama``),
+    in the key's own section where it has one there.
+    """
+    section, _, last = key.rpartition(".")
+    by_field: dict[str, list[str]] = {}
+    for k in sorted(allowed):
+        by_field.setdefault(k.rpartition(".")[2], []).append(k)
+    names = difflib.get_close_matches(last, sorted(by_field), n=3, cutoff=0.75)
+    if not names:
+        return ""
+    close = by_field[names[0]]
+    if last not in by_field:
+        # A misspelling: the closest name in the key's own section, where it has one there.
+        own = [k for name in names for k in by_field[name] if k.rpartition(".")[0] == section]
+        close = own[:1] or close
+    return "; did you mean " + " or ".join(repr(k) for k in close) + "?"
+
+
+def settable_keys(params_cls: type | None) -> set[str]:
+    """Every dotted key ``--set`` takes for an algorithm whose params dataclass is ``params_cls``
+    (``None``: the keys of every section but ``algo_params``)."""
     keys = {"seed", "n_envs", "n_env_steps"}
     keys |= {f"train_cfg.{f.name}" for f in dataclasses.fields(cfg.TrainConfig)}
     keys |= {f"update_cfg.{f.name}" for f in dataclasses.fields(cfg.UpdateConfig)}
-    keys |= {f"algo_params.{f.name}" for f in dataclasses.fields(params_cls)}
+    if params_cls is not None:
+        keys |= {f"algo_params.{f.name}" for f in dataclasses.fields(params_cls)}
     keys |= {f"distributed.{f.name}" for f in dataclasses.fields(cfg.DistributedConfig)}
     keys |= {f"replay.{f.name}" for f in dataclasses.fields(cfg.ReplayConfig)}
     return keys

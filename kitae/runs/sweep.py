@@ -57,7 +57,7 @@ from kitae.runs.checkpoints import CHECKPOINT_MODULES, Checkpointer
 from kitae.runs.errors import RunDiverged, RunError
 from kitae.runs.load import checkpoint_dirs
 from kitae.runs.plotting import PLOT_MODULES
-from kitae.runs.presets import parse_value
+from kitae.runs.presets import did_you_mean, parse_value, settable_keys
 from kitae.runs.progress import ProgressBar
 from kitae.runs.ray_tasks import check_workers, in_ray_tasks
 from kitae.runs.resolve import ResolvedRun, RunSpec, resolve_train
@@ -382,10 +382,11 @@ def sweep_run(spec: SweepSpec) -> dict:
             if key not in allowed:
                 what = (
                     "not a field of the config"
-                    if "." not in key
+                    if key not in settable_keys(type(run.config.algo_params))
                     else "not a float field (it decides shapes or the program's structure)"
                 )
-                raise RunError(f"--grid {key} cannot be swept: {what}; allowed: {', '.join(allowed)}")
+                hint = did_you_mean(key, set(allowed))
+                raise RunError(f"--grid {key} cannot be swept: {what}{hint}; allowed: {', '.join(allowed)}")
         if run.config.distributed is not None:
             raise RunError("kitae sweep does not train distributed runs; drop --set distributed.*")
         compiled = isinstance(run.executor, CompiledExecutor)

@@ -57,6 +57,7 @@ from kitae.buffer import BufferState, Experience, ReplayBuffer, RolloutBuffer, b
 from kitae.compile_options import jit_once, one_blas_thread
 from kitae.config import AlgoConfig, DistributedConfig
 from kitae.envs.goals import goal_reward_fn
+from kitae.envs.spaces import check_observation
 from kitae.replay.prioritized import annealed_beta, update_priorities
 from kitae.replay.sampling import sample_transitions
 from kitae.run_service import RunService, install_run_service, run_service
@@ -481,11 +482,21 @@ class BaseAgent(IAgent):
 
     def explore(self, observation: Any) -> tuple[jax.Array, jax.Array]:
         """Samples actions to explore with the agent's state at ``self.env_step`` (one compiled
-        call of ``act``): ``(actions (E, ...), log_probs (E,))``."""
+        call of ``act``): ``(actions (E, ...), log_probs (E,))``.
+
+        Raises:
+            ValueError: for observations that do not fit ``config.env_cfg.observation_space``.
+        """
+        check_observation(self.config.env_cfg.observation_space, observation, self.parallel)
         return self._act_jit(self.acting_params(self.state), self.nextkey(), observation, step_array(self.env_step))
 
     def select_action(self, observation: Any) -> tuple[jax.Array, jax.Array]:
-        """Deterministic actions (greedy class / mean action): ``(actions (E, ...), log_probs (E,))``."""
+        """Deterministic actions (greedy class / mean action): ``(actions (E, ...), log_probs (E,))``.
+
+        Raises:
+            ValueError: for observations that do not fit ``config.env_cfg.observation_space``.
+        """
+        check_observation(self.config.env_cfg.observation_space, observation, self.parallel)
         return self._act_jit(
             self.acting_params(self.state), self.nextkey(), observation, step_array(self.env_step), deterministic=True
         )

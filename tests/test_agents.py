@@ -236,3 +236,53 @@ def test_explore_fn_is_lifted_for_single_observations():
     assert action.shape == () and log_prob.shape == ()
     env.close()
     assert isinstance(gym.spaces.Discrete(2), gym.Space)
+
+
+def test_observation_mismatch_reads_shapes_only():
+    from kitae.envs.spaces import observation_mismatch
+
+    box = gym.spaces.Box(-1.0, 1.0, (4,))
+    assert observation_mismatch(box, np.zeros(4)) is None  # one observation
+    assert observation_mismatch(box, np.zeros((8, 4))) is None  # a batch
+    assert observation_mismatch(box, [[0.0] * 4] * 2) is None  # nested lists
+    assert observation_mismatch(box, np.zeros((8, 3))) == (
+        "shape (8, 3) where (4,) (one observation) or (N, 4) (a batch) was expected"
+    )
+    assert observation_mismatch(box, np.zeros((2, 8, 4))) is not None  # one batch axis, not two
+    assert observation_mismatch(box, [[0.0] * 4, [0.0] * 3]) == "a ragged list where arrays of shape (4,) were expected"
+    assert observation_mismatch(gym.spaces.Discrete(3), np.zeros(5, np.int32)) is None
+    assert observation_mismatch(gym.spaces.Discrete(3), np.zeros((5, 2), np.int32)) is not None
+    assert observation_mismatch(gym.spaces.MultiDiscrete([2, 3]), np.zeros((5, 2))) is None
+    nested = gym.spaces.Dict({"a": box, "b": gym.spaces.Tuple([gym.spaces.Discrete(2), box])})
+    assert observation_mismatch(nested, {"a": np.zeros((3, 4)), "b": (np.zeros(3), np.zeros((3, 4)))}) is None
+    assert observation_mismatch(nested, {"a": np.zeros((3, 4)), "b": (np.zeros(3), np.zeros((3, 5)))}) == (
+        "shape (3, 5) where (4,) (one observation) or (N, 4) (a batch) was expected at ['b'][1]"
+    )
+    assert observation_mismatch(nested, {"a": np.zeros(4)}) == "keys ['a'] where ['a', 'b'] were expected"
+    assert observation_mismatch(nested, np.zeros(4)) == "a ndarray where a dict with keys ['a', 'b'] was expected"
+    traced = jax.jit(lambda x: observation_mismatch(box, x) is None)  # shapes of tracers: usable under jit
+    assert traced(np.zeros((2, 4)))
+
+
+def test_an_observation_that_does_not_fit_is_refused_by_name(cartpole4):
+    """A built-in agent handed observations of another shape says so, instead of failing inside the
+    network ("ScopeParamShapeError ... (3, 64) ... (4, 64)" from Flax); one observation or a batch act."""
+    from kitae.runs import preset_agent
+
+    agent, env = preset_agent("ppo", "CartPole-v1", run_dir="unused")
+    env.close()
+    observations = np.asarray(cartpole4.reset(seed=0)[0])
+    assert agent.select_action(observations)[0].shape == (4,)
+    assert agent.explore(observations[0])[0].shape == ()
+    message = r"does not fit env_cfg.observation_space, which the agent was built for: shape \(4, 3\) where \(4,\)"
+    for act in (agent.select_action, agent.explore):
+        with pytest.raises(ValueError, match=message):
+            act(observations[:, :3])
+    # multi-agent mode: a dict keyed by agent, each entry checked against one agent's space
+    from kitae.envs.spaces import check_observation
+
+    check_observation(agent.config.env_cfg.observation_space, {"a": observations, "b": observations}, parallel=True)
+    with pytest.raises(ValueError, match=r"shape \(4, 3\) where \(4,\) .* at \['b'\]"):
+        check_observation(
+            agent.config.env_cfg.observation_space, {"a": observations, "b": observations[:, :3]}, parallel=True
+        )

@@ -211,6 +211,10 @@ def test_acting_step_returns_actions_clipped_actions_rhs_and_log_probs():
     d1 = algorithm.acting_step(obs, None, np.zeros(3), deterministic=True)[0]
     d2 = algorithm.acting_step(obs, None, np.zeros(3), deterministic=True)[0]
     np.testing.assert_array_equal(d1, d2)  # the mean action does not depend on the key
+    # observations of another shape are named, before any step is counted
+    with pytest.raises(ValueError, match=r"does not fit env_cfg.observation_space.*shape \(3, 4\) where \(3,\)"):
+        algorithm.acting_step(np.zeros((3, 4), np.float32), None, np.zeros(3))
+    assert algorithm.env_step == 12
     env.close()
 
 

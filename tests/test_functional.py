@@ -290,6 +290,22 @@ def test_update_names_missing_data_keys_and_bad_rng():
         agent.init_params(3)
 
 
+@pytest.mark.parametrize("jitted", [False, True])
+def test_predict_names_observations_of_another_shape(jitted):
+    """Checked while tracing, so before and after ``jit()``: not Haiku's "'mlp/~/linear_0/w' with
+    retrieved shape (4, 64) does not match shape=[3, 64]" from inside the user's network."""
+    agent = DQN(haiku_network, ENV, 1e-3)
+    if jitted:
+        agent.jit()
+    params, policy_state, _ = fresh(agent)
+    key = jax.random.PRNGKey(0)
+    assert agent.predict(params, policy_state, jnp.ones((2, 4)), key)[0].actions.shape == (2,)
+    assert agent.predict(params, policy_state, jnp.ones(4), key)[0].actions.shape == ()
+    message = r"does not fit the environment's observation space.*shape \(2, 3\) where \(4,\)"
+    with pytest.raises(ValueError, match=message):
+        agent.predict(params, policy_state, jnp.ones((2, 3)), key)
+
+
 # ---- PPO ---------------------------------------------------------------------------------------
 
 

@@ -37,6 +37,7 @@ from kitae.algos.experience import ExperiencePipeline
 from kitae.algos.update import UpdateHooks
 from kitae.base import BaseAgent
 from kitae.config import AlgoConfig
+from kitae.envs.spaces import check_observation
 from kitae.modules.optimizer import learning_rate as read_learning_rate
 from kitae.modules.optimizer import set_learning_rate
 from kitae.types import AlgoType
@@ -236,8 +237,12 @@ class AgentAlgorithm(Algorithm):
             ``(action (E, ...), clipped_action (E, ...), rhs, {"log_prob": (E,)})``; actions are
             numpy arrays; ``clipped_action`` is ``action`` clipped to a ``Box`` action space
             (the same array for other spaces).
+
+        Raises:
+            ValueError: for observations that do not fit ``config.env_cfg.observation_space``.
         """
         del args
+        check_observation(self.agent.config.env_cfg.observation_space, obs, self.agent.parallel)
         n = _batch_size(obs)
         self.key, act_key = jax.random.split(self.key)
         step = np.asarray(self.env_step, np.int32)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
@@ -154,3 +155,72 @@ def check_env_spaces(env_cfg: Any, observation_space: gym.Space, action_space: g
                 f"the environment's {name} space does not match env_cfg.{name}_space, which the agent was "
                 f"built for: {found}; build the agent's config from this environment's single_{name}_space"
             )
+
+
+def observation_mismatch(space: gym.Space, observation: Any, where: str = "") -> str | None:
+    """Where ``observation`` (one observation, or a batch of them along one leading axis) does not
+    fit ``space``, or ``None`` when it does: a ``Box``'s (or ``MultiBinary``'s, ``MultiDiscrete``'s)
+    trailing shape, a ``Discrete``'s scalar per observation, a ``Dict``'s keys and a ``Tuple``'s
+    length, recursively. Only shapes are read (``np.shape``: arrays, tracers, nested lists), never
+    values, so it costs microseconds and works on traced observations.
+
+    Args:
+        where: the path of the sub-observation being compared (for the message), ``""`` at the top.
+    """
+    at = f" at {where}" if where else ""
+    if isinstance(space, gym.spaces.Dict):
+        if not isinstance(observation, Mapping):
+            return f"a {type(observation).__name__} where a dict with keys {sorted(space.spaces)} was expected{at}"
+        if sorted(observation) != sorted(space.spaces):
+            return f"keys {sorted(observation)} where {sorted(space.spaces)} were expected{at}"
+        for key in space.spaces:
+            found = observation_mismatch(space[key], observation[key], f"{where}[{key!r}]")
+            if found:
+                return found
+        return None
+    if isinstance(space, gym.spaces.Tuple):
+        if not isinstance(observation, (tuple, list)) or len(observation) != len(space.spaces):
+            return f"a {type(observation).__name__} where a tuple of {len(space.spaces)} was expected{at}"
+        for i, (sub_space, sub) in enumerate(zip(space.spaces, observation)):
+            found = observation_mismatch(sub_space, sub, f"{where}[{i}]")
+            if found:
+                return found
+        return None
+    if isinstance(space, gym.spaces.Discrete):
+        expected: tuple[int, ...] = ()
+    elif isinstance(space, gym.spaces.MultiDiscrete):
+        expected = tuple(np.shape(space.nvec))
+    elif isinstance(space, (gym.spaces.Box, gym.spaces.MultiBinary)):
+        expected = tuple(space.shape)
+    else:
+        return None
+    try:
+        shape = tuple(np.shape(observation))
+    except ValueError:  # a ragged nested list
+        return f"a ragged {type(observation).__name__} where arrays of shape {expected} were expected{at}"
+    if len(shape) in (len(expected), len(expected) + 1) and shape[len(shape) - len(expected) :] == expected:
+        return None
+    batch = "(N, " + ", ".join(str(n) for n in expected) + ")" if expected else "(N,)"
+    return f"shape {shape} where {expected} (one observation) or {batch} (a batch) was expected{at}"
+
+
+def check_observation(
+    space: gym.Space, observation: Any, parallel: bool, space_name: str = "env_cfg.observation_space"
+) -> None:
+    """Checks what is handed to an agent's ``explore`` / ``select_action`` against the observation
+    space it was built for (``observation_mismatch``); in multi-agent mode (``parallel``) the
+    observation is a dict keyed by agent, each entry checked against the one agent's space.
+    ``space_name`` is what the message calls the space.
+
+    Raises:
+        ValueError: naming what differs and the space.
+    """
+    if parallel and isinstance(observation, Mapping):
+        found = next(
+            (f for name, obs in observation.items() if (f := observation_mismatch(space, obs, f"[{name!r}]"))),
+            None,
+        )
+    else:
+        found = observation_mismatch(space, observation)
+    if found:
+        raise ValueError(f"the observation does not fit {space_name}, which the agent was built for: {found}")

@@ -39,6 +39,7 @@ import optax
 import kitae.config as cfg
 from kitae.buffer import Experience
 from kitae.compile_options import with_one_blas_thread
+from kitae.envs.spaces import check_observation
 from kitae.modules.optimizer import optimizer_factory
 
 __all__ = ["BaseAgent", "OptimState", "Network", "make_network", "as_key", "env_spaces", "check_learning_rate"]
@@ -384,7 +385,13 @@ class BaseAgent(abc.ABC):
 
     @functools.cached_property
     def _compiled_predict(self) -> Callable[..., tuple[Any, Any]]:
-        return jax.jit(self._predict, static_argnames=("evaluation",))
+        def checked(params: Any, policy_state: Any, obs: Any, key: jax.Array, evaluation: bool) -> tuple[Any, Any]:
+            # Checked while tracing (once per shape, nothing at run time): observations of another
+            # shape would otherwise fail inside the user's network with the parameters' shapes.
+            check_observation(self.observation_space, obs, False, "the environment's observation space")
+            return self._predict(params, policy_state, obs, key, evaluation)
+
+        return jax.jit(checked, static_argnames=("evaluation",))
 
     @functools.cached_property
     def _compiled_update(self) -> Callable[..., tuple[Any, Any, OptimState]]:

@@ -402,15 +402,19 @@ def _report(summary: dict, quiet: bool) -> int:
             file=sys.stderr,
         )
         return 128 + int(summary["signum"])
-    final = summary["final_return"]
-    final_text = ", ".join(f"{v:.1f}" for v in final) if isinstance(final, list) else f"{final:.1f}"
+    finals = summary["final_return"] if isinstance(summary["final_return"], list) else [summary["final_return"]]
+    # None (or NaN): no training episode ended in the run
+    final_text = ", ".join("- (no episode ended)" if v is None or v != v else f"{v:.1f}" for v in finals)
     print(
         f"{summary['algo']} on {summary['env']}: {summary['steps']:,} steps, final return {final_text}, "
         f"{summary['sps']:,.0f} steps/s, compile {summary['compile_seconds']:.1f} s, "
         f"wall {summary['wall_seconds']:.1f} s -> {summary['run_dir']}"
     )
     if quiet:
-        print(json.dumps({k: summary[k] for k in ("run_dir", "final_return", "sps", "state_fingerprint")}))
+        from kitae.runs.rundir import json_safe
+
+        line = {k: summary[k] for k in ("run_dir", "final_return", "sps", "state_fingerprint")}
+        print(json.dumps(json_safe(line), allow_nan=False))
     return 0
 
 

@@ -375,3 +375,26 @@ def test_every_command_has_help_with_an_example(capsys, command, example):
     assert main(command) == 0
     out = capsys.readouterr().out
     assert "examples:" in out and example in out
+
+
+def test_a_run_in_which_no_episode_ended_writes_strict_json(capsys, tmp_path):
+    """100 steps of Pendulum (episodes of 200): no final return. ``summary.json`` and the printed
+    line say ``null`` (JSON has no NaN; strict readers refuse Python's default ``NaN``)."""
+    run_dir = tmp_path / "run"
+    argv = ["train", "sac", "Pendulum-v1", "--steps", "100", "--run-dir", str(run_dir), "--quiet"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "final return - (no episode ended)" in out[0], out
+    strict = {"parse_constant": lambda name: pytest.fail(f"{name} in strict JSON")}
+    assert json.loads(out[1], **strict)["final_return"] is None
+    assert json.loads((run_dir / "summary.json").read_text(), **strict)["final_return"] is None
+
+
+def test_json_safe_writes_non_finite_floats_as_null():
+    import numpy as np
+
+    from kitae.runs.rundir import json_safe
+
+    value = {"a": float("nan"), "b": [1.5, float("inf"), np.float32(-np.inf)], "c": np.asarray([2.0, np.nan]), "d": 3}
+    assert json_safe(value) == {"a": None, "b": [1.5, None, None], "c": [2.0, None], "d": 3}
+    assert np.isnan(np.asarray(json_safe([float("nan")]), float)).all()  # read back as nan

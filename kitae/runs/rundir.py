@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import resource
 import shutil
 from datetime import datetime
@@ -51,7 +52,7 @@ class MetricsFile:
         self._file = self.path.open("a")
 
     def write(self, **values: Any) -> None:
-        self._file.write(json.dumps({k: _plain(v) for k, v in values.items()}) + "\n")
+        self._file.write(json.dumps(json_safe(values), allow_nan=False) + "\n")
 
     def flush(self) -> None:
         """Pushes the written rows to disk (before a checkpoint, so it never runs ahead of them)."""
@@ -66,6 +67,21 @@ def _plain(value: Any) -> Any:
         return value.tolist()
     if isinstance(value, jax.Array):
         return np.asarray(value).tolist()
+    return value
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with arrays as lists and every non-finite float (a ``final_return`` of a run whose
+    episodes never ended, a diverged seed's) as ``None``: JSON has no NaN or infinity, and the
+    ``NaN`` Python's ``json`` writes by default is refused by strict readers (``jq``, JavaScript's
+    ``JSON.parse``). Read back, ``np.asarray(..., float)`` turns the ``null`` into ``nan`` again."""
+    value = _plain(value)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
     return value
 
 
@@ -84,8 +100,8 @@ def write_summary(run_dir: str | Path, **fields: Any) -> dict:
     """Writes ``summary.json`` (atomically: a temporary file renamed over the old one)."""
     path = Path(run_dir) / "summary.json"
     tmp = path.with_suffix(".json.tmp")
-    data = {k: _plain(v) for k, v in fields.items()}
-    tmp.write_text(json.dumps(data, indent=2))
+    data = json_safe(fields)
+    tmp.write_text(json.dumps(data, indent=2, allow_nan=False))
     tmp.replace(path)
     return data
 
@@ -155,7 +171,7 @@ def final_return_from_rows(rows: list[dict], seed: int, last: int = 10) -> float
     until ``last`` episodes)."""
     total, count = 0.0, 0
     for row in reversed(rows):
-        if row.get("seed", seed) != seed or "episodic_return" not in row:
+        if row.get("seed", seed) != seed or row.get("episodic_return") is None:
             continue
         n = int(row.get("episodes", 1))
         total, count = total + float(row["episodic_return"]) * n, count + n

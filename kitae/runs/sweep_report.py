@@ -11,7 +11,7 @@ import numpy as np
 
 from kitae.runs.plotting import curves_from_metrics, plot_curves
 from kitae.runs.resolve import ResolvedRun
-from kitae.runs.rundir import read_metrics
+from kitae.runs.rundir import json_safe, read_metrics
 
 __all__ = ["combination_name", "format_table", "outcome", "write_sweep"]
 
@@ -68,7 +68,7 @@ def write_sweep(
         "train_seconds": train_seconds,
         "combinations": entries,
     }
-    (sweep_dir / "sweep.json").write_text(json.dumps(report, indent=2, allow_nan=True) + "\n")
+    (sweep_dir / "sweep.json").write_text(json.dumps(json_safe(report), indent=2, allow_nan=False) + "\n")
     (sweep_dir / "table.txt").write_text(format_table(report) + "\n")
     return {**report, "sweep_dir": str(sweep_dir)}
 

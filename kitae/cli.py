@@ -29,6 +29,7 @@ import logging
 import os
 import sys
 import warnings
+from pathlib import Path
 from typing import NoReturn
 
 EXAMPLES_TRAIN = """examples:
@@ -447,10 +448,16 @@ def _plot(args: argparse.Namespace) -> int:
 
 
 def _warnings_in_one_line(previous):
+    """``warnings.showwarning`` for the command line: kitae's own warnings (a checkpoint that could
+    not be read, EnvPool's ids training in the host loop) as one ``kitae: warning:`` line, without
+    the file and source line Python shows; other libraries' warnings as before."""
     from kitae.runs.checkpoints import CheckpointWarning
 
+    package = Path(__file__).resolve().parent
+
     def show(message, category, filename, lineno, file=None, line=None):
-        if issubclass(category, CheckpointWarning):
+        ours = issubclass(category, CheckpointWarning) or Path(filename).resolve().is_relative_to(package)
+        if ours:
             print(f"kitae: warning: {message}".replace("\n", " "), file=sys.stderr)
         else:
             previous(message, category, filename, lineno, file, line)

@@ -68,8 +68,47 @@ def enable_compilation_cache(directory: str | Path | None = None) -> Path:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     if "JAX_COMPILATION_CACHE_MAX_SIZE" not in os.environ:
         jax.config.update("jax_compilation_cache_max_size", cache_max_bytes())
+    if getattr(jax.config, "jax_compilation_cache_max_size") != -1:  # noqa: B009 (not in its type stubs)
+        give_entries_access_times(path)
     _ENABLED = True
     return path
+
+
+_CACHE_SUFFIX, _ATIME_SUFFIX = "-cache", "-atime"  # the names jax._src.lru_cache gives its files
+
+
+def give_entries_access_times(path: Path) -> int:
+    """Writes an access time for every entry of the cache folder ``path`` that has none; returns
+    how many it wrote.
+
+    A bounded cache (JAX's ``LRUCache``) keeps each entry's last use in a ``<key>-atime`` file
+    beside its ``<key>-cache`` file, and reads them all before every write to choose what to evict;
+    an unbounded one (kitae before its caches were bounded, ``KITAE_CACHE_MAX_BYTES=-1``) writes no
+    such file. Without this, a bounded run in a folder an unbounded one filled could cache nothing
+    ("Error writing persistent compilation cache entry ... FileNotFoundError ... -atime" at every
+    compile). An entry gets its file's modification time, so the oldest are evicted first. One
+    directory listing when nothing is missing (a few milliseconds for a thousand entries).
+    """
+    names = set(os.listdir(path))
+    missing = [
+        name[: -len(_CACHE_SUFFIX)]
+        for name in names
+        if name.endswith(_CACHE_SUFFIX) and name[: -len(_CACHE_SUFFIX)] + _ATIME_SUFFIX not in names
+    ]
+    if not missing:
+        return 0
+    import filelock  # JAX's own lock of the folder, so no process evicts an entry while it is given a time
+
+    written = 0
+    with filelock.FileLock(path / ".lockfile", timeout=30):
+        for key in missing:
+            try:
+                modified = (path / f"{key}{_CACHE_SUFFIX}").stat().st_mtime_ns
+            except FileNotFoundError:  # evicted since the listing
+                continue
+            (path / f"{key}{_ATIME_SUFFIX}").write_bytes(modified.to_bytes(8, "little"))
+            written += 1
+    return written
 
 
 def use_compilation_cache() -> None:

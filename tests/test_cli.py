@@ -398,3 +398,17 @@ def test_json_safe_writes_non_finite_floats_as_null():
     value = {"a": float("nan"), "b": [1.5, float("inf"), np.float32(-np.inf)], "c": np.asarray([2.0, np.nan]), "d": 3}
     assert json_safe(value) == {"a": None, "b": [1.5, None, None], "c": [2.0, None], "d": 3}
     assert np.isnan(np.asarray(json_safe([float("nan")]), float)).all()  # read back as nan
+
+
+def test_kitaes_own_warnings_print_in_one_line(capsys):
+    """A warning raised in kitae's code (EnvPool ids train in the host loop) prints as one
+    ``kitae: warning:`` line on the command line; other libraries' keep Python's display."""
+    import kitae.cli
+    import kitae.runs.resolve
+
+    seen = []
+    show = kitae.cli._warnings_in_one_line(lambda *args: seen.append(args))
+    show(UserWarning("envpool: environments train in the host loop"), UserWarning, kitae.runs.resolve.__file__, 137)
+    assert capsys.readouterr().err == "kitae: warning: envpool: environments train in the host loop\n"
+    show(UserWarning("elsewhere"), UserWarning, json.__file__, 1)
+    assert len(seen) == 1 and capsys.readouterr().err == ""

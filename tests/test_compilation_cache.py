@@ -19,7 +19,8 @@ import json, os, pathlib, sys
 import jax, jax.numpy as jnp
 from kitae.compilation_cache import enable_compilation_cache
 path = enable_compilation_cache(sys.argv[1])
-for n in range(1, 13):
+first = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+for n in range(first, first + 12):
     jax.jit(lambda x: jnp.tanh(x @ x.T) + n)(jnp.ones((n, 3))).block_until_ready()
 entries = sorted(path.glob("*-cache"))
 print(json.dumps({
@@ -27,22 +28,24 @@ print(json.dumps({
     "entries": len(entries),
     "bytes": sum(p.stat().st_size for p in entries),
     "lock": (path / ".lockfile").exists(),
+    "atimes": len(list(path.glob("*-atime"))),
 }))
 """
 
 
-def _fill(tmp_path, **env: str) -> dict:
+def _fill(tmp_path, first: int = 1, **env: str) -> dict:
     environ = {
         k: v for k, v in os.environ.items() if k not in ("KITAE_CACHE_MAX_BYTES", "JAX_COMPILATION_CACHE_MAX_SIZE")
     }
     done = subprocess.run(
-        [sys.executable, "-c", _FILL, str(tmp_path / "cache")],
+        [sys.executable, "-c", _FILL, str(tmp_path / "cache"), str(first)],
         env={**environ, **env},
         capture_output=True,
         text=True,
         timeout=180,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "compilation cache" not in done.stderr, done.stderr[-3000:]  # JAX's errors reading or writing it
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -53,6 +56,16 @@ def test_the_cache_keeps_to_its_bound_evicting_the_oldest_entries(tmp_path):
     unbounded = _fill(tmp_path / "b", KITAE_CACHE_MAX_BYTES="-1")
     assert unbounded["max_size"] == -1 and not unbounded["lock"]
     assert unbounded["bytes"] > 60000 and unbounded["entries"] > bounded["entries"]  # the bound evicted some
+
+
+def test_a_bounded_run_caches_in_a_folder_an_unbounded_one_filled(tmp_path):
+    """An unbounded cache (kitae before its bound, ``KITAE_CACHE_MAX_BYTES=-1``) writes no access
+    times; JAX's bounded cache reads one per entry before each write, and without them cached
+    nothing ("Error writing persistent compilation cache entry ... -atime" at every compile)."""
+    unbounded = _fill(tmp_path, KITAE_CACHE_MAX_BYTES="-1")
+    assert unbounded["entries"] >= 12 and unbounded["atimes"] == 0
+    bounded = _fill(tmp_path, first=13, KITAE_CACHE_MAX_BYTES=str(10**8))  # twelve new programs
+    assert bounded["entries"] >= unbounded["entries"] + 12 and bounded["atimes"] == bounded["entries"]
 
 
 def test_the_default_bound_and_the_users_own_jax_setting(monkeypatch):

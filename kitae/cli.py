@@ -95,6 +95,7 @@ renderer): gymnax:CartPole-v1 -> CartPole-v1.
 EXAMPLES_PLOT = """examples:
   kitae plot runs/ppo                              # -> curves.png
   kitae plot runs/ppo-a runs/ppo-b -o compare.png  # several runs on one figure
+  kitae plot runs/sweep-a runs/ppo -o compare.png  # a sweep directory: each of its combinations
 
 Each run is a line (mean over its seeds of a rolling mean of 10 returns) with a band from the
 lowest to the highest seed.
@@ -283,7 +284,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXAMPLES_PLOT,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories")
+    plot.add_argument(
+        "run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (a sweep directory: each of its runs)"
+    )
     plot.add_argument(
         "-o",
         "--output",

@@ -142,6 +142,13 @@ def test_a_compiled_sweep_writes_one_run_directory_per_combination(tmp_path, cap
         agent = load_agent(run_dir, seed_index=1)  # a combination's run loads like any run
         assert agent.config.update_cfg.learning_rate == lr and agent.env_step == summary["steps"]
         assert not entry["diverged_seeds"]
+    # kitae plot takes the sweep directory for its runs; kitae eval names one of them
+    assert main(["plot", str(sweep_dir), "-o", str(tmp_path / "all.png")]) == 0
+    assert (tmp_path / "all.png").stat().st_size > 0
+    capsys.readouterr()
+    assert main(["eval", str(sweep_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "is a sweep directory" in err and f"e.g. '{sweep_dir / 'learning_rate=0.00025'}'" in err, err
 
 
 def test_a_diverging_combination_is_marked_and_the_others_go_on(tmp_path, capsys, monkeypatch):

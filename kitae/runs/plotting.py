@@ -11,7 +11,7 @@ import numpy as np
 from kitae.algos.collections import algorithm_name
 from kitae.envs.make import EnvSpec
 from kitae.runs.errors import RunError
-from kitae.runs.rundir import check_run_dir, read_metrics, read_run_config
+from kitae.runs.rundir import check_run_dir, read_metrics, read_run_config, sweep_run_dirs
 
 __all__ = ["curves_from_metrics", "plot_curves", "plot_runs"]
 
@@ -118,7 +118,8 @@ def plot_curves(
 
 def plot_runs(run_dirs: list[str | Path], output: str | Path | None = None) -> Path:
     """Plots the training curves of several runs on one figure (each run's seeds as a mean line
-    and a min-max band); returns the image's path (default ``curves.png``)."""
+    and a min-max band); returns the image's path (default ``curves.png``). A sweep directory
+    stands for each of its combinations' runs."""
     if not run_dirs:
         raise RunError("give at least one run directory")
     output = Path(output) if output is not None else Path("curves.png")
@@ -127,7 +128,8 @@ def plot_runs(run_dirs: list[str | Path], output: str | Path | None = None) -> P
     if not output.parent.is_dir():
         raise RunError(f"-o {str(output)!r}: the folder {str(output.parent)!r} does not exist")
     runs = []
-    for run_dir in run_dirs:
+    expanded = [run for run_dir in run_dirs for run in (sweep_run_dirs(run_dir) or [run_dir])]
+    for run_dir in expanded:
         run_dir = check_run_dir(run_dir)
         config = read_run_config(run_dir)
         metrics_path = run_dir / "metrics.jsonl"

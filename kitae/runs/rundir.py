@@ -112,13 +112,37 @@ def default_run_dir(algo: str, env_name: str, seed: int) -> Path:
     return Path("runs") / f"{algo.lower()}-{env_name.replace('/', '-')}-s{seed}-{stamp}"
 
 
+SWEEP_PLAN = "sweep-plan.json"  # the sweep as asked, written before training: what kitae resume finishes
+
+
+def sweep_run_dirs(sweep_dir: str | Path) -> list[Path]:
+    """The run directories of a sweep directory's combinations, in the plan's order (those made so
+    far); ``[]`` for a folder that is not a sweep directory (no ``sweep-plan.json``) or whose plan
+    cannot be read."""
+    sweep_dir = Path(sweep_dir)
+    try:
+        plan = json.loads((sweep_dir / SWEEP_PLAN).read_text())
+        names = [str(c["name"]) for c in plan["combinations"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    return [sweep_dir / name for name in names if (sweep_dir / name / "config.yaml").is_file()]
+
+
 def check_run_dir(run_dir: str | Path) -> Path:
-    """``run_dir`` as a ``Path`` if it is a kitae run directory (it has ``config.yaml``); else ``RunError``."""
+    """``run_dir`` as a ``Path`` if it is a kitae run directory (it has ``config.yaml``); else
+    ``RunError`` (for a sweep directory, naming one of its runs)."""
     run_dir = Path(run_dir)
     if not run_dir.exists():
         raise RunError(f"run directory {str(run_dir)!r} does not exist")
     if not run_dir.is_dir():
         raise RunError(f"{str(run_dir)!r} is not a directory; give a run directory (runs/<name>)")
+    if (run_dir / SWEEP_PLAN).is_file() and not (run_dir / "config.yaml").is_file():
+        runs = sweep_run_dirs(run_dir)
+        example = f", e.g. {str(runs[0])!r}" if runs else ""
+        raise RunError(
+            f"{str(run_dir)!r} is a sweep directory (its results: {str(run_dir / 'table.txt')!r}); "
+            f"give one of its run directories{example}"
+        )
     if not (run_dir / "config.yaml").is_file():
         raise RunError(f"{str(run_dir)!r} is not a kitae run directory: it has no config.yaml")
     return run_dir

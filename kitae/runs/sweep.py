@@ -61,7 +61,7 @@ from kitae.runs.presets import did_you_mean, parse_value, settable_keys
 from kitae.runs.progress import ProgressBar
 from kitae.runs.ray_tasks import check_workers, in_ray_tasks
 from kitae.runs.resolve import ResolvedRun, RunSpec, resolve_train
-from kitae.runs.rundir import MetricsFile, read_metrics, state_fingerprint, write_config
+from kitae.runs.rundir import SWEEP_PLAN, MetricsFile, read_metrics, state_fingerprint, write_config
 from kitae.runs.session import execute, plot_run, resume_run, run_divergences, train_plans, write_run_summary
 from kitae.runs.signals import stop_on_signals
 from kitae.runs.sweep_report import combination_name, format_table, write_sweep
@@ -69,7 +69,7 @@ from kitae.runs.tensorboard import flush_to_disk, tensorboard_writer
 
 __all__ = ["PLAN", "SweepSpec", "parse_grid", "sweep_run", "format_table", "with_values", "train_combination"]
 
-PLAN = "sweep-plan.json"  # the sweep as asked, written before training: what kitae resume finishes
+PLAN = SWEEP_PLAN  # the sweep as asked, written before training: what kitae resume finishes
 
 
 @dataclasses.dataclass

@@ -128,7 +128,7 @@ def plot_runs(run_dirs: list[str | Path], output: str | Path | None = None) -> P
     if not output.parent.is_dir():
         raise RunError(f"-o {str(output)!r}: the folder {str(output.parent)!r} does not exist")
     runs = []
-    expanded = [run for run_dir in run_dirs for run in (sweep_run_dirs(run_dir) or [run_dir])]
+    expanded = [run for run_dir in run_dirs for run in (sweep_run_dirs(run_dir) or [Path(run_dir)])]
     for run_dir in expanded:
         run_dir = check_run_dir(run_dir)
         config = read_run_config(run_dir)

@@ -134,6 +134,13 @@ def test_a_compiled_search_writes_the_best_config_that_kitae_train_takes(tmp_pat
     config = read_run_config(run_dir)
     assert config.update_cfg.learning_rate == best.params[LR]
     assert config.algo_params.clip_coef == best.params["algo_params.clip_coef"]
+    # the study directory given where a run directory goes: what to do with it, with its command
+    capsys.readouterr()
+    assert main(["eval", str(study_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "is a kitae tune study" in err and "not a run directory" in err, err
+    assert f"kitae tune ppo gymnax:CartPole-v1 --steps 4096 --study-dir {study_dir} --trials N" in err, err
+    assert f"kitae train ppo gymnax:CartPole-v1 --config {study_dir / 'best.yaml'}" in err, err
 
 
 def test_a_search_killed_mid_way_continues_the_same_study(tmp_path):

@@ -8,11 +8,13 @@ logged point), ``summary.json`` (written when the run ends) and ``curve.png``
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import resource
 import shutil
+import sqlite3
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -128,6 +130,27 @@ def sweep_run_dirs(sweep_dir: str | Path) -> list[Path]:
     return [sweep_dir / name for name in names if (sweep_dir / name / "config.yaml").is_file()]
 
 
+def _study_dir_message(study_dir: Path) -> str:
+    """What to do with a ``kitae tune`` study directory given where a run directory was expected:
+    the search's command, read from the study's ``spec`` (SQLite, without importing Optuna)."""
+    algo, env, extra = "ALGO", "ENV", ""
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{study_dir / 'study.db'}?mode=ro", uri=True)) as db:
+            row = db.execute("SELECT value_json FROM study_user_attributes WHERE key = 'spec'").fetchone()
+        spec = json.loads(row[0])  # kitae.runs.tune's: algo, env, steps, seeds (a count), space
+        algo, env = spec["algo"], spec["env"]
+        extra = f" --steps {int(spec['steps'])}" + (f" --seeds {int(spec['seeds'])}" if spec["seeds"] != 1 else "")
+    except (sqlite3.Error, TypeError, ValueError, KeyError, IndexError):
+        pass
+    best = study_dir / "best.yaml"
+    return (
+        f"{str(study_dir)!r} is a kitae tune study (its trials: {str(study_dir / 'trials.csv')!r}), not a run "
+        f"directory; continue the search with the command that started it (kitae tune {algo} {env}{extra} "
+        f"--study-dir {study_dir} --trials N, and its --space if it had one), or train its best "
+        f"configuration: kitae train {algo} {env} --config {best}"
+    )
+
+
 def check_run_dir(run_dir: str | Path) -> Path:
     """``run_dir`` as a ``Path`` if it is a kitae run directory (it has ``config.yaml``); else
     ``RunError`` (for a sweep directory, naming one of its runs)."""
@@ -143,6 +166,8 @@ def check_run_dir(run_dir: str | Path) -> Path:
             f"{str(run_dir)!r} is a sweep directory (its results: {str(run_dir / 'table.txt')!r}); "
             f"give one of its run directories{example}"
         )
+    if (run_dir / "study.db").is_file() and not (run_dir / "config.yaml").is_file():
+        raise RunError(_study_dir_message(run_dir))
     if not (run_dir / "config.yaml").is_file():
         raise RunError(f"{str(run_dir)!r} is not a kitae run directory: it has no config.yaml")
     return run_dir

@@ -138,6 +138,8 @@ def test_bad_ids_and_arguments_fail_clearly():
     assert ENV in names and "ant" in names
     with pytest.raises(ValueError, match="unknown Brax environment 'not_an_env'; available: .*inverted_pendulum"):
         make_jax_env("brax:not_an_env", 2)
+    with pytest.raises(ValueError, match="unknown Brax environment 'hoper'; did you mean 'hopper'\\?; available"):
+        make_jax_env("brax:hoper", 2)
     with pytest.raises(ValueError, match="backend='warp' is not allowed; allowed: generalized, positional"):
         BraxEnv(ENV, backend="warp")
     with pytest.raises(ValueError, match="episode_length=0 is not allowed; allowed: an int >= 1"):

@@ -83,6 +83,24 @@ def test_unknown_environment(capsys):
     _bad(capsys, ["train", "ppo", "NotAnEnv-v0", "--steps", "100"], "NotAnEnv-v0")
     _bad(capsys, ["train", "ppo", "gymnax:NotAnEnv-v0", "--steps", "100"], "unknown gymnax environment")
     _bad(capsys, ["train", "ppo", "atari:Pong-v5"], "unknown environment source 'atari'")
+    # a near miss names the id meant
+    _bad(
+        capsys, ["train", "ppo", "CartPol-v1"], "unknown Gymnasium environment 'CartPol-v1'; did you mean 'CartPole-v1'"
+    )
+    _bad(
+        capsys,
+        ["train", "ppo", "gymnax:CartPol-v1"],
+        "unknown gymnax environment 'CartPol-v1'; did you mean 'CartPole-v1'",
+    )
+
+
+def test_make_vec_env_points_a_jax_id_to_make_jax_env():
+    from kitae.envs.make import make_vec_env
+
+    with pytest.raises(
+        ValueError, match=r"make_jax_env\('gymnax:CartPole-v1', n_envs\) builds it for the compiled loop"
+    ):
+        make_vec_env("gymnax:CartPole-v1", 2)
 
 
 def test_space_the_algorithm_cannot_handle(capsys):

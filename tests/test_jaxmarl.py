@@ -151,6 +151,8 @@ def test_termination_mode_sets_terminated_not_truncated():
 def test_bad_inputs_are_refused_with_clear_errors():
     with pytest.raises(ValueError, match=r"unknown JaxMARL environment 'NotAnEnv'; registered: .*MPE_simple_spread_v3"):
         make_jax_env("jaxmarl:NotAnEnv", 2)
+    with pytest.raises(ValueError, match=r"'MPE_simple_spread'; did you mean 'MPE_simple_spread_v3'"):
+        make_jax_env("jaxmarl:MPE_simple_spread", 2)
     # the speaker and the listener observe and act differently: no shared parameters possible
     with pytest.raises(ValueError, match=r"differ in their observation spaces.*allowed: every agent with the same"):
         JaxMARLEnv("MPE_simple_speaker_listener_v4")

@@ -26,6 +26,7 @@ has the measurements); ``positional``, ``spring`` and ``mjx`` can be asked for.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import io
 from typing import Any
 
@@ -111,7 +112,9 @@ class BraxEnv:
         envs = _import_brax_envs()
         names = brax_env_names()
         if name not in names:
-            raise ValueError(f"unknown Brax environment {name!r}; available: {', '.join(names)}")
+            close = difflib.get_close_matches(name, list(names), n=3)
+            hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+            raise ValueError(f"unknown Brax environment {name!r}{hint}; available: {', '.join(names)}")
         if backend not in BACKENDS:
             raise ValueError(f"backend={backend!r} is not allowed; allowed: {', '.join(BACKENDS)}")
         check_positive_int("episode_length", episode_length)

@@ -14,6 +14,7 @@ gymnax 1.x, ``kitae.envs.brax_env`` Brax and ``kitae.envs.jaxmarl_env`` JaxMARL.
 
 from __future__ import annotations
 
+import difflib
 from typing import Any, NamedTuple, Protocol
 
 import gymnasium as gym
@@ -120,7 +121,11 @@ class GymnaxEnv:
         from gymnax.environments.spaces import gymnax_space_to_gym_space
 
         if name not in gymnax.registered_envs:
-            raise ValueError(f"unknown gymnax environment {name!r}; registered: {', '.join(gymnax.registered_envs)}")
+            close = difflib.get_close_matches(name, list(gymnax.registered_envs), n=3)
+            hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+            raise ValueError(
+                f"unknown gymnax environment {name!r}{hint}; registered: {', '.join(gymnax.registered_envs)}"
+            )
         self.name = name
         self.env, self.default_params = gymnax.make(name, **env_kwargs)
         self.observation_space = _float32_box(

@@ -26,6 +26,7 @@ adds a leading ``(E,)`` to every leaf.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import io
 import sys
 from typing import Any
@@ -130,8 +131,10 @@ class JaxMARLEnv:
         if isinstance(env, str):
             jaxmarl = _import_jaxmarl()
             if env not in jaxmarl.registered_envs:
+                close = difflib.get_close_matches(env, list(jaxmarl.registered_envs), n=3)
+                hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
                 raise ValueError(
-                    f"unknown JaxMARL environment {env!r}; registered: {', '.join(jaxmarl.registered_envs)}"
+                    f"unknown JaxMARL environment {env!r}{hint}; registered: {', '.join(jaxmarl.registered_envs)}"
                 )
             self.name = env
             self.env = jaxmarl.make(env, **env_kwargs)

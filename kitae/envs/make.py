@@ -10,6 +10,7 @@ sources (``make_vec_env``), a ``kitae.envs.jax_env.VecJaxEnv`` for the JAX sourc
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -238,7 +239,8 @@ def make_vec_env(
     source, name = spec.source, spec.name
     if source not in HOST_SOURCES:
         raise ValueError(
-            f"make_vec_env builds host-loop environments ({', '.join(HOST_SOURCES)}); {spec.id!r} comes from {source!r}"
+            f"make_vec_env builds host-loop environments ({', '.join(HOST_SOURCES)}); {spec.id!r} comes from "
+            f"{source!r}: make_jax_env({spec.id!r}, n_envs) builds it for the compiled loop"
         )
     check_positive_int("n_envs", n_envs)
     if vectorization_mode not in ("sync", "async"):
@@ -265,7 +267,9 @@ def make_vec_env(
 
         return make_envpool_env(name, n_envs, seed=seed, env_kwargs=env_kwargs)
     if name not in gym.registry:
-        raise ValueError(f"unknown Gymnasium environment {name!r}; see gymnasium.pprint_registry() for the ids")
+        close = difflib.get_close_matches(name, sorted(gym.registry), n=3)
+        hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        raise ValueError(f"unknown Gymnasium environment {name!r}{hint} (gymnasium.pprint_registry() lists the ids)")
     check_positive_int("frame_stack", frame_stack)
     wrappers = tuple(wrappers)
     for wrapper in wrappers:

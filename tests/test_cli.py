@@ -156,6 +156,35 @@ def test_existing_run_directory_is_left_untouched(capsys, tmp_path):
     assert (run_dir / "summary.json").read_text() == "{}"
 
 
+def test_runs_started_in_the_same_second_each_claim_their_own_default_directory(capsys, tmp_path, monkeypatch):
+    """The default run directory is named by the second a run starts: a second run of the same
+    algorithm, environment and seed started then (``kitae train ... &`` with other ``--set``) takes
+    ``<name>-2`` instead of writing into the first one's (which crashed one of them, and left a
+    config.yaml of one run beside the checkpoints of another)."""
+    import kitae.runs.resolve
+
+    taken = tmp_path / "runs" / "dqn-CartPole-v1-s0-20261129-105511"
+    monkeypatch.setattr(kitae.runs.resolve, "default_run_dir", lambda *args: taken)
+    taken.mkdir(parents=True)
+    (taken / "config.yaml").write_text("another run's\n")
+    assert main(["train", "dqn", "CartPole-v1", "--steps", "64", "--set", "algo_params.start_step=32", "--quiet"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith(f"-> {taken}-2")
+    assert (taken / "config.yaml").read_text() == "another run's\n" and [p.name for p in taken.iterdir()] == [
+        "config.yaml"
+    ]
+    assert (tmp_path / "runs" / f"{taken.name}-2" / "summary.json").is_file()
+
+
+def test_claim_new_run_dir_never_gives_one_folder_twice(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kitae.runs.rundir import claim_new_run_dir
+
+    with ThreadPoolExecutor(8) as pool:
+        claimed = list(pool.map(lambda _: claim_new_run_dir(tmp_path / "runs" / "a"), range(16)))
+    assert sorted(p.name for p in claimed) == sorted(["a"] + [f"a-{n}" for n in range(2, 17)])
+
+
 @pytest.mark.parametrize("command", [["train", "--help"], ["--help"]])
 def test_help_says_what_and_shows_an_example(capsys, command):
     assert main(command) == 0

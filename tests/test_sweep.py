@@ -151,6 +151,33 @@ def test_a_compiled_sweep_writes_one_run_directory_per_combination(tmp_path, cap
     assert "is a sweep directory" in err and f"e.g. '{sweep_dir / 'learning_rate=0.00025'}'" in err, err
 
 
+def test_a_sweep_started_in_the_same_second_as_another_claims_its_own_default_directory(tmp_path, capsys, monkeypatch):
+    import kitae.runs.resolve
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(kitae.runs.resolve, "default_run_dir", lambda *args: Path("runs") / "ppo-CartPole-v1-s0-t")
+    taken = tmp_path / "runs" / "sweep-ppo-CartPole-v1-s0-t"
+    taken.mkdir(parents=True)
+    (taken / "sweep-plan.json").write_text("{}")  # another sweep's, started that second
+    code = main(
+        [
+            "sweep",
+            "ppo",
+            "gymnax:CartPole-v1",
+            "--grid",
+            f"{LR}=2.5e-4,1e-2",
+            "--seeds",
+            "2",
+            "--steps",
+            "4096",
+            "--quiet",
+        ]
+    )
+    assert code == 0 and capsys.readouterr().out.rstrip().endswith("-> runs/sweep-ppo-CartPole-v1-s0-t-2")
+    assert [p.name for p in taken.iterdir()] == ["sweep-plan.json"]
+    assert (tmp_path / "runs" / "sweep-ppo-CartPole-v1-s0-t-2" / "learning_rate=0.01" / "summary.json").is_file()
+
+
 def test_a_diverging_combination_is_marked_and_the_others_go_on(tmp_path, capsys, monkeypatch):
     """... and stays marked through a stop and ``kitae resume``: where it diverged is part of each
     combination's checkpoint, so the resumed sweep ends with the bits and the divergence step of

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import math
 import resource
@@ -106,6 +107,20 @@ def write_summary(run_dir: str | Path, **fields: Any) -> dict:
     tmp.write_text(json.dumps(data, indent=2, allow_nan=False))
     tmp.replace(path)
     return data
+
+
+def claim_new_run_dir(path: Path) -> Path:
+    """Creates ``path``, or else ``path-2``, ``path-3``, ... (the first that does not exist) and
+    returns it: ``mkdir`` fails on an existing folder, so two processes never claim the same one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for n in itertools.count(1):
+        candidate = path if n == 1 else path.with_name(f"{path.name}-{n}")
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            continue
+        return candidate
+    raise AssertionError("unreachable")
 
 
 def default_run_dir(algo: str, env_name: str, seed: int) -> Path:

@@ -42,6 +42,7 @@ from kitae.runs.resolve import ResolvedRun, RunSpec, make_run_env, resolve_agent
 from kitae.runs.rundir import (
     MetricsFile,
     check_run_dir,
+    claim_new_run_dir,
     clear_before_training,
     final_return_from_rows,
     never_trained,
@@ -325,11 +326,21 @@ def train_run(spec: RunSpec) -> dict:
         written (the run directory is created only once the config is valid).
     """
     run, env = resolve_train(spec)
-    if _holds_a_run(run.run_dir) and not _not_started(run):
-        env.close()
-        raise RunError(f"run directory {str(run.run_dir)!r} already exists and is not empty; choose another --run-dir")
-    agent = run.make_agent()
-    run.run_dir.mkdir(parents=True, exist_ok=True)
+    if spec.run_dir is None:
+        # The default directory is named by the second the run starts, so runs started together
+        # (several `kitae train ... &` of one algorithm, environment and seed) would share it:
+        # each claims its own with an atomic mkdir (`runs/<name>`, else `runs/<name>-2`, ...).
+        agent = run.make_agent()
+        run.run_dir = claim_new_run_dir(run.run_dir)
+        agent.run_dir, agent.run_name = run.run_dir, run.run_dir.name
+    else:
+        if _holds_a_run(run.run_dir) and not _not_started(run):
+            env.close()
+            raise RunError(
+                f"run directory {str(run.run_dir)!r} already exists and is not empty; choose another --run-dir"
+            )
+        agent = run.make_agent()
+        run.run_dir.mkdir(parents=True, exist_ok=True)
     clear_before_training(run.run_dir)
     write_config(run.run_dir, run.config)
     return execute(run, train_plans(run, agent, env), run.total, quiet=spec.quiet)[0]

@@ -61,7 +61,7 @@ from kitae.runs.presets import did_you_mean, parse_value, settable_keys
 from kitae.runs.progress import ProgressBar
 from kitae.runs.ray_tasks import check_workers, in_ray_tasks
 from kitae.runs.resolve import ResolvedRun, RunSpec, resolve_train
-from kitae.runs.rundir import SWEEP_PLAN, MetricsFile, read_metrics, state_fingerprint, write_config
+from kitae.runs.rundir import SWEEP_PLAN, MetricsFile, claim_new_run_dir, read_metrics, state_fingerprint, write_config
 from kitae.runs.session import execute, plot_run, resume_run, run_divergences, train_plans, write_run_summary
 from kitae.runs.signals import stop_on_signals
 from kitae.runs.sweep_report import combination_name, format_table, write_sweep
@@ -236,7 +236,8 @@ def _compiled_sweep(
             children.append([MetricsLogger(metrics, seeds), saver, WriterLogger(writer)])
         bar = ProgressBar(f"sweep {len(combos)} x {len(seeds)} {type(agent).__name__} {run.env.id}", quiet)
         if not quiet:
-            bar.message(f"compiling the sweep ({len(combos)} combinations x {len(seeds)} seeds, one program)...")
+            sizes = f"{len(combos)} combination{'s' * (len(combos) != 1)} x {len(seeds)} seed{'s' * (len(seeds) != 1)}"
+            bar.message(f"compiling the sweep ({sizes}, one program)...")
         try:
             callbacks = [_Split(children, seeds), bar, stop, ImportWhileTraining(*CHECKPOINT_MODULES, *PLOT_MODULES)]
             result = executor.run(
@@ -393,7 +394,7 @@ def sweep_run(spec: SweepSpec) -> dict:
         instead = "whose sweep is one compiled program already"
         check_workers(spec.workers, spec.address, compiled, run.env.id, "combinations", instead)
         sweep_dir = Path(spec.sweep_dir) if spec.sweep_dir else Path("runs") / f"sweep-{run.run_dir.name}"
-        if sweep_dir.exists() and any(sweep_dir.iterdir()):
+        if spec.sweep_dir and sweep_dir.exists() and any(sweep_dir.iterdir()):
             raise RunError(
                 f"sweep directory {str(sweep_dir)!r} already exists and is not empty; choose another --sweep-dir"
             )
@@ -408,6 +409,11 @@ def sweep_run(spec: SweepSpec) -> dict:
     except BaseException:
         env.close()
         raise
+    if not spec.sweep_dir:  # named by the second it starts: claimed atomically, as kitae train's default
+        claimed = claim_new_run_dir(sweep_dir)
+        if claimed != sweep_dir:
+            sweep_dir, run = claimed, dataclasses.replace(run, run_dir=claimed)
+            combos = [(values, dataclasses.replace(c, run_dir=claimed / c.run_dir.name)) for values, c in combos]
     clock = time.perf_counter()
     for _, combo in combos:
         combo.run_dir.mkdir(parents=True, exist_ok=True)

@@ -119,7 +119,13 @@ def outcome(report: dict) -> tuple[str, bool]:
         else ""
     )
     line = (
-        f"{len(report['combinations'])} combinations x {len(report['seeds'])} seeds ({how}){timing}, "
+        f"{_count(len(report['combinations']), 'combination')} x {_count(len(report['seeds']), 'seed')} "
+        f"({how}){timing}, "
         f"wall {report['wall_seconds']:.1f} s -> {report['sweep_dir']}"
     )
     return format_table(report) + "\n" + line, False
+
+
+def _count(n: int, noun: str) -> str:
+    """``"1 seed"``, ``"4 seeds"``."""
+    return f"{n} {noun}" + ("" if n == 1 else "s")

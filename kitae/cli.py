@@ -10,7 +10,7 @@
                [--study-dir DIR] [--quiet] [--workers N [--address HOST:PORT]]
     kitae resume RUN_DIR|SWEEP_DIR [--steps N] [--quiet]
     kitae eval RUN_DIR [--episodes N] [--video] [--seed S]
-    kitae plot RUN_DIR [RUN_DIR ...] [-o FILE.png]
+    kitae plot RUN_DIR|SWEEP_DIR [...] [-o FILE.png]
 
 A mistake in the input prints one line (``kitae: error: ...``) that says what is wrong and what
 is accepted, and exits with status 2, without a Python traceback and without changing the run
@@ -18,6 +18,8 @@ directory. Ctrl-C or SIGTERM during ``train`` / ``resume`` finishes the current 
 checkpoint and exits with status 130 / 143 after saying how to resume. A run whose losses or
 parameters become non-finite stops, keeps its last finite state as its newest checkpoint, writes
 ``summary.json`` (``diverged``) and exits with status 3 after one line naming the step and the loss.
+What the file system refuses (a folder that cannot be written, a file where a folder goes, a full
+disk) is one line too, with status 1.
 """
 
 from __future__ import annotations
@@ -493,6 +495,10 @@ def main(argv: list[str] | None = None) -> int:
         except (RunError, CheckpointError, ValueError, TypeError, FileNotFoundError) as error:
             print(f"kitae: error: {error}".replace("\n", " "), file=sys.stderr)
             return 2
+        except OSError as error:  # the file system refused (permissions, a file where a folder goes, a full disk)
+            where = f": {error.filename!r}" if error.filename else ""
+            print(f"kitae: error: {error.strerror or error}{where}".replace("\n", " "), file=sys.stderr)
+            return 1
         except WorkersLost as error:  # the run saved a checkpoint before stopping
             print(f"kitae: error: {error}; continue with: kitae resume RUN_DIR", file=sys.stderr)
             return 1

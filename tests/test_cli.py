@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -154,6 +155,26 @@ def test_existing_run_directory_is_left_untouched(capsys, tmp_path):
     _bad(capsys, ["train", "ppo", "--steps", "100", "--run-dir", str(run_dir)], "already exists")
     assert [p.name for p in run_dir.iterdir()] == ["summary.json"]
     assert (run_dir / "summary.json").read_text() == "{}"
+
+
+def test_what_the_file_system_refuses_is_one_line(capsys, tmp_path):
+    """A run directory under a file, a plot into a folder that cannot be written: one line and
+    exit status 1, not a traceback from ``pathlib``."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert main(["train", "dqn", "CartPole-v1", "--steps", "64", "--run-dir", str(blocker / "run")]) == 1
+    assert capsys.readouterr().err == f"kitae: error: Not a directory: '{blocker / 'run'}'\n"
+    run_dir = tmp_path / "run"
+    argv = ["train", "dqn", "CartPole-v1", "--steps", "64", "--set", "algo_params.start_step=32"]
+    assert main([*argv, "--run-dir", str(run_dir), "--quiet"]) == 0
+    capsys.readouterr()
+    read_only = tmp_path / "read-only"
+    read_only.mkdir(mode=0o500)
+    if os.access(read_only, os.W_OK):  # root writes anywhere but in sysfs
+        read_only = Path("/sys")
+    assert main(["plot", str(run_dir), "-o", str(read_only / "curves.png")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("kitae: error: ") and err.count("\n") == 1 and str(read_only) in err, err
 
 
 def test_runs_started_in_the_same_second_each_claim_their_own_default_directory(capsys, tmp_path, monkeypatch):

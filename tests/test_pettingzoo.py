@@ -391,7 +391,11 @@ def test_make_vec_env_pettingzoo_ids():
             "pettingzoo:classic.connect_four_v3",
             r"'classic.connect_four_v3' has no parallel_env \(an AEC-only environment\)",
         ),
-        ("pettingzoo:classic.chess_v6", r"'classic.chess_v6' needs the package 'chess'"),
+        (
+            "pettingzoo:classic.chess_v6",
+            r"'classic.chess_v6' needs the package 'chess' "
+            r"\(PettingZoo's extra: pip install 'pettingzoo\[classic\]==1.27.0'\)",
+        ),
     ],
 )
 def test_make_vec_env_rejects_unknown_pettingzoo_ids(env_id, match):

@@ -83,7 +83,11 @@ def parallel_env_maker(name: str) -> Callable[..., Any]:
     except ModuleNotFoundError as error:
         missing = error.name or ""
         if not (module_name == missing or module_name.startswith(missing + ".")):  # a dependency of the env
-            raise ValueError(f"PettingZoo environment {name!r} needs the package {error.name!r}: {error}") from None
+            family = package.split(".")[1] if package.startswith("pettingzoo.") else ""
+            extra = f" (PettingZoo's extra: pip install 'pettingzoo[{family}]==1.27.0')" if family else ""
+            raise ValueError(
+                f"PettingZoo environment {name!r} needs the package {error.name!r}{extra}: {error}"
+            ) from None
         known = _available(package)
         raise ValueError(
             f"unknown PettingZoo environment {name!r}: no module {module_name!r}; "

@@ -8,7 +8,15 @@ import numpy as np
 import pytest
 
 from kitae.distributions import Categorical, DiagNormal, TanhNormal
-from kitae.modules.encoders import MLP, DictEncoder, DiscreteEncoder, NatureCNN, encoder_factory, space_input_shape
+from kitae.modules.encoders import (
+    MLP,
+    DictEncoder,
+    DiscreteEncoder,
+    FlattenMLP,
+    NatureCNN,
+    encoder_factory,
+    space_input_shape,
+)
 from kitae.modules.modules import init_params
 from kitae.modules.policy import (
     CategoricalHead,
@@ -90,6 +98,26 @@ def test_mlp_acts_on_last_axis_and_options():
         MLP(activation="bogus").apply(params, jnp.ones((1, 3)))
 
 
+@pytest.mark.parametrize("shape", [(10, 5), (), (2, 3, 4, 5)], ids=str)
+def test_a_box_of_other_axes_is_flattened_then_an_mlp(shape):
+    """bsuite's Catch board ``(10, 5)`` (int32), a scalar, four axes: flattened, as SB3's
+    ``FlattenExtractor``; the same as the MLP on the flattened observations, jitted and vmapped."""
+    space = gym.spaces.Box(0, 1, shape, np.int32 if shape == (10, 5) else np.float32)
+    encoder = encoder_factory(space, hidden=(16,))
+    assert isinstance(encoder, FlattenMLP) and encoder.obs_ndim == len(shape)
+    params = init_params(KEY, encoder, [space_input_shape(space)])
+    size = int(np.prod(shape))
+    assert params["params"]["MLP_0"]["Dense_0"]["kernel"].shape == (size, 16)
+    obs = jax.random.bernoulli(KEY, 0.5, (BATCH, 3, *shape)).astype(space.dtype)
+    out = jax.jit(encoder.apply)(params, obs)
+    assert out.shape == (BATCH, 3, 16)
+    mlp = MLP(hidden=(16,))
+    flat = obs.reshape(BATCH, 3, size)
+    np.testing.assert_allclose(out, mlp.apply({"params": params["params"]["MLP_0"]}, flat), rtol=1e-6)
+    np.testing.assert_allclose(jax.vmap(lambda o: encoder.apply(params, o))(obs), out, rtol=1e-6)
+    assert encoder.apply(params, obs[0, 0]).shape == (16,)  # one observation
+
+
 def test_nature_cnn_shapes_and_uint8_scaling():
     cnn = NatureCNN(orthogonal=False)
     params = init_params(KEY, cnn, [(84, 84, 4)])
@@ -125,7 +153,6 @@ def test_discrete_encoder_respects_start():
 @pytest.mark.parametrize(
     "space",
     [
-        gym.spaces.Box(-1, 1, (3, 4)),
         gym.spaces.Box(0, 255, (2, 10, 3), np.uint8),  # too small even for MinAtarCNN
         gym.spaces.MultiDiscrete([2, 3]),
         gym.spaces.Tuple((gym.spaces.Discrete(2), gym.spaces.Discrete(3))),

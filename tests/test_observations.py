@@ -267,6 +267,26 @@ def test_minatar_trains_in_the_compiled_loop():
     assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree_util.tree_leaves(agent.state))
 
 
+@pytest.mark.parametrize("algo", ["ppo", "dqn"])
+def test_a_board_observation_trains_in_the_compiled_loop(algo):
+    """bsuite's Catch observes a (10, 5) int32 board: flattened into the MLP (``FlattenMLP``), in the
+    rollout and in the replay buffer."""
+    env = make_jax_env("gymnax:Catch-bsuite", 4)
+    assert env.single_observation_space.shape == (10, 5)
+    if algo == "ppo":
+        agent = PPO("catch", env_config(env, PPOParams(), max_buffer_size=16, batch_size=32), run_dir="unused")
+        network = agent.state.actor_critic.params
+    else:
+        params = DQNParams(start_step=32, skip_steps=4)
+        agent = DQN("catch", env_config(env, params, max_buffer_size=64, batch_size=32), run_dir="unused")
+        network = agent.state.qvalue.params
+    first = [x.shape for x in jax.tree_util.tree_leaves(network) if x.ndim == 2 and x.shape[0] == 50]
+    assert first, "a first layer reading the board flattened (50 inputs)"
+    run = compiled_train(agent, env, 4 * 16 * 3)
+    assert int(np.sum(run.metrics.updated)) >= 3
+    assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree_util.tree_leaves(agent.state))
+
+
 _RENDER_SCRIPT = """
 import os, sys
 from kitae.envs.make import make_vec_env

@@ -115,6 +115,28 @@ class MLP(nn.Module):
         return x
 
 
+class FlattenMLP(nn.Module):
+    """An ``MLP`` over observations of several axes (or none) flattened into one, as SB3's
+    ``FlattenExtractor`` and PureJaxRL do: ``(..., *obs_shape) -> (..., hidden[-1])``. For ``Box``
+    spaces that are neither vectors nor images, such as bsuite's ``Catch`` board ``(10, 5)``.
+
+    Attributes:
+        obs_ndim: how many trailing axes one observation has (the rest are batch axes).
+        hidden, activation: as ``MLP``'s.
+    """
+
+    obs_ndim: int
+    hidden: Sequence[int] = (64, 64)
+    activation: Activation = "tanh"
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """x: ``(..., *obs_shape)`` -> ``(..., hidden[-1])`` (``(..., prod(obs_shape))`` with no hidden layer)."""
+        x = jnp.asarray(x)
+        batch = x.shape[: x.ndim - self.obs_ndim]
+        return MLP(hidden=self.hidden, activation=self.activation)(x.reshape(*batch, -1))
+
+
 class NatureCNN(nn.Module):
     """The DQN convolutional torso of Mnih et al. (2015).
 
@@ -244,6 +266,7 @@ def _accepted() -> str:
         "accepted observation spaces: Box with shape (D,) -> MLP, Box with shape (H, W, C) "
         f"(channels last) -> NatureCNN when H, W >= {NATURE_CNN_MIN_SIZE}, MinAtarCNN when "
         f"{SMALL_CNN_MIN_SIZE} <= min(H, W) < {NATURE_CNN_MIN_SIZE}, Discrete -> one-hot + MLP, "
+        f"Box of any other number of axes -> flattened, then MLP, "
         f"Dict of these -> per-key encoders concatenated (its {ACTION_MASK_KEY!r} key is not encoded)"
     )
 
@@ -263,6 +286,8 @@ def encoder_factory(
       with ``min(H, W) < 36`` and ``C >= 36``, such as ``(4, 84, 84)``, is refused as looking
       channels-first). ``hidden`` and ``activation`` do not apply. ``uint8`` images are scaled to
       ``[0, 1]`` inside.
+    * ``Box`` of any other number of axes (``()``, ``(H, W)``, 4 or more) -> ``FlattenMLP``: the
+      observation's axes flattened into one, then ``MLP(hidden, activation)``.
     * ``Discrete(n, start)`` -> ``DiscreteEncoder``: ``(...)`` -> one-hot -> ``MLP``.
     * ``Dict`` -> ``DictEncoder``: one encoder per key (keys sorted, built recursively with no
       hidden layers: vectors as they are, images through their CNN, ``Discrete`` one-hot), the
@@ -280,6 +305,8 @@ def encoder_factory(
         shape = observation_space.shape
         if len(shape) == 1:
             return MLP(hidden=hidden, activation=activation)
+        if len(shape) != 3:  # a scalar, a board (H, W), or more axes: flattened, then the MLP
+            return FlattenMLP(obs_ndim=len(shape), hidden=hidden, activation=activation)
         if len(shape) == 3:
             if min(shape[0], shape[1]) < SMALL_CNN_MIN_SIZE:
                 raise ValueError(
@@ -328,6 +355,7 @@ def space_input_shape(space: gym.Space):
 
 __all__ = [
     "MLP",
+    "FlattenMLP",
     "NatureCNN",
     "MinAtarCNN",
     "DiscreteEncoder",

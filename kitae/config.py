@@ -273,6 +273,12 @@ class UpdateConfig:
         return _from_mapping(cls, data, "update_cfg.")
 
 
+MAX_ENV_STEPS = 2**31 - 1
+"""The longest run: JAX counts in int32 unless x64 is on (kitae leaves it off: float64 would double
+every array), so the step counters of the compiled loop, the schedules and the update gates would
+wrap around past it (negative steps, learning rates annealed the wrong way)."""
+
+
 @dataclasses.dataclass
 class TrainConfig:
     """How long to train and how often to save.
@@ -292,7 +298,12 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         validate_types(self, "train_cfg.")
-        _require(self.n_env_steps >= 1, "train_cfg.n_env_steps", self.n_env_steps, "an int >= 1")
+        _require(
+            1 <= self.n_env_steps <= MAX_ENV_STEPS,
+            "train_cfg.n_env_steps",
+            self.n_env_steps,
+            f"an int >= 1 and <= {MAX_ENV_STEPS:,} (step counters are int32 in JAX)",
+        )
         _require(
             self.save_frequency == -1 or self.save_frequency >= 1,
             "train_cfg.save_frequency",

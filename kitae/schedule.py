@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from kitae.config import AlgoConfig
+from kitae.config import MAX_ENV_STEPS, AlgoConfig
 from kitae.types import AlgoType
 
 __all__ = ["Schedule"]
@@ -112,8 +112,19 @@ class Schedule:
         return self.vector_steps_per_iteration * self.n_envs
 
     def n_iterations(self, n_env_steps: int) -> int:
-        """Iterations a run of ``n_env_steps`` makes (rounded up)."""
-        return -(-int(n_env_steps) // self.steps_per_iteration)
+        """Iterations a run of ``n_env_steps`` makes (rounded up).
+
+        Raises:
+            ValueError: when the rounded run is longer than ``kitae.config.MAX_ENV_STEPS``.
+        """
+        iterations = -(-int(n_env_steps) // self.steps_per_iteration)
+        if iterations * self.steps_per_iteration > MAX_ENV_STEPS:
+            raise ValueError(
+                f"n_env_steps={int(n_env_steps):,} is not allowed: in whole iterations of "
+                f"{self.steps_per_iteration:,} steps it is {iterations * self.steps_per_iteration:,}; "
+                f"allowed: at most {MAX_ENV_STEPS:,} in whole iterations (step counters are int32 in JAX)"
+            )
+        return iterations
 
     def run_steps(self, n_env_steps: int) -> int:
         """Environment steps a run of ``n_env_steps`` really makes: whole iterations."""

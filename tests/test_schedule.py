@@ -83,6 +83,17 @@ def test_iterations_are_whole_and_regular_when_n_envs_divides_skip_steps():
     assert all(step % schedule.steps_per_iteration == 0 for step in updates)
 
 
+def test_a_run_longer_than_the_int32_counters_is_refused():
+    """JAX's step counters are int32: a run past 2**31 - 1 steps would wrap them around."""
+    schedule = _schedule(1, 4, 0, batch=16, on_policy=True, rollout=128, epochs=1)
+    assert schedule.n_iterations(2**31 - 512) * 512 == 2**31 - 512
+    with pytest.raises(ValueError, match=r"n_env_steps=2,147,483,647 is not allowed: in whole iterations of 512"):
+        schedule.n_iterations(2**31 - 1)  # rounded up to 2**31
+    with pytest.raises(ValueError, match=r"train_cfg.n_env_steps=2147483648 is not allowed; allowed: an int >= 1 and"):
+        cfg.TrainConfig(n_env_steps=2**31)
+    assert cfg.TrainConfig(n_env_steps=2**31 - 1).n_env_steps == cfg.MAX_ENV_STEPS
+
+
 def test_on_policy_iterations_are_rollouts():
     schedule = _schedule(1, 4, 0, batch=16, on_policy=True, rollout=32, epochs=3)
     assert schedule.steps_per_iteration == 128

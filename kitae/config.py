@@ -290,11 +290,16 @@ class TrainConfig:
         log_frequency: the host loop writes ``losses/<name>`` (the mean over the updates since the
             last point) once every this many environment transitions, and at the end (>= 1).
             Writing every update of an off-policy agent costs more than its acting does.
+        eval_episodes: at every checkpoint (every ``save_frequency`` transitions and at the end),
+            evaluate each seed's deterministic policy over this many episodes, as ``kitae eval``
+            does, into ``metrics.jsonl`` (``eval_return``), TensorBoard
+            (``eval/episodic_return``) and ``summary.json``; 0 (the default) evaluates nothing.
     """
 
     n_env_steps: int = 100_000
     save_frequency: int = -1
     log_frequency: int = 1_000
+    eval_episodes: int = 0
 
     def __post_init__(self) -> None:
         validate_types(self, "train_cfg.")
@@ -311,6 +316,9 @@ class TrainConfig:
             "-1 (only at the end) or an int >= 1",
         )
         _require(self.log_frequency >= 1, "train_cfg.log_frequency", self.log_frequency, "an int >= 1")
+        _require(
+            self.eval_episodes >= 0, "train_cfg.eval_episodes", self.eval_episodes, "0 (no evaluation) or an int >= 1"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

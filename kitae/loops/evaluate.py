@@ -32,15 +32,32 @@ def _deterministic_step(agent: Any, params: Any, key: jax.Array, obs: Any, memor
     return actions, hidden
 
 
+def _compiled(agent: Any, key: tuple, make: Any) -> Any:
+    """``make()`` compiled once per ``(agent, key)``, kept on the agent (the function takes the
+    parameters as an argument): a run that evaluates at every checkpoint
+    (``train_cfg.eval_episodes``) compiles its evaluation once, not once per checkpoint."""
+    table = getattr(agent, "__dict__", {}).setdefault("_kitae_evaluation", {})
+    if key not in table:
+        table[key] = make()
+    return table[key]
+
+
 def _deterministic(agent: Any) -> Any:
     """``(params, key, observations, memory) -> (actions, hidden)`` with the deterministic policy, compiled."""
-    return jax.jit(lambda params, key, obs, memory: _deterministic_step(agent, params, key, obs, memory))
+    return _compiled(
+        agent,
+        ("act",),
+        lambda: jax.jit(lambda params, key, obs, memory: _deterministic_step(agent, params, key, obs, memory)),
+    )
 
 
-def evaluate_host(agent: Any, spec: EnvSpec, episodes: int, seed: int = 0) -> np.ndarray:
+def evaluate_host(agent: Any, spec: EnvSpec, episodes: int, seed: int = 0, params: Any = None) -> np.ndarray:
     """Raw returns of ``episodes`` episodes, run as vector environments of up to 64, environment
     ``i`` seeded ``seed + i`` and counted for its first episode only; for PettingZoo environments,
     the team's return (the sum over agents); EnvPool Atari: whole games with unclipped rewards.
+
+    Args:
+        params: the acting parameters to evaluate (default: ``agent.acting_params(agent.state)``).
 
     Returns:
         ``(episodes,)`` float64.
@@ -52,7 +69,7 @@ def evaluate_host(agent: Any, spec: EnvSpec, episodes: int, seed: int = 0) -> np
 
         env_kwargs = evaluation_kwargs(spec.name)
     act = _deterministic(agent)
-    params = agent.acting_params(agent.state)
+    params = agent.acting_params(agent.state) if params is None else params
     key = jax.random.PRNGKey(seed)
     returns: list[float] = []
     while len(returns) < episodes:
@@ -84,30 +101,42 @@ def evaluate_host(agent: Any, spec: EnvSpec, episodes: int, seed: int = 0) -> np
     return np.asarray(returns)
 
 
-def evaluate_jax(agent: Any, spec: EnvSpec, episodes: int, seed: int = 0) -> np.ndarray:
+def evaluate_jax(agent: Any, spec: EnvSpec, episodes: int, seed: int = 0, params: Any = None) -> np.ndarray:
     """Raw returns of ``episodes`` episodes of a JAX environment, one per copy, all run together
     in one compiled loop that stops when every copy has finished its first episode; multi-agent
     (JaxMARL): the team's return.
+
+    Args:
+        params: the acting parameters to evaluate (default: ``agent.acting_params(agent.state)``).
 
     Returns:
         ``(episodes,)`` float64.
     """
     check_positive_int("episodes", episodes)
-    env = make_jax_env(spec, episodes)
-    params = agent.acting_params(agent.state)
+    params = agent.acting_params(agent.state) if params is None else params
+    evaluate = _compiled(agent, ("jax", spec.id, episodes), lambda: _jax_evaluation(agent, spec, episodes))
+    return np.asarray(evaluate(params, jax.random.PRNGKey(seed)), dtype=np.float64)
 
+
+def _jax_evaluation(agent: Any, spec: EnvSpec, episodes: int) -> Any:
+    """``(params, key) -> returns (episodes,)``: ``evaluate_jax``'s episodes (compiled, except for
+    JaxMARL's multi-agent loop, which runs its own)."""
+    env = make_jax_env(spec, episodes)
     agents = env_agents(env)
     if agents is not None:
         memory = initial_memory(agent, episodes, agents)
 
-        def act(key: jax.Array, observation: Any, memory: Memory | None = None) -> Any:
-            actions, hidden = _deterministic_step(agent, params, key, observation, memory)
-            return actions if memory is None else (actions, hidden)
+        def team_returns(params: Any, key: jax.Array) -> Any:
+            def act(key: jax.Array, observation: Any, memory: Memory | None = None) -> Any:
+                actions, hidden = _deterministic_step(agent, params, key, observation, memory)
+                return actions if memory is None else (actions, hidden)
 
-        return evaluate_team_returns(env, act, jax.random.PRNGKey(seed), memory=memory)[:, 0]
+            return evaluate_team_returns(env, act, key, memory=memory)[:, 0]
+
+        return team_returns
     limit = int(getattr(env.params, "max_steps_in_episode", getattr(env.params, "episode_length", 100_000))) + 1
 
-    def evaluate(key: jax.Array) -> jax.Array:
+    def evaluate(params: Any, key: jax.Array) -> jax.Array:
         key, reset_key = jax.random.split(key)
         observation, env_state = env.reset(reset_key)
 
@@ -129,4 +158,4 @@ def evaluate_jax(agent: Any, spec: EnvSpec, episodes: int, seed: int = 0) -> np.
         zeros = (jnp.zeros(episodes, jnp.float32), jnp.zeros(episodes, bool))
         return jax.lax.while_loop(cond, body, (0, key, observation, env_state, memory, *zeros))[5]
 
-    return np.asarray(jax.jit(evaluate)(jax.random.PRNGKey(seed)), dtype=np.float64)
+    return jax.jit(evaluate)

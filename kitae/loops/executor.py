@@ -66,8 +66,9 @@ class Executor(Protocol):
         environment part)."""
         ...
 
-    def evaluate(self, agent: Any, spec: EnvSpec, episodes: int, seed: int = 0) -> np.ndarray:
-        """Raw returns of ``episodes`` episodes of the deterministic policy, ``(episodes,)``."""
+    def evaluate(self, agent: Any, spec: EnvSpec, episodes: int, seed: int = 0, params: Any = None) -> np.ndarray:
+        """Raw returns of ``episodes`` episodes of the deterministic policy, ``(episodes,)``
+        (``params``: the acting parameters to evaluate, default the agent's)."""
         ...
 
 
@@ -78,8 +79,8 @@ class _Host(HostExecutor):
         del agent, env, meta
         return None
 
-    def evaluate(self, agent: Any, spec: EnvSpec, episodes: int, seed: int = 0) -> np.ndarray:
-        return evaluate_host(agent, spec, episodes, seed)
+    def evaluate(self, agent: Any, spec: EnvSpec, episodes: int, seed: int = 0, params: Any = None) -> np.ndarray:
+        return evaluate_host(agent, spec, episodes, seed, params)
 
 
 class _Compiled(CompiledExecutor):
@@ -92,8 +93,8 @@ class _Compiled(CompiledExecutor):
         # checkpoints written before LoopState.diverged_step lack it (the run starts it at -1)
         return shape if meta.get("diverged_saved") else shape._replace(diverged_step=None)
 
-    def evaluate(self, agent: Any, spec: EnvSpec, episodes: int, seed: int = 0) -> np.ndarray:
-        return evaluate_jax(agent, spec, episodes, seed)
+    def evaluate(self, agent: Any, spec: EnvSpec, episodes: int, seed: int = 0, params: Any = None) -> np.ndarray:
+        return evaluate_jax(agent, spec, episodes, seed, params)
 
 
 EXECUTORS: dict[str, Executor] = {"host": _Host(), "compiled": _Compiled()}

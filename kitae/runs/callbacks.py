@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
+from typing import Any
 
+import jax
 import numpy as np
 
 from kitae.loops.callbacks import Callback, Progress
@@ -18,7 +20,7 @@ from kitae.loops.state import Payload
 from kitae.runs.checkpoints import Checkpointer
 from kitae.runs.rundir import MetricsFile
 
-__all__ = ["MetricsLogger", "CheckpointSaver", "ImportWhileTraining"]
+__all__ = ["MetricsLogger", "CheckpointSaver", "ImportWhileTraining", "PeriodicEvaluation"]
 
 
 class MetricsLogger(Callback):
@@ -55,6 +57,51 @@ class CheckpointSaver(Callback):
 
     def on_checkpoint(self, payload: Payload) -> None:
         self.last = self.checkpointer.save(int(np.max(np.asarray(payload.state.env_step))), payload)
+
+
+class PeriodicEvaluation(Callback):
+    """``train_cfg.eval_episodes``: at every checkpoint, each seed's deterministic policy over
+    ``episodes`` episodes, with the executor's ``evaluate`` (what ``kitae eval`` runs: the same
+    environments and seed, so the last evaluation is ``kitae eval RUN_DIR --episodes N``'s).
+
+    Each evaluation is a ``metrics.jsonl`` row (``step``, ``seed``, ``eval_return`` (the mean raw
+    return), ``eval_return_std``, ``eval_episodes``) and, for the run's first seed, the
+    TensorBoard scalars ``eval/episodic_return`` and ``eval/episodic_return_std``. Placed before
+    the ``CheckpointSaver``, so a checkpoint's rows include its evaluation.
+
+    Args:
+        agent: the run's agent (its ``act`` and ``acting_params``; the evaluated state is the
+            checkpoint's).
+        executor: the run's executor.
+        env: the run's environment id.
+        episodes: episodes per evaluation (>= 1).
+        metrics: the open ``metrics.jsonl``.
+        writer: the run's TensorBoard writer, or ``None``.
+        seeds: the run's seeds, by seed index (a checkpoint of seeds trained together holds them
+            along its leading axis).
+    """
+
+    def __init__(
+        self, agent: Any, executor: Any, env: Any, episodes: int, metrics: MetricsFile, writer: Any, seeds: list[int]
+    ) -> None:
+        self.agent, self.executor, self.env, self.episodes = agent, executor, env, episodes
+        self.metrics, self.writer, self.seeds = metrics, writer, seeds
+
+    def on_checkpoint(self, payload: Payload) -> None:
+        steps = np.broadcast_to(np.asarray(payload.state.env_step), (len(self.seeds),))
+        batched = payload.meta.get("seeds") is not None
+        for index, seed in enumerate(self.seeds):
+            state = payload.state.agent_state
+            if batched:
+                state = jax.tree_util.tree_map(lambda x, i=index: x[i], state)
+            returns = self.executor.evaluate(
+                self.agent, self.env, self.episodes, params=self.agent.acting_params(state)
+            )
+            step, mean, std = int(steps[index]), float(np.mean(returns)), float(np.std(returns))
+            self.metrics.write(step=step, seed=seed, eval_return=mean, eval_return_std=std, eval_episodes=len(returns))
+            if self.writer is not None and index == 0:
+                self.writer.add_scalar("eval/episodic_return", mean, step)
+                self.writer.add_scalar("eval/episodic_return_std", std, step)
 
 
 class ImportWhileTraining(Callback):

@@ -32,7 +32,7 @@ from kitae.envs.make import EnvSpec
 from kitae.loops.callbacks import WriterLogger
 from kitae.loops.result import RunResult
 from kitae.loops.state import LoopState, apply_loop_state, pick_seed
-from kitae.runs.callbacks import CheckpointSaver, ImportWhileTraining, MetricsLogger
+from kitae.runs.callbacks import CheckpointSaver, ImportWhileTraining, MetricsLogger, PeriodicEvaluation
 from kitae.runs.checkpoints import CHECKPOINT_MODULES, Checkpointer, CheckpointError
 from kitae.runs.errors import RunDiverged, RunError
 from kitae.runs.load import checkpoint_dirs, restore_error, restore_payload, run_seeds
@@ -155,6 +155,16 @@ def execute(
                     bar.message(run.executor.starting)
                 plan_seeds = plan.seeds or [plan.seed]
                 extra = [WriterLogger(writer)] if index == 0 else []
+                episodes = run.config.train_cfg.eval_episodes
+                evaluation = (
+                    [
+                        PeriodicEvaluation(
+                            agent, run.executor, run.env, episodes, metrics, writer if index == 0 else None, plan_seeds
+                        )
+                    ]
+                    if episodes
+                    else []
+                )
                 try:
                     result = run.executor.run(
                         agent,
@@ -164,6 +174,7 @@ def execute(
                         seeds=plan.seeds,
                         callbacks=[
                             MetricsLogger(metrics, plan_seeds),
+                            *evaluation,
                             saver,
                             bar,
                             stop,
@@ -230,8 +241,26 @@ def write_run_summary(
         **_distributed_summary(results),
         **_devices_summary(results),
         **({"diverged": divergences} if divergences else {}),
+        **_evaluation_summary(rows, seeds or [run.config.seed], several=bool(seeds)),
         **(extra or {}),
     )
+
+
+def _evaluation_summary(rows: list[dict], seeds: list[int], several: bool) -> dict:
+    """``summary.json``'s ``eval_return``, ``eval_return_std``, ``eval_episodes`` and
+    ``eval_step`` (the keys ``kitae eval`` writes) from each seed's last ``train_cfg.eval_episodes``
+    evaluation in ``metrics.jsonl``; nothing when the run evaluated none."""
+    last = {row["seed"]: row for row in rows if "eval_return" in row and row.get("seed") in seeds}
+    if not last:
+        return {}
+    means = [last[s]["eval_return"] if s in last else None for s in seeds]
+    stds = [last[s]["eval_return_std"] if s in last else None for s in seeds]
+    return {
+        "eval_return": means if several else means[0],
+        "eval_return_std": stds if several else stds[0],
+        "eval_episodes": max(row["eval_episodes"] for row in last.values()),
+        "eval_step": max(row["step"] for row in last.values()),
+    }
 
 
 def run_divergences(result: RunResult, run_dir: Path, checkpoint: Path | None) -> list[dict]:

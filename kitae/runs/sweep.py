@@ -52,7 +52,7 @@ from kitae.loops.callbacks import Callback, RunInfo, WriterLogger
 from kitae.loops.compiled import CompiledExecutor
 from kitae.loops.result import Episodes, RunResult
 from kitae.loops.state import Payload, pick_seed
-from kitae.runs.callbacks import CheckpointSaver, ImportWhileTraining, MetricsLogger
+from kitae.runs.callbacks import CheckpointSaver, ImportWhileTraining, MetricsLogger, PeriodicEvaluation
 from kitae.runs.checkpoints import CHECKPOINT_MODULES, Checkpointer
 from kitae.runs.errors import RunDiverged, RunError
 from kitae.runs.load import checkpoint_dirs
@@ -233,7 +233,13 @@ def _compiled_sweep(
 
             saver = CheckpointSaver(Checkpointer(combo.run_dir / "checkpoints", before_save=flush))
             savers.append(saver)
-            children.append([MetricsLogger(metrics, seeds), saver, WriterLogger(writer)])
+            episodes = combo.config.train_cfg.eval_episodes
+            evaluation = (  # the combination's own agent: a swept value may change how it acts
+                [PeriodicEvaluation(combo.make_agent(), run.executor, run.env, episodes, metrics, writer, seeds)]
+                if episodes
+                else []
+            )
+            children.append([MetricsLogger(metrics, seeds), *evaluation, saver, WriterLogger(writer)])
         bar = ProgressBar(f"sweep {len(combos)} x {len(seeds)} {type(agent).__name__} {run.env.id}", quiet)
         if not quiet:
             sizes = f"{len(combos)} combination{'s' * (len(combos) != 1)} x {len(seeds)} seed{'s' * (len(seeds) != 1)}"

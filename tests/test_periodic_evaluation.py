@@ -1,0 +1,84 @@
+"""``train_cfg.eval_episodes``: each checkpoint's deterministic policy evaluated as ``kitae eval``
+does, in both loops, into ``metrics.jsonl``, TensorBoard and ``summary.json``."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from kitae.cli import main
+from kitae.config import TrainConfig
+from kitae.runs import eval_run
+from kitae.runs.rundir import read_metrics
+
+
+@pytest.mark.parametrize(
+    ("algo", "env_id", "steps", "period"),
+    [("dqn", "CartPole-v1", 1024, 512), ("ppo", "gymnax:CartPole-v1", 4096, 2048)],
+    ids=["host", "compiled"],
+)
+def test_every_checkpoint_is_evaluated_as_kitae_eval_would(tmp_path, capsys, algo, env_id, steps, period):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir = tmp_path / "run"
+    argv = ["train", algo, env_id, "--steps", str(steps), "--seeds", "2", "--run-dir", str(run_dir), "--quiet",
+            "--set", f"train_cfg.save_frequency={period}", "--set", "train_cfg.eval_episodes=3"]  # fmt: skip
+    assert main(argv) == 0
+    rows = [row for row in read_metrics(run_dir / "metrics.jsonl") if "eval_return" in row]
+    checkpoints = sorted(int(p.name) for p in (run_dir / "checkpoints").rglob("*") if p.name.isdigit())
+    assert sorted({row["step"] for row in rows}) == sorted(set(checkpoints))  # one evaluation per checkpoint
+    assert {row["seed"] for row in rows} == {0, 1} and {row["eval_episodes"] for row in rows} == {3}
+    summary = json.loads((run_dir / "summary.json").read_text())
+    capsys.readouterr()
+    evaluated = eval_run(run_dir, episodes=3)  # the newest checkpoint, as `kitae eval RUN_DIR --episodes 3`
+    assert summary["eval_return"] == evaluated["mean"] and summary["eval_step"] == max(checkpoints)
+    events = EventAccumulator(str(run_dir / "logs"))
+    events.Reload()
+    first_seed = [row for row in rows if row["seed"] == 0]
+    scalars = events.Scalars("eval/episodic_return")
+    assert [e.step for e in scalars] == [row["step"] for row in first_seed]
+    np.testing.assert_allclose([e.value for e in scalars], [row["eval_return"] for row in first_seed], rtol=1e-6)
+
+
+def test_no_evaluation_by_default_and_a_bad_count_is_refused(tmp_path):
+    assert TrainConfig().eval_episodes == 0
+    with pytest.raises(ValueError, match=r"train_cfg.eval_episodes=-1 is not allowed; allowed: 0 \(no evaluation\)"):
+        TrainConfig(eval_episodes=-1)
+    run_dir = tmp_path / "run"
+    assert main(["train", "dqn", "CartPole-v1", "--steps", "256", "--run-dir", str(run_dir), "--quiet"]) == 0
+    assert not any("eval_return" in row for row in read_metrics(run_dir / "metrics.jsonl"))
+    assert "eval_return" not in json.loads((run_dir / "summary.json").read_text())
+
+
+def test_an_evaluation_of_given_parameters_compiles_once_per_agent():
+    from kitae.envs.make import EnvSpec
+    from kitae.loops.evaluate import evaluate_jax
+    from kitae.runs import preset_agent
+
+    agent, env = preset_agent("ppo", "gymnax:CartPole-v1", run_dir="unused")
+    spec = EnvSpec.parse("gymnax:CartPole-v1")
+    mine = evaluate_jax(agent, spec, 4)
+    other = jax.tree_util.tree_map(lambda x: x * 0.5, agent.acting_params(agent.state))
+    given = evaluate_jax(agent, spec, 4, params=other)
+    assert len(agent._kitae_evaluation) == 1  # one compiled evaluation, the parameters an argument
+    np.testing.assert_array_equal(evaluate_jax(agent, spec, 4), mine)
+    agent.state = jax.tree_util.tree_map(lambda x: x * 0.5, agent.state)
+    np.testing.assert_array_equal(evaluate_jax(agent, spec, 4), given)  # the same as the state's own
+
+
+def test_a_compiled_sweep_evaluates_each_combination_with_its_own_agent(tmp_path, capsys):
+    sweep_dir = tmp_path / "sweep"
+    argv = ["sweep", "ppo", "gymnax:CartPole-v1", "--grid", "update_cfg.learning_rate=1e-3,3e-3", "--steps", "4096",
+            "--sweep-dir", str(sweep_dir), "--quiet", "--set", "train_cfg.eval_episodes=2"]  # fmt: skip
+    assert main(argv) == 0
+    capsys.readouterr()
+    for name in ("learning_rate=0.001", "learning_rate=0.003"):
+        run_dir = sweep_dir / name
+        rows = [row for row in read_metrics(run_dir / "metrics.jsonl") if "eval_return" in row]
+        assert [row["step"] for row in rows] == [4096]
+        summary = json.loads((run_dir / "summary.json").read_text())
+        # a sweep's run lists its seeds' values (here one), as its final_return does
+        assert summary["eval_return"] == eval_run(run_dir, episodes=2)["mean"] == [rows[0]["eval_return"]]

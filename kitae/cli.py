@@ -126,6 +126,23 @@ def _add_shared_run_flags(parser: argparse.ArgumentParser, unit: str) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="as for kitae train")
 
 
+def _version() -> str:
+    """``kitae 0.1.0 (jax 0.10.2, jaxlib 0.10.2, Python 3.11.7)``, read from the installed packages'
+    metadata (nothing imported)."""
+    from importlib import metadata
+
+    from kitae import __version__
+
+    def version(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    deps = ", ".join(f"{name} {version(name)}" for name in ("jax", "jaxlib"))
+    return f"kitae {__version__} ({deps}, Python {sys.version.split()[0]})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="kitae",
@@ -136,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
         "kitae COMMAND --help tells more.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=_version(), help="kitae's version and its JAX's")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser, metavar="{train,sweep,tune,resume,eval,plot}")
 
     train = sub.add_parser(

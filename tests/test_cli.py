@@ -206,6 +206,15 @@ def test_claim_new_run_dir_never_gives_one_folder_twice(tmp_path):
     assert sorted(p.name for p in claimed) == sorted(["a"] + [f"a-{n}" for n in range(2, 17)])
 
 
+def test_version(capsys):
+    import jax
+
+    import kitae
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip().startswith(f"kitae {kitae.__version__} (jax {jax.__version__}, jaxlib ")
+
+
 @pytest.mark.parametrize("command", [["train", "--help"], ["--help"]])
 def test_help_says_what_and_shows_an_example(capsys, command):
     assert main(command) == 0

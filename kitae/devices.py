@@ -43,14 +43,16 @@ def use_cpu_cores(count: int | None = None) -> int:
     Raises:
         ValueError: for a count below 1 (``KITAE_CPU_DEVICES`` included).
     """
+    name = "count"
     if count is None:
         raw = os.environ.get("KITAE_CPU_DEVICES")
         try:
             count = int(raw) if raw else cpu_core_count()
         except ValueError:
             raise ValueError(f"KITAE_CPU_DEVICES={raw!r} is not allowed; allowed: an int >= 1") from None
+        name = "KITAE_CPU_DEVICES" if raw else name
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise ValueError(f"count={count!r} is not allowed; allowed: an int >= 1")
+        raise ValueError(f"{name}={count!r} is not allowed; allowed: an int >= 1")
     chosen = "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
     if chosen or getattr(jax.config, "jax_num_cpu_devices", -1) != -1:
         return _current_count()

@@ -87,6 +87,9 @@ def test_use_cpu_cores_rejects_a_bad_environment_variable(monkeypatch):
     monkeypatch.setenv("KITAE_CPU_DEVICES", "many")
     with pytest.raises(ValueError, match="KITAE_CPU_DEVICES='many'"):
         use_cpu_cores()
+    monkeypatch.setenv("KITAE_CPU_DEVICES", "0")
+    with pytest.raises(ValueError, match="KITAE_CPU_DEVICES=0 is not allowed; allowed: an int >= 1"):
+        use_cpu_cores()
 
 
 def test_use_cpu_cores_leaves_a_started_backend_alone():

@@ -1,5 +1,9 @@
 """The ``kitae`` command line.
 
+Why this module is long: the six commands' usage, examples and help texts, their parsers, their
+handlers (thin calls into ``kitae.runs``) and ``main``'s one-line errors are read together, top to
+bottom, as the command line's one description; the work itself is in ``kitae.runs``.
+
     kitae train [ALGO] [ENV] [--steps N] [--seed S] [--seeds K] [--n-envs E]
                 [--config FILE.yaml] [--set KEY=VALUE ...] [--run-dir DIR] [--quiet]
     kitae sweep ALGO ENV --grid KEY=V1,V2,... [--grid ...] [--seeds K] [--steps N] [--seed S]

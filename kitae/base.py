@@ -345,6 +345,10 @@ class BaseAgent(IAgent):
         of this agent's (spaces, sizes, counts); it is not validated again.
         """
         clone = copy.copy(self)
+        # functions compiled for this agent and kept on it (the loops' steps, the evaluation)
+        # close over this agent's config: the clone compiles its own
+        for cached in ("_compiled_steps", "_kitae_evaluation"):
+            clone.__dict__.pop(cached, None)
         clone.config = config
         clone._build_functions()
         return clone

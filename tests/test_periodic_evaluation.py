@@ -82,3 +82,20 @@ def test_a_compiled_sweep_evaluates_each_combination_with_its_own_agent(tmp_path
         summary = json.loads((run_dir / "summary.json").read_text())
         # a sweep's run lists its seeds' values (here one), as its final_return does
         assert summary["eval_return"] == eval_run(run_dir, episodes=2)["mean"] == [rows[0]["eval_return"]]
+
+
+def test_a_copy_with_another_config_compiles_its_own_evaluation():
+    import dataclasses
+
+    from kitae.envs.make import EnvSpec
+    from kitae.loops.collect import compiled_steps
+    from kitae.loops.evaluate import evaluate_jax
+    from kitae.runs import preset_agent
+
+    agent, _ = preset_agent("ppo", "gymnax:CartPole-v1", run_dir="unused")
+    evaluate_jax(agent, EnvSpec.parse("gymnax:CartPole-v1"), 2)
+    compiled_steps(agent)
+    params = dataclasses.replace(agent.config.algo_params, observation_clip=1.0)  # acting reads it
+    clone = agent.with_config(dataclasses.replace(agent.config, algo_params=params))
+    assert "_kitae_evaluation" not in clone.__dict__ and "_compiled_steps" not in clone.__dict__
+    assert "_kitae_evaluation" in agent.__dict__ and "_compiled_steps" in agent.__dict__

@@ -26,7 +26,6 @@ has the measurements); ``positional``, ``spring`` and ``mjx`` can be asked for.
 from __future__ import annotations
 
 import contextlib
-import difflib
 import io
 from typing import Any
 
@@ -37,7 +36,7 @@ import numpy as np
 from flax import struct
 
 from kitae.envs.jax_env import JaxTimeStep
-from kitae.validation import check_positive_int
+from kitae.validation import check_positive_int, closest_names
 
 DEFAULT_BACKEND = "generalized"
 BACKENDS = ("generalized", "positional", "spring", "mjx")
@@ -112,9 +111,9 @@ class BraxEnv:
         envs = _import_brax_envs()
         names = brax_env_names()
         if name not in names:
-            close = difflib.get_close_matches(name, list(names), n=3)
-            hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-            raise ValueError(f"unknown Brax environment {name!r}{hint}; available: {', '.join(names)}")
+            raise ValueError(
+                f"unknown Brax environment {name!r}{closest_names(name, names)}; available: {', '.join(names)}"
+            )
         if backend not in BACKENDS:
             raise ValueError(f"backend={backend!r} is not allowed; allowed: {', '.join(BACKENDS)}")
         check_positive_int("episode_length", episode_length)

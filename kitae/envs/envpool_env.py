@@ -31,7 +31,6 @@ with seed ``s``, so one seed decides the run.
 
 from __future__ import annotations
 
-import difflib
 import warnings
 from typing import Any
 
@@ -39,7 +38,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from kitae.validation import check_positive_int
+from kitae.validation import check_positive_int, closest_names
 
 ATARI_DEFAULTS: dict[str, Any] = {
     "img_height": 84,
@@ -76,8 +75,7 @@ def check_envpool_id(name: str) -> None:
     """Raises ``ValueError`` naming ``name`` and the closest EnvPool ids when EnvPool lacks it."""
     ids = envpool_ids()
     if name not in ids:
-        close = difflib.get_close_matches(name, ids, n=5)
-        hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        hint = closest_names(name, ids, n=5)
         raise ValueError(
             f"unknown EnvPool environment {name!r}{hint} (envpool.list_all_envs() lists the {len(ids)} ids)"
         )

@@ -14,7 +14,6 @@ gymnax 1.x, ``kitae.envs.brax_env`` Brax and ``kitae.envs.jaxmarl_env`` JaxMARL.
 
 from __future__ import annotations
 
-import difflib
 from typing import Any, NamedTuple, Protocol
 
 import gymnasium as gym
@@ -22,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kitae.validation import check_positive_int
+from kitae.validation import check_positive_int, closest_names
 
 
 class JaxTimeStep(NamedTuple):
@@ -121,8 +120,7 @@ class GymnaxEnv:
         from gymnax.environments.spaces import gymnax_space_to_gym_space
 
         if name not in gymnax.registered_envs:
-            close = difflib.get_close_matches(name, list(gymnax.registered_envs), n=3)
-            hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+            hint = closest_names(name, gymnax.registered_envs)
             raise ValueError(
                 f"unknown gymnax environment {name!r}{hint}; registered: {', '.join(gymnax.registered_envs)}"
             )

@@ -26,7 +26,6 @@ adds a leading ``(E,)`` to every leaf.
 from __future__ import annotations
 
 import contextlib
-import difflib
 import io
 import sys
 from typing import Any
@@ -37,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kitae.envs.jax_env import JaxTimeStep, VecJaxEnv
+from kitae.validation import closest_names
 
 EPISODE_ENDS = ("truncation", "termination")
 
@@ -131,8 +131,7 @@ class JaxMARLEnv:
         if isinstance(env, str):
             jaxmarl = _import_jaxmarl()
             if env not in jaxmarl.registered_envs:
-                close = difflib.get_close_matches(env, list(jaxmarl.registered_envs), n=3)
-                hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+                hint = closest_names(env, jaxmarl.registered_envs)
                 raise ValueError(
                     f"unknown JaxMARL environment {env!r}{hint}; registered: {', '.join(jaxmarl.registered_envs)}"
                 )

@@ -10,7 +10,6 @@ sources (``make_vec_env``), a ``kitae.envs.jax_env.VecJaxEnv`` for the JAX sourc
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ import gymnasium as gym
 from gymnasium.vector import AutoresetMode
 
 from kitae.envs import goals, memory
-from kitae.validation import check_positive_int
+from kitae.validation import check_positive_int, closest_names
 
 SOURCES = ("gymnasium", "gymnax", "envpool", "pettingzoo", "brax", "jaxmarl")
 HOST_SOURCES = ("gymnasium", "envpool", "pettingzoo")
@@ -267,8 +266,7 @@ def make_vec_env(
 
         return make_envpool_env(name, n_envs, seed=seed, env_kwargs=env_kwargs)
     if name not in gym.registry:
-        close = difflib.get_close_matches(name, sorted(gym.registry), n=3)
-        hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        hint = closest_names(name, gym.registry)
         raise ValueError(f"unknown Gymnasium environment {name!r}{hint} (gymnasium.pprint_registry() lists the ids)")
     check_positive_int("frame_stack", frame_stack)
     wrappers = tuple(wrappers)

@@ -20,7 +20,7 @@ from kitae.loops.state import Payload
 from kitae.runs.checkpoints import Checkpointer
 from kitae.runs.rundir import MetricsFile
 
-__all__ = ["MetricsLogger", "CheckpointSaver", "ImportWhileTraining", "PeriodicEvaluation"]
+__all__ = ["MetricsLogger", "CheckpointSaver", "ImportWhileTraining", "PeriodicEvaluation", "evaluation_callbacks"]
 
 
 class MetricsLogger(Callback):
@@ -102,6 +102,14 @@ class PeriodicEvaluation(Callback):
             if self.writer is not None and index == 0:
                 self.writer.add_scalar("eval/episodic_return", mean, step)
                 self.writer.add_scalar("eval/episodic_return_std", std, step)
+
+
+def evaluation_callbacks(
+    agent: Any, executor: Any, env: Any, episodes: int, metrics: MetricsFile, writer: Any, seeds: list[int]
+) -> list[Callback]:
+    """``[PeriodicEvaluation(...)]`` when ``episodes`` (a run's ``train_cfg.eval_episodes``) is at
+    least 1, else ``[]``: what every run (``execute``, a compiled sweep's combinations) adds."""
+    return [PeriodicEvaluation(agent, executor, env, episodes, metrics, writer, seeds)] if episodes else []
 
 
 class ImportWhileTraining(Callback):

@@ -30,7 +30,7 @@ from kitae.envs.make import EnvSpec
 from kitae.loops.callbacks import WriterLogger
 from kitae.loops.result import RunResult
 from kitae.loops.state import LoopState, apply_loop_state, pick_seed
-from kitae.runs.callbacks import CheckpointSaver, ImportWhileTraining, MetricsLogger, PeriodicEvaluation
+from kitae.runs.callbacks import CheckpointSaver, ImportWhileTraining, MetricsLogger, evaluation_callbacks
 from kitae.runs.checkpoints import CHECKPOINT_MODULES, Checkpointer, CheckpointError
 from kitae.runs.errors import RunDiverged, RunError
 from kitae.runs.load import checkpoint_dirs, restore_error, restore_payload, run_seeds
@@ -150,15 +150,14 @@ def execute(
                     bar.message(run.executor.starting)
                 plan_seeds = plan.seeds or [plan.seed]
                 extra = [WriterLogger(writer)] if index == 0 else []
-                episodes = run.config.train_cfg.eval_episodes
-                evaluation = (
-                    [
-                        PeriodicEvaluation(
-                            agent, run.executor, run.env, episodes, metrics, writer if index == 0 else None, plan_seeds
-                        )
-                    ]
-                    if episodes
-                    else []
+                evaluation = evaluation_callbacks(
+                    agent,
+                    run.executor,
+                    run.env,
+                    run.config.train_cfg.eval_episodes,
+                    metrics,
+                    writer if index == 0 else None,
+                    plan_seeds,
                 )
                 try:
                     result = run.executor.run(

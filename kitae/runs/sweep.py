@@ -52,7 +52,7 @@ from kitae.loops.callbacks import Callback, RunInfo, WriterLogger
 from kitae.loops.compiled import CompiledExecutor
 from kitae.loops.result import Episodes, RunResult
 from kitae.loops.state import Payload, pick_seed
-from kitae.runs.callbacks import CheckpointSaver, ImportWhileTraining, MetricsLogger, PeriodicEvaluation
+from kitae.runs.callbacks import CheckpointSaver, ImportWhileTraining, MetricsLogger, evaluation_callbacks
 from kitae.runs.checkpoints import CHECKPOINT_MODULES, Checkpointer
 from kitae.runs.errors import RunDiverged, RunError
 from kitae.runs.load import checkpoint_dirs
@@ -65,7 +65,7 @@ from kitae.runs.rundir import SWEEP_PLAN, MetricsFile, claim_new_run_dir, read_m
 from kitae.runs.session import execute, plot_run, resume_run, train_plans
 from kitae.runs.signals import stop_on_signals
 from kitae.runs.summary import run_divergences, write_run_summary
-from kitae.runs.sweep_report import combination_name, format_table, write_sweep
+from kitae.runs.sweep_report import combination_name, counted, format_table, write_sweep
 from kitae.runs.tensorboard import flush_to_disk, tensorboard_writer
 
 __all__ = ["PLAN", "SweepSpec", "parse_grid", "sweep_run", "format_table", "with_values", "train_combination"]
@@ -235,15 +235,13 @@ def _compiled_sweep(
             saver = CheckpointSaver(Checkpointer(combo.run_dir / "checkpoints", before_save=flush))
             savers.append(saver)
             episodes = combo.config.train_cfg.eval_episodes
-            evaluation = (  # the combination's own agent: a swept value may change how it acts
-                [PeriodicEvaluation(combo.make_agent(), run.executor, run.env, episodes, metrics, writer, seeds)]
-                if episodes
-                else []
-            )
+            # the combination's own agent: a swept value may change how it acts
+            agent_of = combo.make_agent() if episodes else None
+            evaluation = evaluation_callbacks(agent_of, run.executor, run.env, episodes, metrics, writer, seeds)
             children.append([MetricsLogger(metrics, seeds), *evaluation, saver, WriterLogger(writer)])
         bar = ProgressBar(f"sweep {len(combos)} x {len(seeds)} {type(agent).__name__} {run.env.id}", quiet)
         if not quiet:
-            sizes = f"{len(combos)} combination{'s' * (len(combos) != 1)} x {len(seeds)} seed{'s' * (len(seeds) != 1)}"
+            sizes = f"{counted(len(combos), 'combination')} x {counted(len(seeds), 'seed')}"
             bar.message(f"compiling the sweep ({sizes}, one program)...")
         try:
             callbacks = [_Split(children, seeds), bar, stop, ImportWhileTraining(*CHECKPOINT_MODULES, *PLOT_MODULES)]

@@ -13,7 +13,7 @@ from kitae.runs.plotting import curves_from_metrics, plot_curves
 from kitae.runs.resolve import ResolvedRun
 from kitae.runs.rundir import json_safe, read_metrics
 
-__all__ = ["combination_name", "format_table", "outcome", "write_sweep"]
+__all__ = ["combination_name", "counted", "format_table", "outcome", "write_sweep"]
 
 
 def combination_name(values: dict[str, float]) -> str:
@@ -119,13 +119,13 @@ def outcome(report: dict) -> tuple[str, bool]:
         else ""
     )
     line = (
-        f"{_count(len(report['combinations']), 'combination')} x {_count(len(report['seeds']), 'seed')} "
+        f"{counted(len(report['combinations']), 'combination')} x {counted(len(report['seeds']), 'seed')} "
         f"({how}){timing}, "
         f"wall {report['wall_seconds']:.1f} s -> {report['sweep_dir']}"
     )
     return format_table(report) + "\n" + line, False
 
 
-def _count(n: int, noun: str) -> str:
-    """``"1 seed"``, ``"4 seeds"``."""
+def counted(n: int, noun: str) -> str:
+    """``"1 seed"``, ``"4 seeds"`` (the sweep's printed lines)."""
     return f"{n} {noun}" + ("" if n == 1 else "s")

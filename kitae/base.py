@@ -652,11 +652,19 @@ class BaseAgent(IAgent):
         return run_service().resume(self, env, n_env_steps, callbacks=callbacks, quiet=quiet)
 
     @classmethod
-    def unserialize(cls, run_dir: str | Path, seed_index: int = 0) -> BaseAgent:
-        """Rebuilds an agent of this class from a run directory: ``config.yaml`` and the newest
-        readable checkpoint (as ``kitae eval`` does)."""
+    def unserialize(cls, run_dir: str | Path, seed_index: int = 0, checkpoint: int | str | None = None) -> BaseAgent:
+        """Rebuilds an agent of this class from a run directory: ``config.yaml`` and a checkpoint
+        (as ``kitae eval`` does).
+
+        Args:
+            run_dir: the run directory.
+            seed_index: which seed of a run of several seeds.
+            checkpoint: ``None`` (or ``"newest"``) for the newest readable checkpoint, ``"best"`` for the
+                best-evaluated one (a run trained with ``train_cfg.eval_episodes``), or a step
+                whose checkpoint is on disk.
+        """
         agent_cls = None if cls in (BaseAgent, OffPolicyAgent, OnPolicyAgent) else cls
-        return run_service().load(agent_cls, run_dir, seed_index)
+        return run_service().load(agent_cls, run_dir, seed_index, checkpoint)
 
 
 class OffPolicyAgent(BaseAgent):

@@ -13,7 +13,7 @@ bottom, as the command line's one description; the work itself is in ``kitae.run
                [--steps N] [--seed S] [--n-envs E] [--config FILE.yaml] [--set KEY=VALUE ...]
                [--study-dir DIR] [--quiet] [--workers N [--address HOST:PORT]]
     kitae resume RUN_DIR|SWEEP_DIR [--steps N] [--quiet]
-    kitae eval RUN_DIR [--episodes N] [--video] [--seed S]
+    kitae eval RUN_DIR [--episodes N] [--video] [--seed S] [--checkpoint best|STEP]
     kitae plot RUN_DIR|SWEEP_DIR [...] [-o FILE.png]
 
 A mistake in the input prints one line (``kitae: error: ...``) that says what is wrong and what
@@ -45,9 +45,13 @@ EXAMPLES_TRAIN = """examples:
   kitae train sac brax:inverted_pendulum        # a Brax environment, compiled (pip install 'kitae[brax]')
   kitae train sac Pendulum-v1 --set update_cfg.learning_rate=1e-3 --set algo_params.gamma=0.98
   kitae train ppo --set train_cfg.save_frequency=50000 --run-dir runs/ppo   # checkpoint every 50k steps
+  kitae train ppo --set train_cfg.save_frequency=50000 --set train_cfg.eval_episodes=10  # and evaluate each
 
 Checkpoints go to RUN_DIR/checkpoints/<step>/ every train_cfg.save_frequency steps (-1: only at
 the end), at the end, and on Ctrl-C / SIGTERM, which stop the run cleanly; kitae resume goes on.
+The newest 3 are kept, and with train_cfg.eval_episodes=N (each checkpoint's deterministic policy
+evaluated over N episodes as it is saved) the best-evaluated one too: kitae eval RUN_DIR
+--checkpoint best.
 """
 
 EXAMPLES_SWEEP = """examples:
@@ -91,9 +95,12 @@ truncated.
 EXAMPLES_EVAL = """examples:
   kitae eval runs/ppo                        # 10 episodes, mean and std of the raw returns
   kitae eval runs/ppo --episodes 100 --video # and an MP4 of one episode in runs/ppo/videos/
+  kitae eval runs/ppo --checkpoint best      # the checkpoint that evaluated best while training
 
-Acts with the deterministic policy (agent.select_action) of the newest checkpoint and writes
-eval_return into summary.json. gymnax and brax environments are evaluated in JAX (all episodes vmapped);
+Acts with the deterministic policy (agent.select_action) of the newest checkpoint (or of
+--checkpoint) and writes eval_return into summary.json. A run trained with --set
+train_cfg.eval_episodes=N evaluated each checkpoint as it was saved and keeps the best one beside
+the newest 3. gymnax and brax environments are evaluated in JAX (all episodes vmapped);
 their videos are rendered through the Gymnasium environment of the same name (gymnax has no
 renderer): gymnax:CartPole-v1 -> CartPole-v1.
 """
@@ -300,6 +307,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="seed of the evaluation episodes (default: 0; episode i of a Gymnasium env uses seed+i)",
     )
+    evaluate.add_argument(
+        "--checkpoint",
+        metavar="best|newest|STEP",
+        help="which checkpoint: the best-evaluated one of a run trained with train_cfg.eval_episodes, or a step "
+        "(default: the newest)",
+    )
 
     plot = sub.add_parser(
         "plot",
@@ -454,12 +467,13 @@ def _count(n: int, noun: str) -> str:
 def _eval(args: argparse.Namespace) -> int:
     from kitae.runs import eval_run
 
-    result = eval_run(args.run_dir, args.episodes, args.video, args.seed)
-    for i, (mean, std) in enumerate(zip(result["mean"], result["std"])):
+    result = eval_run(args.run_dir, args.episodes, args.video, args.seed, args.checkpoint)
+    for i, (mean, std, step) in enumerate(zip(result["mean"], result["std"], result["step"])):
         who = f" seed {result['seeds'][i]}" if result["seeds"] else ""
+        which = "best checkpoint" if args.checkpoint == "best" else "checkpoint"
         print(
             f"{result['env']}{who}: return {mean:.2f} +- {std:.2f} over {_count(result['episodes'], 'episode')} "
-            f"(deterministic policy, checkpoint step {result['step']:,})"
+            f"(deterministic policy, {which} step {step:,})"
         )
     if result["video"]:
         of = f" (seed {result['seeds'][0]})" if result["seeds"] else ""  # a run of several seeds films its first

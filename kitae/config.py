@@ -293,7 +293,9 @@ class TrainConfig:
         eval_episodes: at every checkpoint (every ``save_frequency`` transitions and at the end),
             evaluate each seed's deterministic policy over this many episodes, as ``kitae eval``
             does, into ``metrics.jsonl`` (``eval_return``), TensorBoard
-            (``eval/episodic_return``) and ``summary.json``; 0 (the default) evaluates nothing.
+            (``eval/episodic_return``) and ``summary.json``, and keep the best-evaluated
+            checkpoint beside the newest three (``kitae eval RUN_DIR --checkpoint best``); 0
+            (the default) evaluates nothing.
     """
 
     n_env_steps: int = 100_000

@@ -30,8 +30,11 @@ class RunService(Protocol):
         """Saves the agent's whole state as a checkpoint; returns its folder."""
         ...
 
-    def load(self, agent_cls: type | None, run_dir: str | Path, seed_index: int) -> Any:
-        """Rebuilds the agent of a run directory."""
+    def load(
+        self, agent_cls: type | None, run_dir: str | Path, seed_index: int, checkpoint: int | str | None = None
+    ) -> Any:
+        """Rebuilds the agent of a run directory from its newest checkpoint, its best-evaluated one
+        (``checkpoint="best"``) or the checkpoint of a step."""
         ...
 
 

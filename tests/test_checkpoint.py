@@ -196,6 +196,25 @@ def test_max_to_keep_and_replacing_a_step(tmp_path):
         Checkpointer(tmp_path / "c", max_to_keep=0)
 
 
+def test_the_best_evaluated_checkpoint_is_kept_beside_the_newest(tmp_path):
+    agent = _fresh_dqn()
+    checkpointer = Checkpointer(tmp_path / "c", max_to_keep=2)
+    assert checkpointer.best_step() is None
+    # eval_return per step; step 6 was saved without an evaluation, step 7's is not finite
+    evaluations = {1: 10.0, 2: 50.0, 3: 20.0, 4: 50.0, 5: 30.0, 6: None, 7: float("nan")}
+    kept = {1: [1], 2: [1, 2], 3: [2, 3], 4: [2, 3, 4], 5: [2, 4, 5], 6: [2, 5, 6], 7: [2, 6, 7]}
+    for step, value in evaluations.items():
+        checkpointer.save(step, agent, extra=None if value is None else {"eval_return": value})
+        assert checkpointer.all_steps() == kept[step], step  # the newest 2 and the best (of equals, the first)
+        assert checkpointer.best_step() == (1 if step == 1 else 2)
+    assert Checkpointer(tmp_path / "c").best_step() == 2  # read back from the metadata alone
+    # seeds trained together: one value per seed, ranked by their mean; an unevaluated seed (None) is no candidate
+    several = Checkpointer(tmp_path / "s", max_to_keep=1)
+    for step, values in {1: [0.0, 100.0], 2: [60.0, 60.0], 3: [100.0, None], 4: [0.0, 0.0]}.items():
+        several.save(step, agent, extra={"eval_return": values})
+    assert several.all_steps() == [2, 4] and several.best_step() == 2  # the mean, not one seed or the highest
+
+
 # ---------------------------------------------------------------------------------------------
 # The compiled loop: segments and loop states
 # ---------------------------------------------------------------------------------------------

@@ -34,7 +34,20 @@ def test_every_checkpoint_is_evaluated_as_kitae_eval_would(tmp_path, capsys, alg
     summary = json.loads((run_dir / "summary.json").read_text())
     capsys.readouterr()
     evaluated = eval_run(run_dir, episodes=3)  # the newest checkpoint, as `kitae eval RUN_DIR --episodes 3`
-    assert summary["eval_return"] == evaluated["mean"] and summary["eval_step"] == max(checkpoints)
+    assert summary["eval_return"] == evaluated["mean"] and summary["eval_step"] == [max(checkpoints)] * 2
+    # the best evaluation's checkpoint is kept and named: per seed in the host loop (a folder each),
+    # by the mean over the seeds of one checkpoint in the compiled loop; of equal ones the first
+    by_step = {}
+    for row in rows:
+        by_step.setdefault(row["step"], {})[row["seed"]] = row["eval_return"]
+    if algo == "dqn":
+        best = [max(sorted(by_step), key=lambda step, s=seed: by_step[step][s]) for seed in (0, 1)]
+    else:
+        best = [max(sorted(by_step), key=lambda step: np.mean(list(by_step[step].values())))] * 2
+    assert summary["best_eval_step"] == best
+    assert summary["best_eval_return"] == [by_step[step][seed] for seed, step in zip((0, 1), best)]
+    again = eval_run(run_dir, episodes=3, checkpoint="best")  # `kitae eval RUN_DIR --episodes 3 --checkpoint best`
+    assert again["step"] == best and again["mean"] == summary["best_eval_return"]
     events = EventAccumulator(str(run_dir / "logs"))
     events.Reload()
     first_seed = [row for row in rows if row["seed"] == 0]
@@ -43,14 +56,43 @@ def test_every_checkpoint_is_evaluated_as_kitae_eval_would(tmp_path, capsys, alg
     np.testing.assert_allclose([e.value for e in scalars], [row["eval_return"] for row in first_seed], rtol=1e-6)
 
 
-def test_no_evaluation_by_default_and_a_bad_count_is_refused(tmp_path):
+@pytest.fixture(scope="module")
+def unevaluated_run(tmp_path_factory):
+    """A run of 256 steps trained with the default ``train_cfg`` (one checkpoint, not evaluated)
+    and its ``summary.json`` as training wrote it."""
+    run_dir = tmp_path_factory.mktemp("unevaluated") / "run"
+    assert main(["train", "dqn", "CartPole-v1", "--steps", "256", "--run-dir", str(run_dir), "--quiet"]) == 0
+    return run_dir, json.loads((run_dir / "summary.json").read_text())
+
+
+def test_no_evaluation_by_default_and_a_bad_count_is_refused(unevaluated_run):
     assert TrainConfig().eval_episodes == 0
     with pytest.raises(ValueError, match=r"train_cfg.eval_episodes=-1 is not allowed; allowed: 0 \(no evaluation\)"):
         TrainConfig(eval_episodes=-1)
-    run_dir = tmp_path / "run"
-    assert main(["train", "dqn", "CartPole-v1", "--steps", "256", "--run-dir", str(run_dir), "--quiet"]) == 0
+    run_dir, summary = unevaluated_run
     assert not any("eval_return" in row for row in read_metrics(run_dir / "metrics.jsonl"))
-    assert "eval_return" not in json.loads((run_dir / "summary.json").read_text())
+    assert "eval_return" not in summary and "best_eval_step" not in summary
+
+
+@pytest.mark.parametrize(
+    ("checkpoint", "message"),
+    [
+        ("best", r"checkpoint 'best': no checkpoint in .*checkpoints was evaluated \(checkpoints there: 256\); "
+                 r"a run evaluates its checkpoints with --set train_cfg.eval_episodes=N"),
+        ("128", r"no checkpoint of step 128 in .*checkpoints; its checkpoints: 256"),
+        ("last", r"checkpoint 'last' is not allowed; allowed: 'best', 'newest' or a step \(256\)"),
+    ],
+)  # fmt: skip
+def test_a_checkpoint_that_is_not_there_is_refused_in_one_line(unevaluated_run, capsys, checkpoint, message):
+    import re
+
+    run_dir, _ = unevaluated_run
+    capsys.readouterr()
+    assert main(["eval", str(run_dir), "--episodes", "1", "--checkpoint", checkpoint]) == 2
+    err = capsys.readouterr().err.strip()
+    assert re.fullmatch(f"kitae: error: {message}", err), err
+    assert main(["eval", str(run_dir), "--episodes", "1", "--checkpoint", "newest"]) == 0  # the default, named
+    assert "checkpoint step 256" in capsys.readouterr().out
 
 
 def test_an_evaluation_of_given_parameters_compiles_once_per_agent():
@@ -82,6 +124,7 @@ def test_a_compiled_sweep_evaluates_each_combination_with_its_own_agent(tmp_path
         summary = json.loads((run_dir / "summary.json").read_text())
         # a sweep's run lists its seeds' values (here one), as its final_return does
         assert summary["eval_return"] == eval_run(run_dir, episodes=2)["mean"] == [rows[0]["eval_return"]]
+        assert summary["best_eval_step"] == [4096] and summary["best_eval_return"] == [rows[0]["eval_return"]]
 
 
 def test_a_copy_with_another_config_compiles_its_own_evaluation():

@@ -20,7 +20,7 @@ from kitae.loops.state import Payload
 from kitae.runs.checkpoints import Checkpointer
 from kitae.runs.rundir import MetricsFile
 
-__all__ = ["MetricsLogger", "CheckpointSaver", "ImportWhileTraining", "PeriodicEvaluation", "evaluation_callbacks"]
+__all__ = ["MetricsLogger", "CheckpointSaver", "ImportWhileTraining", "PeriodicEvaluation", "checkpoint_callbacks"]
 
 
 class MetricsLogger(Callback):
@@ -49,14 +49,22 @@ class MetricsLogger(Callback):
 
 
 class CheckpointSaver(Callback):
-    """Saves each due checkpoint with a ``Checkpointer``; ``last`` is the newest checkpoint folder."""
+    """Saves each due checkpoint with a ``Checkpointer``; ``last`` is the newest checkpoint folder.
 
-    def __init__(self, checkpointer: Checkpointer) -> None:
-        self.checkpointer = checkpointer
+    Args:
+        checkpointer: where to save.
+        evaluation: the run's ``PeriodicEvaluation``, placed before this callback: each
+            checkpoint's metadata then holds its evaluation (``eval_return``), by which the
+            checkpointer keeps the best one (``Checkpointer.best_step``).
+    """
+
+    def __init__(self, checkpointer: Checkpointer, evaluation: PeriodicEvaluation | None = None) -> None:
+        self.checkpointer, self.evaluation = checkpointer, evaluation
         self.last: Path | None = None
 
     def on_checkpoint(self, payload: Payload) -> None:
-        self.last = self.checkpointer.save(int(np.max(np.asarray(payload.state.env_step))), payload)
+        extra = self.evaluation.checkpoint_meta(payload) if self.evaluation is not None else None
+        self.last = self.checkpointer.save(int(np.max(np.asarray(payload.state.env_step))), payload, extra=extra)
 
 
 class PeriodicEvaluation(Callback):
@@ -86,10 +94,20 @@ class PeriodicEvaluation(Callback):
     ) -> None:
         self.agent, self.executor, self.env, self.episodes = agent, executor, env, episodes
         self.metrics, self.writer, self.seeds = metrics, writer, seeds
+        self._evaluated: tuple[Payload, list[float]] | None = None  # the last payload and its means
+
+    def checkpoint_meta(self, payload: Payload) -> dict | None:
+        """``{"eval_return": mean}`` (a list, one per seed, for seeds trained together) for the
+        checkpoint metadata of ``payload`` once it was evaluated, else ``None``."""
+        if self._evaluated is None or self._evaluated[0] is not payload:
+            return None
+        means = self._evaluated[1]
+        return {"eval_return": means if payload.meta.get("seeds") is not None else means[0]}
 
     def on_checkpoint(self, payload: Payload) -> None:
         steps = np.broadcast_to(np.asarray(payload.state.env_step), (len(self.seeds),))
         batched = payload.meta.get("seeds") is not None
+        means = []
         for index, seed in enumerate(self.seeds):
             state = payload.state.agent_state
             if batched:
@@ -98,18 +116,39 @@ class PeriodicEvaluation(Callback):
                 self.agent, self.env, self.episodes, params=self.agent.acting_params(state)
             )
             step, mean, std = int(steps[index]), float(np.mean(returns)), float(np.std(returns))
+            means.append(mean)
             self.metrics.write(step=step, seed=seed, eval_return=mean, eval_return_std=std, eval_episodes=len(returns))
             if self.writer is not None and index == 0:
                 self.writer.add_scalar("eval/episodic_return", mean, step)
                 self.writer.add_scalar("eval/episodic_return_std", std, step)
+        self._evaluated = (payload, means)
 
 
-def evaluation_callbacks(
-    agent: Any, executor: Any, env: Any, episodes: int, metrics: MetricsFile, writer: Any, seeds: list[int]
-) -> list[Callback]:
-    """``[PeriodicEvaluation(...)]`` when ``episodes`` (a run's ``train_cfg.eval_episodes``) is at
-    least 1, else ``[]``: what every run (``execute``, a compiled sweep's combinations) adds."""
-    return [PeriodicEvaluation(agent, executor, env, episodes, metrics, writer, seeds)] if episodes else []
+def checkpoint_callbacks(
+    checkpointer: Checkpointer,
+    agent: Any,
+    executor: Any,
+    env: Any,
+    episodes: int,
+    metrics: MetricsFile,
+    writer: Any,
+    seeds: list[int],
+) -> tuple[CheckpointSaver, list[Callback]]:
+    """What every run (``execute``, a compiled sweep's combinations) does at a checkpoint: a
+    ``PeriodicEvaluation`` when ``episodes`` (the run's ``train_cfg.eval_episodes``) is at least 1,
+    then the ``CheckpointSaver``, which records that evaluation with the checkpoint.
+
+    Args:
+        checkpointer: the run's (or one host seed's) checkpointer.
+        agent, executor, env, episodes, metrics, writer, seeds: as for ``PeriodicEvaluation``.
+
+    Returns:
+        ``(saver, callbacks)``: the saver (its ``last`` is the newest checkpoint) and the
+        callbacks, in order.
+    """
+    evaluation = PeriodicEvaluation(agent, executor, env, episodes, metrics, writer, seeds) if episodes else None
+    saver = CheckpointSaver(checkpointer, evaluation)
+    return saver, [*([evaluation] if evaluation is not None else []), saver]
 
 
 class ImportWhileTraining(Callback):

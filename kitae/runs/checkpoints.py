@@ -50,6 +50,7 @@ __all__ = [
     "CheckpointWarning",
     "Restored",
     "payload_items",
+    "evaluation_score",
     "CHECKPOINT_MODULES",
 ]
 
@@ -221,7 +222,8 @@ class Checkpointer:
 
     Args:
         directory: the checkpoint folder (``<run_dir>/checkpoints``); created on the first save.
-        max_to_keep: keep the newest this many checkpoints (older ones are deleted), >= 1.
+        max_to_keep: keep the newest this many checkpoints (older ones are deleted), >= 1; the
+            best-evaluated checkpoint (``best_step``) is kept as well.
         before_save: optional callable run before every save (the runner flushes metrics and
             TensorBoard files with it, so that what a checkpoint has seen is on disk first).
         meta: JSON-able fields written into every checkpoint's metadata (the runner records a
@@ -255,9 +257,9 @@ class Checkpointer:
         between saves, and a manager never works from a stale listing)."""
         import orbax.checkpoint as ocp
 
-        options = ocp.CheckpointManagerOptions(
-            max_to_keep=self.max_to_keep, enable_async_checkpointing=False, create=True
-        )
+        # no max_to_keep for orbax: which checkpoints stay is decided in `_delete_old` (the newest
+        # `max_to_keep` and the best-evaluated one)
+        options = ocp.CheckpointManagerOptions(enable_async_checkpointing=False, create=True)
         with _quiet_orbax():
             manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "meta"))
             try:
@@ -289,6 +291,33 @@ class Checkpointer:
 
     def path(self, step: int) -> Path:
         return self.directory / str(step)
+
+    def best_step(self) -> int | None:
+        """The step of the best-evaluated checkpoint on disk, or ``None`` when none was evaluated.
+
+        A checkpoint saved with ``extra={"eval_return": ...}`` (``train_cfg.eval_episodes``: a mean
+        return, or one per seed for seeds trained together, ranked by their mean) is a candidate;
+        of equal ones the earliest wins, as in Stable-Baselines3's ``EvalCallback`` (a later
+        checkpoint replaces the best only by doing better). Unreadable metadata and non-finite
+        returns are passed over.
+        """
+        best: tuple[float, int] | None = None
+        for step in self.all_steps():
+            try:
+                score = evaluation_score(self.read_meta(step))
+            except CheckpointError:
+                continue
+            if score is not None and (best is None or score > best[0]):
+                best = (score, step)
+        return None if best is None else best[1]
+
+    def _delete_old(self, manager: Any) -> None:
+        """Deletes every checkpoint but the newest ``max_to_keep`` and the best-evaluated one."""
+        steps = self.all_steps()
+        keep = set(steps[-self.max_to_keep :]) | {self.best_step()}
+        for step in steps:
+            if step not in keep:
+                manager.delete(step)
 
     # -- saving ---------------------------------------------------------------------------------
 
@@ -330,6 +359,7 @@ class Checkpointer:
                 force=True,
             )
             manager.wait_until_finished()
+            self._delete_old(manager)
         self.saved.append(step)
         return self.path(step)
 
@@ -454,6 +484,17 @@ class Checkpointer:
                 warnings.warn(f"{failure}; using checkpoint step {step} instead", CheckpointWarning, stacklevel=2)
             return restored
         raise CheckpointError(f"no readable checkpoint in {self.directory}: " + "; ".join(failures))
+
+
+def evaluation_score(meta: dict) -> float | None:
+    """What ``Checkpointer.best_step`` ranks a checkpoint by: the mean of its metadata's
+    ``eval_return`` (one value, or one per seed), or ``None`` when it was not evaluated or its
+    evaluation is not finite."""
+    value = meta.get("eval_return")
+    if value is None or (isinstance(value, list) and (not value or None in value)):
+        return None
+    score = float(np.mean(value))
+    return score if np.isfinite(score) else None
 
 
 # ---------------------------------------------------------------------------------------------

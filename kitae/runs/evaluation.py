@@ -62,12 +62,16 @@ def record_video(agent: Any, env: EnvSpec, folder: Path, prefix: str, seed: int 
     return videos[-1]
 
 
-def eval_run(run_dir: str | Path, episodes: int = 10, video: bool = False, seed: int = 0) -> dict:
+def eval_run(
+    run_dir: str | Path, episodes: int = 10, video: bool = False, seed: int = 0, checkpoint: int | str | None = None
+) -> dict:
     """Evaluates the run's agent(s) with the deterministic policy over ``episodes`` episodes (the
     executor's ``evaluate``) and writes ``eval_return`` (mean raw return; one per seed for runs of
-    several seeds), ``eval_return_std``, ``eval_episodes`` and ``eval_step`` into ``summary.json``.
+    several seeds), ``eval_return_std``, ``eval_episodes`` and ``eval_step`` (the checkpoint's
+    step; one per seed for runs of several seeds) into ``summary.json``.
 
-    With ``video``, records one episode to ``<run_dir>/videos/``.
+    With ``video``, records one episode to ``<run_dir>/videos/``. ``checkpoint``: which one, as
+    in ``load_agent`` (``None``: the newest; ``"best"``; a step).
     """
     if not isinstance(episodes, int) or isinstance(episodes, bool) or episodes < 1:
         raise RunError(f"--episodes {episodes} is not allowed; allowed: an int >= 1")
@@ -76,16 +80,16 @@ def eval_run(run_dir: str | Path, episodes: int = 10, video: bool = False, seed:
     if video and gymnasium_twin(run.env) is None:
         raise RunError(f"--video: {run.env.id} has no Gymnasium environment of the same name to render")
     seeds = run_seeds(run_dir)
-    means, stds, all_returns, step, video_path = [], [], [], 0, None
+    means, stds, all_returns, steps, video_path = [], [], [], [], None
     for index in range(len(seeds) if seeds else 1):
-        agent = load_agent(run_dir, index)
+        agent = load_agent(run_dir, index, checkpoint=checkpoint)
         returns = run.executor.evaluate(agent, run.env, episodes, seed)
         means.append(float(np.mean(returns)))
         stds.append(float(np.std(returns)))
         all_returns.append(returns.tolist())
-        step = agent.checkpoint_step
+        steps.append(agent.checkpoint_step)
         if video and index == 0:
-            video_path = record_video(agent, run.env, run_dir / "videos", f"eval-step{step}", seed)
+            video_path = record_video(agent, run.env, run_dir / "videos", f"eval-step{steps[0]}", seed)
     summary_path = run_dir / "summary.json"
     try:
         summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
@@ -95,7 +99,7 @@ def eval_run(run_dir: str | Path, episodes: int = 10, video: bool = False, seed:
         eval_return=means if seeds else means[0],
         eval_return_std=stds if seeds else stds[0],
         eval_episodes=episodes,
-        eval_step=step,
+        eval_step=steps if seeds else steps[0],
     )
     write_summary(run_dir, **summary)
     return {
@@ -103,7 +107,7 @@ def eval_run(run_dir: str | Path, episodes: int = 10, video: bool = False, seed:
         "env": run.env.id,
         "seeds": seeds,
         "episodes": episodes,
-        "step": step,
+        "step": steps,
         "mean": means,
         "std": stds,
         "returns": all_returns,

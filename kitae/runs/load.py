@@ -33,6 +33,8 @@ __all__ = [
     "restore_payload",
     "restore_error",
     "load_agent",
+    "checkpoint_step",
+    "best_evaluations",
 ]
 
 
@@ -173,9 +175,9 @@ def restore_error(error: Exception, run: Any = None) -> RunError:
 
 
 def restore_payload(
-    agent: Any, env: Any, executor: Any, directory: Path, max_step: int | None = None
+    agent: Any, env: Any, executor: Any, directory: Path, max_step: int | None = None, step: int | None = None
 ) -> tuple[Payload, Restored]:
-    """Restores the newest readable checkpoint in ``directory`` for ``agent``.
+    """Restores the newest readable checkpoint in ``directory`` (or checkpoint ``step``) for ``agent``.
 
     Args:
         agent: the agent it was written by (rebuilt from ``config.yaml``): the structure to restore into.
@@ -184,6 +186,7 @@ def restore_payload(
         executor: the run's executor (``kitae.loops.executor``).
         directory: the checkpoint folder.
         max_step: ignore checkpoints past this step.
+        step: restore this checkpoint, not the newest (no falling back to another).
 
     Returns:
         ``(payload, restored)``.
@@ -197,19 +200,83 @@ def restore_payload(
         return restore_target(agent, meta, env_target)
 
     with Checkpointer(directory) as checkpointer:
-        restored = checkpointer.restore_latest(target, max_step=max_step)
+        if step is None:
+            restored = checkpointer.restore_latest(target, max_step=max_step)
+        else:
+            restored = checkpointer.restore(step, target(checkpointer.read_meta(step)))
     return Payload(restored.items["loop_state"], restored.meta), restored
 
 
-def load_agent(run_dir: str | Path, seed_index: int = 0, agent_cls: type | None = None) -> Any:
-    """Rebuilds the trained agent of a run directory: ``config.yaml``, then the newest readable
-    checkpoint (parameters, optimizer and normalisation state, keys, counters, buffer).
+def checkpoint_step(directory: Path, checkpoint: int | str | None) -> int | None:
+    """The step of the checkpoint named by ``checkpoint`` in ``directory``: ``None`` for the
+    newest readable one (given as ``None`` or ``"newest"``), the best-evaluated one's for
+    ``"best"`` (``Checkpointer.best_step``), and an int (or its digits) for that step.
+
+    Raises:
+        RunError: no such checkpoint; the message lists those there are.
+    """
+    if checkpoint is None or checkpoint == "newest":
+        return None
+    with Checkpointer(directory) as checkpointer:
+        steps = checkpointer.all_steps()
+        kept = ", ".join(str(s) for s in steps) or "none"
+        if checkpoint == "best":
+            best = checkpointer.best_step()
+            if best is None:
+                raise RunError(
+                    f"checkpoint 'best': no checkpoint in {directory} was evaluated (checkpoints there: {kept}); "
+                    "a run evaluates its checkpoints with --set train_cfg.eval_episodes=N"
+                )
+            return best
+        text = str(checkpoint)
+        if isinstance(checkpoint, bool) or not text.isdigit():
+            raise RunError(f"checkpoint {checkpoint!r} is not allowed; allowed: 'best', 'newest' or a step ({kept})")
+        if int(text) not in steps:
+            raise RunError(f"no checkpoint of step {int(text):,} in {directory}; its checkpoints: {kept}")
+        return int(text)
+
+
+def best_evaluations(run_dir: Path, seeds: list[int] | None) -> dict:
+    """``summary.json``'s ``best_eval_step`` and ``best_eval_return``: the step and evaluation of
+    the checkpoint ``kitae eval RUN_DIR --checkpoint best`` loads (one value per seed for runs of
+    several seeds; seeds trained together share a checkpoint, a host run's seeds each have their
+    own); nothing when no checkpoint was evaluated."""
+    dirs = checkpoint_dirs(run_dir)
+    steps, returns = [], []
+    for seed, directory in dirs.items():
+        with Checkpointer(directory) as checkpointer:
+            best = checkpointer.best_step()
+            evaluated: Any = checkpointer.read_meta(best)["eval_return"] if best is not None else None
+        if seed is None:  # one folder: one seed, or seeds trained together (a list, by seed)
+            if best is None:
+                return {}
+            if seeds:
+                return {"best_eval_step": [best] * len(seeds), "best_eval_return": list(evaluated)}
+            return {"best_eval_step": best, "best_eval_return": evaluated}
+        steps.append(best)
+        returns.append(evaluated)
+    if all(step is None for step in steps):
+        return {}
+    by_seed = dict(zip(dirs, zip(steps, returns)))
+    chosen = [by_seed.get(seed, (None, None)) for seed in seeds or []]
+    return {"best_eval_step": [c[0] for c in chosen], "best_eval_return": [c[1] for c in chosen]}
+
+
+def load_agent(
+    run_dir: str | Path, seed_index: int = 0, agent_cls: type | None = None, checkpoint: int | str | None = None
+) -> Any:
+    """Rebuilds the trained agent of a run directory: ``config.yaml``, then a checkpoint
+    (parameters, optimizer and normalisation state, keys, counters, buffer): by default the
+    newest readable one.
 
     Args:
         run_dir: the run directory.
         seed_index: which seed of a run of several seeds.
         agent_cls: the agent class (default: the built-in algorithm named by the config's
             params class); ``BaseAgent.unserialize`` passes its own class.
+        checkpoint: ``None`` or ``"newest"`` (the newest), ``"best"`` (the best-evaluated one of a run trained
+            with ``train_cfg.eval_episodes``: ``Checkpointer.best_step``; of a host run of several
+            seeds, that seed's best) or a step that is on disk.
 
     Returns:
         The agent, with ``checkpoint_step`` set to the checkpoint's step.
@@ -228,8 +295,9 @@ def load_agent(run_dir: str | Path, seed_index: int = 0, agent_cls: type | None 
         raise RunError(f"seed_index={seed_index} is not allowed; the run trained one seed: allowed 0")
     agent = run.make_agent(seeds[seed_index] if seeds else None)
     directory = dirs[per_seed[seed_index]] if per_seed else dirs[None]
+    step = checkpoint_step(directory, checkpoint)
     try:
-        payload, restored = restore_payload(agent, None, run.executor, directory)
+        payload, restored = restore_payload(agent, None, run.executor, directory, step=step)
     except CheckpointError as error:
         raise restore_error(error) from None
     apply_loop_state(agent, payload.state, seed_index if payload.meta.get("seeds") else None)

@@ -30,5 +30,7 @@ class PythonRuns:
         with Checkpointer(directory or Path(agent.run_dir) / "checkpoints") as checkpointer:
             return checkpointer.save(agent.env_step if step is None else step, agent)
 
-    def load(self, agent_cls: type | None, run_dir: str | Path, seed_index: int) -> Any:
-        return load_agent(run_dir, seed_index, agent_cls=agent_cls)
+    def load(
+        self, agent_cls: type | None, run_dir: str | Path, seed_index: int, checkpoint: int | str | None = None
+    ) -> Any:
+        return load_agent(run_dir, seed_index, agent_cls=agent_cls, checkpoint=checkpoint)

@@ -30,7 +30,7 @@ from kitae.envs.make import EnvSpec
 from kitae.loops.callbacks import WriterLogger
 from kitae.loops.result import RunResult
 from kitae.loops.state import LoopState, apply_loop_state, pick_seed
-from kitae.runs.callbacks import CheckpointSaver, ImportWhileTraining, MetricsLogger, evaluation_callbacks
+from kitae.runs.callbacks import ImportWhileTraining, MetricsLogger, checkpoint_callbacks
 from kitae.runs.checkpoints import CHECKPOINT_MODULES, Checkpointer, CheckpointError
 from kitae.runs.errors import RunDiverged, RunError
 from kitae.runs.load import checkpoint_dirs, restore_error, restore_payload, run_seeds
@@ -144,13 +144,13 @@ def execute(
                     env = plan.env if plan.env is not None else make_run_env(run.env, run.config.env_cfg.n_envs)
                 # a host run of several seeds records them all (also those not started when it stops)
                 meta = {"run_seeds": run.seeds} if run.seeds and plan.seeds is None else None
-                saver = CheckpointSaver(Checkpointer(plan.directory, before_save=flush, meta=meta))
                 bar = ProgressBar(f"{type(agent).__name__} {run.env.id}", quiet)
                 if run.executor.starting and index == 0:
                     bar.message(run.executor.starting)
                 plan_seeds = plan.seeds or [plan.seed]
                 extra = [WriterLogger(writer)] if index == 0 else []
-                evaluation = evaluation_callbacks(
+                saver, saving = checkpoint_callbacks(
+                    Checkpointer(plan.directory, before_save=flush, meta=meta),
                     agent,
                     run.executor,
                     run.env,
@@ -168,8 +168,7 @@ def execute(
                         seeds=plan.seeds,
                         callbacks=[
                             MetricsLogger(metrics, plan_seeds),
-                            *evaluation,
-                            saver,
+                            *saving,
                             bar,
                             stop,
                             *extra,

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from kitae.loops.result import RunResult
+from kitae.runs.load import best_evaluations
 from kitae.runs.resolve import ResolvedRun
 from kitae.runs.rundir import final_return_from_rows, peak_rss_mb, write_summary
 
@@ -47,24 +48,29 @@ def write_run_summary(
         **_devices_summary(results),
         **({"diverged": divergences} if divergences else {}),
         **_evaluation_summary(rows, seeds or [run.config.seed], several=bool(seeds)),
+        **best_evaluations(run.run_dir, seeds),
         **(extra or {}),
     )
 
 
 def _evaluation_summary(rows: list[dict], seeds: list[int], several: bool) -> dict:
     """``summary.json``'s ``eval_return``, ``eval_return_std``, ``eval_episodes`` and
-    ``eval_step`` (the keys ``kitae eval`` writes) from each seed's last ``train_cfg.eval_episodes``
-    evaluation in ``metrics.jsonl``; nothing when the run evaluated none."""
+    ``eval_step`` (the keys ``kitae eval`` writes; one value per seed for runs of several seeds)
+    from each seed's last ``train_cfg.eval_episodes`` evaluation in ``metrics.jsonl``; nothing when
+    the run evaluated none."""
     last = {row["seed"]: row for row in rows if "eval_return" in row and row.get("seed") in seeds}
     if not last:
         return {}
-    means = [last[s]["eval_return"] if s in last else None for s in seeds]
-    stds = [last[s]["eval_return_std"] if s in last else None for s in seeds]
+
+    def per_seed(key: str) -> list:
+        return [last[s][key] if s in last else None for s in seeds]
+
+    means, stds, steps = per_seed("eval_return"), per_seed("eval_return_std"), per_seed("step")
     return {
         "eval_return": means if several else means[0],
         "eval_return_std": stds if several else stds[0],
         "eval_episodes": max(row["eval_episodes"] for row in last.values()),
-        "eval_step": max(row["step"] for row in last.values()),
+        "eval_step": steps if several else steps[0],
     }
 
 

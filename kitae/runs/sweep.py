@@ -52,7 +52,7 @@ from kitae.loops.callbacks import Callback, RunInfo, WriterLogger
 from kitae.loops.compiled import CompiledExecutor
 from kitae.loops.result import Episodes, RunResult
 from kitae.loops.state import Payload, pick_seed
-from kitae.runs.callbacks import CheckpointSaver, ImportWhileTraining, MetricsLogger, evaluation_callbacks
+from kitae.runs.callbacks import ImportWhileTraining, MetricsLogger, checkpoint_callbacks
 from kitae.runs.checkpoints import CHECKPOINT_MODULES, Checkpointer
 from kitae.runs.errors import RunDiverged, RunError
 from kitae.runs.load import checkpoint_dirs
@@ -176,9 +176,11 @@ class _Split(Callback):
     def on_checkpoint(self, payload: Payload) -> None:
         k = len(self.seeds)
         for c, callbacks in enumerate(self.children):
-            rows = _rows(payload.state, c * k, k)
+            # one payload per combination, handed to each of its callbacks: its checkpoint saver
+            # finds there the evaluation its PeriodicEvaluation made of that same payload
+            share = Payload(_rows(payload.state, c * k, k), {**payload.meta, "seeds": self.seeds})
             for cb in callbacks:
-                cb.on_checkpoint(Payload(rows, {**payload.meta, "seeds": self.seeds}))
+                cb.on_checkpoint(share)
 
 
 def _rows(tree: Any, first: int, count: int) -> Any:
@@ -232,13 +234,15 @@ def _compiled_sweep(
                 metrics.flush()
                 flush_to_disk(writer)
 
-            saver = CheckpointSaver(Checkpointer(combo.run_dir / "checkpoints", before_save=flush))
-            savers.append(saver)
             episodes = combo.config.train_cfg.eval_episodes
             # the combination's own agent: a swept value may change how it acts
             agent_of = combo.make_agent() if episodes else None
-            evaluation = evaluation_callbacks(agent_of, run.executor, run.env, episodes, metrics, writer, seeds)
-            children.append([MetricsLogger(metrics, seeds), *evaluation, saver, WriterLogger(writer)])
+            saver, saving = checkpoint_callbacks(
+                Checkpointer(combo.run_dir / "checkpoints", before_save=flush),
+                agent_of, run.executor, run.env, episodes, metrics, writer, seeds,
+            )  # fmt: skip
+            savers.append(saver)
+            children.append([MetricsLogger(metrics, seeds), *saving, WriterLogger(writer)])
         bar = ProgressBar(f"sweep {len(combos)} x {len(seeds)} {type(agent).__name__} {run.env.id}", quiet)
         if not quiet:
             sizes = f"{counted(len(combos), 'combination')} x {counted(len(seeds), 'seed')}"

@@ -95,19 +95,24 @@ def test_a_checkpoint_that_is_not_there_is_refused_in_one_line(unevaluated_run, 
     assert "checkpoint step 256" in capsys.readouterr().out
 
 
-def test_an_evaluation_of_given_parameters_compiles_once_per_agent():
+@pytest.mark.parametrize("env_id", ["gymnax:CartPole-v1", "jaxmarl:MPE_simple_spread_v3"])
+def test_an_evaluation_of_given_parameters_compiles_once_per_agent(env_id):
     from kitae.envs.make import EnvSpec
     from kitae.loops.evaluate import evaluate_jax
     from kitae.runs import preset_agent
 
-    agent, env = preset_agent("ppo", "gymnax:CartPole-v1", run_dir="unused")
-    spec = EnvSpec.parse("gymnax:CartPole-v1")
+    agent, env = preset_agent("ppo", env_id, run_dir="unused")
+    spec = EnvSpec.parse(env_id)
     mine = evaluate_jax(agent, spec, 4)
-    other = jax.tree_util.tree_map(lambda x: x * 0.5, agent.acting_params(agent.state))
-    given = evaluate_jax(agent, spec, 4, params=other)
-    assert len(agent._kitae_evaluation) == 1  # one compiled evaluation, the parameters an argument
+    def halved(tree):  # the floating leaves (a step counter keeps its int dtype)
+        return jax.tree_util.tree_map(lambda x: x * 0.5 if jax.numpy.issubdtype(x.dtype, np.floating) else x, tree)
+
+    given = evaluate_jax(agent, spec, 4, params=halved(agent.acting_params(agent.state)))
+    # one compiled evaluation, the parameters an argument (JaxMARL's compiled at every call before)
+    (evaluation,) = agent._kitae_evaluation.values()
+    assert evaluation._cache_size() == 1
     np.testing.assert_array_equal(evaluate_jax(agent, spec, 4), mine)
-    agent.state = jax.tree_util.tree_map(lambda x: x * 0.5, agent.state)
+    agent.state = halved(agent.state)
     np.testing.assert_array_equal(evaluate_jax(agent, spec, 4), given)  # the same as the state's own
 
 

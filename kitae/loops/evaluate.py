@@ -17,7 +17,7 @@ import numpy as np
 
 from kitae.envs.make import EnvSpec, make_jax_env, make_vec_env
 from kitae.loops.collect import Memory, initial_memory, next_memory
-from kitae.loops.multi_agent import env_agents, evaluate_team_returns
+from kitae.loops.multi_agent import env_agents, team_returns_program
 from kitae.validation import check_positive_int
 
 __all__ = ["evaluate_host", "evaluate_jax"]
@@ -119,8 +119,8 @@ def evaluate_jax(agent: Any, spec: EnvSpec, episodes: int, seed: int = 0, params
 
 
 def _jax_evaluation(agent: Any, spec: EnvSpec, episodes: int) -> Any:
-    """``(params, key) -> returns (episodes,)``: ``evaluate_jax``'s episodes (compiled, except for
-    JaxMARL's multi-agent loop, which runs its own)."""
+    """``(params, key) -> returns (episodes,)``: ``evaluate_jax``'s episodes, compiled (JaxMARL's
+    multi-agent episodes with ``team_returns_program``'s bookkeeping, as ``evaluate_team_returns``)."""
     env = make_jax_env(spec, episodes)
     agents = env_agents(env)
     if agents is not None:
@@ -131,9 +131,9 @@ def _jax_evaluation(agent: Any, spec: EnvSpec, episodes: int) -> Any:
                 actions, hidden = _deterministic_step(agent, params, key, observation, memory)
                 return actions if memory is None else (actions, hidden)
 
-            return evaluate_team_returns(env, act, key, memory=memory)[:, 0]
+            return team_returns_program(env, act, memory=memory)(key)[:, 0]
 
-        return team_returns
+        return jax.jit(team_returns)
     limit = int(getattr(env.params, "max_steps_in_episode", getattr(env.params, "episode_length", 100_000))) + 1
 
     def evaluate(params: Any, key: jax.Array) -> jax.Array:

@@ -9,8 +9,8 @@ score of cooperative environments); every agent's own return is kept and logged 
 * Compiled loop (``kitae.loops.compiled``, ``kitae.envs.jaxmarl_env.VecJaxMARLEnv``):
   ``env_agents`` tells a multi-agent environment from a single-agent one;
   ``track_team_episodes`` counts episodes (the team's ends when every agent's does);
-  ``evaluate_team_returns`` scores a policy with the same bookkeeping (``kitae eval``,
-  ``benchmarks/bench_jaxmarl.py``).
+  ``evaluate_team_returns`` scores a policy with the same bookkeeping (``kitae eval``, through
+  ``team_returns_program``; ``benchmarks/bench_jaxmarl.py``).
 """
 
 from __future__ import annotations
@@ -141,6 +141,23 @@ def evaluate_team_returns(
     Raises:
         ValueError: for ``episodes`` or ``max_steps`` < 1, or an environment without agents.
     """
+    run = team_returns_program(env, act, episodes, max_steps, memory)
+    return np.asarray(jax.jit(run)(key), dtype=np.float64)
+
+
+def team_returns_program(
+    env: Any, act: Callable[..., Any], episodes: int = 1, max_steps: int = 100_000, memory: Any = None
+) -> Callable[[jax.Array], jax.Array]:
+    """``evaluate_team_returns``'s computation, not compiled: ``run(key) -> (E, episodes)`` team
+    returns, a pure function of the key to trace inside a program of one's own (``kitae eval``'s
+    evaluation traces it with the parameters ``act`` closes over as an argument, so it compiles
+    once per agent).
+
+    Args: as for ``evaluate_team_returns``.
+
+    Raises:
+        ValueError: as ``evaluate_team_returns``.
+    """
     agents = env_agents(env)
     if agents is None:
         raise ValueError(f"env={env!r} is not allowed; allowed: a multi-agent JAX environment (with agents)")
@@ -184,4 +201,4 @@ def evaluate_team_returns(
 
         return jax.lax.while_loop(cond, body, carry)[7]
 
-    return np.asarray(jax.jit(run)(key), dtype=np.float64)
+    return run

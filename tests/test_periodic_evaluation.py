@@ -104,6 +104,7 @@ def test_an_evaluation_of_given_parameters_compiles_once_per_agent(env_id):
     agent, env = preset_agent("ppo", env_id, run_dir="unused")
     spec = EnvSpec.parse(env_id)
     mine = evaluate_jax(agent, spec, 4)
+
     def halved(tree):  # the floating leaves (a step counter keeps its int dtype)
         return jax.tree_util.tree_map(lambda x: x * 0.5 if jax.numpy.issubdtype(x.dtype, np.floating) else x, tree)
 

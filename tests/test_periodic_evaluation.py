@@ -148,3 +148,19 @@ def test_a_copy_with_another_config_compiles_its_own_evaluation():
     clone = agent.with_config(dataclasses.replace(agent.config, algo_params=params))
     assert "_kitae_evaluation" not in clone.__dict__ and "_compiled_steps" not in clone.__dict__
     assert "_kitae_evaluation" in agent.__dict__ and "_compiled_steps" in agent.__dict__
+
+
+def test_evaluations_are_plotted_as_the_mean_over_seeds_at_each_step():
+    from kitae.runs.plotting import evaluations_from_metrics
+
+    rows = [
+        {"step": 512, "seed": 0, "episodic_return": 20.0, "episodic_length": 20.0, "episodes": 1},  # training
+        {"step": 1024, "seed": 1, "eval_return": 30.0, "eval_return_std": 0.0, "eval_episodes": 2},
+        {"step": 1024, "seed": 0, "eval_return": 10.0, "eval_return_std": 0.0, "eval_episodes": 2},
+        {"step": 512, "seed": 0, "eval_return": 5.0, "eval_return_std": 0.0, "eval_episodes": 2},
+        {"step": 2048, "seed": 0, "eval_return": None, "eval_return_std": None, "eval_episodes": 2},  # not finite
+    ]
+    steps, returns = evaluations_from_metrics(rows)
+    np.testing.assert_array_equal(steps, [512, 1024])
+    np.testing.assert_array_equal(returns, [5.0, 20.0])
+    assert [len(a) for a in evaluations_from_metrics(rows[:1])] == [0, 0]

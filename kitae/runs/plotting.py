@@ -13,7 +13,7 @@ from kitae.envs.make import EnvSpec
 from kitae.runs.errors import RunError
 from kitae.runs.rundir import check_run_dir, read_metrics, read_run_config, sweep_run_dirs
 
-__all__ = ["curves_from_metrics", "plot_curves", "plot_runs"]
+__all__ = ["curves_from_metrics", "evaluations_from_metrics", "plot_curves", "plot_runs"]
 
 
 def curves_from_metrics(rows: Iterable[dict], counts: bool = False) -> dict[Any, tuple[np.ndarray, ...]]:
@@ -34,6 +34,19 @@ def curves_from_metrics(rows: Iterable[dict], counts: bool = False) -> dict[Any,
         seed: (np.asarray(s), np.asarray(r, dtype=float), np.asarray(n, dtype=float))[: 3 if counts else 2]
         for seed, (s, r, n) in curves.items()
     }
+
+
+def evaluations_from_metrics(rows: Iterable[dict]) -> tuple[np.ndarray, np.ndarray]:
+    """``(steps, returns)``: the ``train_cfg.eval_episodes`` evaluations of metrics rows
+    (``eval_return``), the mean over the seeds evaluated at each step, by step; empty arrays when
+    the run evaluated nothing (or only returns that are not finite)."""
+    by_step: dict[int, list[float]] = {}
+    for row in rows:
+        value = row.get("eval_return")
+        if value is not None and np.isfinite(value):
+            by_step.setdefault(int(row["step"]), []).append(float(value))
+    steps = sorted(by_step)
+    return np.asarray(steps, dtype=float), np.asarray([np.mean(by_step[s]) for s in steps], dtype=float)
 
 
 def _smooth(
@@ -65,12 +78,18 @@ def _format_steps(value: float, _: Any = None) -> str:
 
 
 def plot_curves(
-    runs: dict[str, dict[Any, tuple[np.ndarray, ...]]], path: str | Path, title: str | None = None, window: int = 10
+    runs: dict[str, dict[Any, tuple[np.ndarray, ...]]],
+    path: str | Path,
+    title: str | None = None,
+    window: int = 10,
+    evaluations: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
 ) -> Path:
     """Plots return against environment steps: for each run, its seeds' mean (each seed smoothed
     as the mean of its last ``window`` episodes) as a line and their min-max as a band. Curves are
-    ``(steps, returns)`` or ``(steps, returns, episodes)`` (``curves_from_metrics``). Writes
-    the image (PNG, PDF or SVG, from the suffix)."""
+    ``(steps, returns)`` or ``(steps, returns, episodes)`` (``curves_from_metrics``).
+    ``evaluations``: for the runs that evaluated their checkpoints, ``(steps, mean returns)``
+    (``evaluations_from_metrics``), drawn as dots on a dashed line of the run's colour. Writes the
+    image (PNG, PDF or SVG, from the suffix)."""
     import warnings
 
     # matplotlib's object interface, not pyplot: no global figure state, and a third less to import
@@ -98,6 +117,9 @@ def plot_curves(
         (line,) = ax.plot(grid, mean, label=f"{label}  [{seeds}]", lw=2)
         if len(lines) > 1:
             ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.18, lw=0)
+        steps, returns = (evaluations or {}).get(label, ((), ()))
+        if len(steps):
+            ax.plot(steps, returns, "o--", color=line.get_color(), lw=1, ms=4, label=f"{label}  [evaluation]")
     ax.set_xlabel("environment steps")
     ax.set_ylabel(f"episodic return (mean of last {window} episodes)")
     ax.xaxis.set_major_formatter(FuncFormatter(_format_steps))
@@ -108,8 +130,13 @@ def plot_curves(
         ax.set_title(title)
     if any(len(c) for c in runs.values()):
         legend = ax.legend(loc="best", fontsize=8, frameon=True, framealpha=0.85)
+        notes = []
         if any(len(c) > 1 for c in runs.values()):
-            legend.set_title("line: mean over seeds, band: min-max", prop=FontProperties(size=7))
+            notes.append("line: mean over seeds, band: min-max")
+        if any(len(e[0]) for e in (evaluations or {}).values()):
+            notes.append("dots: deterministic policy at each checkpoint")
+        if notes:
+            legend.set_title("; ".join(notes), prop=FontProperties(size=7))
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path)
@@ -133,20 +160,22 @@ def plot_runs(run_dirs: list[str | Path], output: str | Path | None = None) -> P
         run_dir = check_run_dir(run_dir)
         config = read_run_config(run_dir)
         metrics_path = run_dir / "metrics.jsonl"
-        curves = curves_from_metrics(read_metrics(metrics_path), counts=True) if metrics_path.exists() else {}
+        rows = read_metrics(metrics_path) if metrics_path.exists() else []
+        curves = curves_from_metrics(rows, counts=True)
         if not curves:
             raise RunError(f"{str(run_dir)!r} has no finished episodes in metrics.jsonl yet")
         algo = algorithm_name(config) or type(config.algo_params).__name__
-        runs.append((run_dir, algo, EnvSpec.parse(config.env_cfg.task_name).id, curves))
+        runs.append((run_dir, algo, EnvSpec.parse(config.env_cfg.task_name).id, curves, evaluations_from_metrics(rows)))
     algos, envs = {r[1] for r in runs}, {r[2] for r in runs}
     names = [r[0].name for r in runs]
-    named = {}
-    for run_dir, algo, env_id, curves in runs:
+    named, evaluations = {}, {}
+    for run_dir, algo, env_id, curves, evaluated in runs:
         name = run_dir.name if names.count(run_dir.name) == 1 else str(run_dir)
         differs = [x for x, shared in ((algo, len(algos) == 1), (env_id, len(envs) == 1)) if not shared]
-        named[name + (f" ({' '.join(differs)})" if differs else "")] = curves
+        label = name + (f" ({' '.join(differs)})" if differs else "")
+        named[label], evaluations[label] = curves, evaluated
     title = " on ".join(
         ([next(iter(algos))] if len(algos) == 1 else []) + ([next(iter(envs))] if len(envs) == 1 else [])
     )
-    plot_curves(named, output, title=title or None)
+    plot_curves(named, output, title=title or None, evaluations=evaluations)
     return output

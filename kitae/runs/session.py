@@ -34,7 +34,7 @@ from kitae.runs.callbacks import ImportWhileTraining, MetricsLogger, checkpoint_
 from kitae.runs.checkpoints import CHECKPOINT_MODULES, Checkpointer, CheckpointError
 from kitae.runs.errors import RunDiverged, RunError
 from kitae.runs.load import checkpoint_dirs, restore_error, restore_payload, run_seeds
-from kitae.runs.plotting import PLOT_MODULES, curves_from_metrics, plot_curves
+from kitae.runs.plotting import PLOT_MODULES, curves_from_metrics, evaluations_from_metrics, plot_curves
 from kitae.runs.progress import ProgressBar
 from kitae.runs.resolve import ResolvedRun, RunSpec, make_run_env, resolve_agent, resolve_run_dir, resolve_train
 from kitae.runs.rundir import (
@@ -203,10 +203,12 @@ def execute(
 
 
 def plot_run(run: ResolvedRun, rows: list[dict]) -> None:
+    label = f"{run.algo} {run.env.id}"
     plot_curves(
-        {f"{run.algo} {run.env.id}": curves_from_metrics(rows, counts=True)},
+        {label: curves_from_metrics(rows, counts=True)},
         run.run_dir / "curve.png",
         title=run.run_dir.name,
+        evaluations={label: evaluations_from_metrics(rows)},
     )
 
 

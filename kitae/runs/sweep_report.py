@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kitae.runs.plotting import curves_from_metrics, plot_curves
+from kitae.runs.plotting import curves_from_metrics, evaluations_from_metrics, plot_curves
 from kitae.runs.resolve import ResolvedRun
 from kitae.runs.rundir import json_safe, read_metrics
 
@@ -35,7 +35,9 @@ def write_sweep(
     """Writes the sweep directory's ``sweep.json``, ``table.txt`` and ``curves.png`` from each
     combination's ``summary.json`` and ``metrics.jsonl``; returns ``sweep.json``'s content with
     ``sweep_dir``."""
-    entries, curves = [], {}
+    entries: list[dict] = []
+    curves: dict = {}
+    evaluations: dict = {}
     for values, combo in combos:
         summary = json.loads((combo.run_dir / "summary.json").read_text())
         finals = np.asarray(summary["final_return"], float).reshape(-1)
@@ -53,8 +55,10 @@ def write_sweep(
             }
         )
         rows = read_metrics(combo.run_dir / "metrics.jsonl") if (combo.run_dir / "metrics.jsonl").exists() else []
-        curves[combination_name(values) + (" (diverged)" if diverged else "")] = curves_from_metrics(rows, counts=True)
-    plot_curves(curves, sweep_dir / "curves.png", title=f"{run.algo} {run.env.id}: {len(combos)} combinations")
+        label = combination_name(values) + (" (diverged)" if diverged else "")
+        curves[label], evaluations[label] = curves_from_metrics(rows, counts=True), evaluations_from_metrics(rows)
+    title = f"{run.algo} {run.env.id}: {len(combos)} combinations"
+    plot_curves(curves, sweep_dir / "curves.png", title=title, evaluations=evaluations)
     report = {
         "algo": run.algo,
         "env": run.env.id,

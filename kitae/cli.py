@@ -448,6 +448,7 @@ def _report(summary: dict, quiet: bool) -> int:
     final_text = ", ".join("- (no episode ended)" if v is None or v != v else f"{v:.1f}" for v in finals)
     print(
         f"{summary['algo']} on {summary['env']}: {summary['steps']:,} steps, final return {final_text}, "
+        f"{_evaluation_text(summary)}"
         f"{summary['sps']:,.0f} steps/s, compile {summary['compile_seconds']:.1f} s, "
         f"wall {summary['wall_seconds']:.1f} s -> {summary['run_dir']}"
     )
@@ -457,6 +458,29 @@ def _report(summary: dict, quiet: bool) -> int:
         line = {k: summary[k] for k in ("run_dir", "final_return", "sps", "state_fingerprint")}
         print(json.dumps(json_safe(line), allow_nan=False))
     return 0
+
+
+def _evaluation_text(summary: dict) -> str:
+    """``"evaluation 500.0 (best 500.0 at step 120,320), "`` for a run trained with
+    ``train_cfg.eval_episodes`` (one value per seed for runs of several), else ``""``."""
+    if "eval_return" not in summary:
+        return ""
+
+    def listed(key: str) -> list:
+        return summary[key] if isinstance(summary[key], list) else [summary[key]]
+
+    def returns(values: list) -> str:
+        return ", ".join("-" if v is None else f"{v:.1f}" for v in values)
+
+    text = f"evaluation {returns(listed('eval_return'))}"
+    if "best_eval_step" in summary:
+        steps, best = listed("best_eval_step"), listed("best_eval_return")
+        if len(set(steps)) == 1:  # one checkpoint (seeds trained together share theirs)
+            text += f" (best {returns(best)} at step {steps[0]:,})"
+        else:  # a host run's seeds: each its own best checkpoint
+            pairs = ", ".join(f"{returns([v])} at step {s:,}" for v, s in zip(best, steps) if s is not None)
+            text += f" (best {pairs})"
+    return text + ", "
 
 
 def _count(n: int, noun: str) -> str:

@@ -32,7 +32,8 @@ def test_every_checkpoint_is_evaluated_as_kitae_eval_would(tmp_path, capsys, alg
     assert sorted({row["step"] for row in rows}) == sorted(set(checkpoints))  # one evaluation per checkpoint
     assert {row["seed"] for row in rows} == {0, 1} and {row["eval_episodes"] for row in rows} == {3}
     summary = json.loads((run_dir / "summary.json").read_text())
-    capsys.readouterr()
+    line = capsys.readouterr().out.splitlines()[0]  # the command's line names the last and the best evaluations
+    assert f"evaluation {summary['eval_return'][0]:.1f}, {summary['eval_return'][1]:.1f} (best " in line, line
     evaluated = eval_run(run_dir, episodes=3)  # the newest checkpoint, as `kitae eval RUN_DIR --episodes 3`
     assert summary["eval_return"] == evaluated["mean"] and summary["eval_step"] == [max(checkpoints)] * 2
     # the best evaluation's checkpoint is kept and named: per seed in the host loop (a folder each),
@@ -46,6 +47,11 @@ def test_every_checkpoint_is_evaluated_as_kitae_eval_would(tmp_path, capsys, alg
         best = [max(sorted(by_step), key=lambda step: np.mean(list(by_step[step].values())))] * 2
     assert summary["best_eval_step"] == best
     assert summary["best_eval_return"] == [by_step[step][seed] for seed, step in zip((0, 1), best)]
+    values = [f"{by_step[step][seed]:.1f}" for seed, step in zip((0, 1), best)]
+    if best[0] == best[1]:
+        assert f"(best {values[0]}, {values[1]} at step {best[0]:,})" in line, line
+    else:
+        assert f"(best {values[0]} at step {best[0]:,}, {values[1]} at step {best[1]:,})" in line, line
     again = eval_run(run_dir, episodes=3, checkpoint="best")  # `kitae eval RUN_DIR --episodes 3 --checkpoint best`
     assert again["step"] == best and again["mean"] == summary["best_eval_return"]
     events = EventAccumulator(str(run_dir / "logs"))

@@ -23,7 +23,8 @@ checkpoint and exits with status 130 / 143 after saying how to resume. A run who
 parameters become non-finite stops, keeps its last finite state as its newest checkpoint, writes
 ``summary.json`` (``diverged``) and exits with status 3 after one line naming the step and the loss.
 What the file system refuses (a folder that cannot be written, a file where a folder goes, a full
-disk) is one line too, with status 1.
+disk) is one line too, with status 1. A reader that closes the pipe early (``kitae ... | head
+-1``) ends the command quietly with status 141, as SIGPIPE ends other programs.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import sys
 import warnings
 from pathlib import Path
@@ -556,6 +558,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"kitae: error: {error}".replace("\n", " "), file=sys.stderr)
             return 2
         except OSError as error:  # the file system refused (permissions, a file where a folder goes, a full disk)
+            if isinstance(error, BrokenPipeError) and _stdout_closed():
+                # `kitae ... | head -1`: the reader went away, as it may; the command's work is
+                # done (its last act is to print). Quiet, with the status of a process SIGPIPE ended.
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                return 128 + signal.SIGPIPE
             where = f": {error.filename!r}" if error.filename else ""
             print(f"kitae: error: {error.strerror or error}{where}".replace("\n", " "), file=sys.stderr)
             return 1
@@ -565,6 +572,19 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             print("kitae: interrupted", file=sys.stderr)
             return 130
+
+
+def _stdout_closed() -> bool:
+    """Whether standard output is a pipe whose reader has closed it (``poll`` reports an error on
+    its writing end); ``False`` when it cannot tell (no file descriptor, as under pytest's capture)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def entry() -> int:

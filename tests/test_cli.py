@@ -327,6 +327,17 @@ def test_eval_reports_mean_and_std_and_records_a_video(capsys, run_copy):
     assert len(videos) == 1 and videos[0].stat().st_size > 1000
 
 
+def test_a_reader_that_closes_the_pipe_early_ends_the_command_quietly(run_copy):
+    """``kitae eval RUN_DIR | head -0``: the reader is gone before the command prints; it ends with
+    the status of a process SIGPIPE ended (141), without an error line (it said "kitae: error:
+    Broken pipe" with status 1)."""
+    command = [sys.executable, "-m", "kitae.cli", "eval", str(run_copy), "--episodes", "1"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdout.close()  # before the interpreter has even started: the command prints later
+    err = process.stderr.read().decode()
+    assert process.wait(timeout=120) == 141 and err == "", err
+
+
 def test_eval_of_one_episode_says_one_episode(capsys, run_copy):
     assert main(["eval", str(run_copy), "--episodes", "1"]) == 0
     assert "over 1 episode (deterministic policy" in capsys.readouterr().out

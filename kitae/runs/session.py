@@ -20,6 +20,7 @@ are marked truncated at the cut.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 import time
@@ -34,6 +35,7 @@ from kitae.runs.callbacks import ImportWhileTraining, MetricsLogger, checkpoint_
 from kitae.runs.checkpoints import CHECKPOINT_MODULES, Checkpointer, CheckpointError
 from kitae.runs.errors import RunDiverged, RunError
 from kitae.runs.load import checkpoint_dirs, restore_error, restore_payload, run_seeds
+from kitae.runs.lock import in_use_by_this_process
 from kitae.runs.plotting import PLOT_MODULES, curves_from_metrics, evaluations_from_metrics, plot_curves
 from kitae.runs.progress import ProgressBar
 from kitae.runs.resolve import ResolvedRun, RunSpec, make_run_env, resolve_agent, resolve_run_dir, resolve_train
@@ -258,16 +260,21 @@ def train_run(spec: RunSpec) -> dict:
         run.run_dir = claim_new_run_dir(run.run_dir)
         agent.run_dir, agent.run_name = run.run_dir, run.run_dir.name
     else:
-        if _holds_a_run(run.run_dir) and not _not_started(run):
-            env.close()
-            raise RunError(
-                f"run directory {str(run.run_dir)!r} already exists and is not empty; choose another --run-dir"
-            )
+        _refuse_a_directory_holding_a_run(run, env)
         agent = run.make_agent()
         run.run_dir.mkdir(parents=True, exist_ok=True)
-    clear_before_training(run.run_dir)
-    write_config(run.run_dir, run.config)
-    return execute(run, train_plans(run, agent, env), run.total, quiet=spec.quiet)[0]
+    with in_use_by_this_process(run.run_dir):
+        if spec.run_dir is not None:
+            _refuse_a_directory_holding_a_run(run, env)  # again, held: another process may have trained in it meanwhile
+        clear_before_training(run.run_dir)
+        write_config(run.run_dir, run.config)
+        return execute(run, train_plans(run, agent, env), run.total, quiet=spec.quiet)[0]
+
+
+def _refuse_a_directory_holding_a_run(run: ResolvedRun, env: Any) -> None:
+    if _holds_a_run(run.run_dir) and not _not_started(run):
+        env.close()
+        raise RunError(f"run directory {str(run.run_dir)!r} already exists and is not empty; choose another --run-dir")
 
 
 def train_plans(run: ResolvedRun, agent: Any, env: Any) -> list[Plan]:
@@ -297,19 +304,20 @@ def train_agent(agent: Any, env: Any, n_env_steps: int | None, *, callbacks: Any
             "agent another run_name or run_dir"
         )
     run.run_dir.mkdir(parents=True, exist_ok=True)
-    if fresh:  # a new directory, or one whose run never trained: started from scratch
-        clear_before_training(run.run_dir)
-    if not (run.run_dir / "config.yaml").exists():
-        write_config(run.run_dir, run.config)
-    plan = Plan(run.run_dir / "checkpoints", agent.config.seed, agent=agent, env=env)
-    summary, results = execute(
-        run,
-        [plan],
-        int(agent.env_step) + n_env_steps,
-        quiet=quiet,
-        describe_config=fresh,
-        callbacks=list(callbacks) if not hasattr(callbacks, "on_start") else [callbacks],
-    )
+    with in_use_by_this_process(run.run_dir):
+        if fresh:  # a new directory, or one whose run never trained: started from scratch
+            clear_before_training(run.run_dir)
+        if not (run.run_dir / "config.yaml").exists():
+            write_config(run.run_dir, run.config)
+        plan = Plan(run.run_dir / "checkpoints", agent.config.seed, agent=agent, env=env)
+        summary, results = execute(
+            run,
+            [plan],
+            int(agent.env_step) + n_env_steps,
+            quiet=quiet,
+            describe_config=fresh,
+            callbacks=list(callbacks) if not hasattr(callbacks, "on_start") else [callbacks],
+        )
     return results[0]
 
 
@@ -342,6 +350,11 @@ def resume_run(run_dir: str | Path, steps: int | None = None, quiet: bool = Fals
         RunError: no such run directory, no readable checkpoint, a run already at ``steps``...
     """
     run_dir = check_run_dir(run_dir)
+    with in_use_by_this_process(run_dir):
+        return _resume_run(run_dir, steps, quiet)
+
+
+def _resume_run(run_dir: Path, steps: int | None, quiet: bool) -> dict:
     seeds = run_seeds(run_dir)
     run = resolve_run_dir(run_dir, steps=steps, seeds=seeds)
     dirs = checkpoint_dirs(run_dir)
@@ -417,6 +430,13 @@ def resume_agent(
     run = resolve_agent(agent, env)
     total = agent.config.train_cfg.n_env_steps if n_env_steps is None else n_env_steps
     check_positive_int("n_env_steps", total)
+    # a directory that does not exist holds no checkpoint: restoring says so
+    held = in_use_by_this_process(run.run_dir) if run.run_dir.is_dir() else contextlib.nullcontext()
+    with held:
+        return _resume_agent(agent, env, run, total, callbacks, quiet)
+
+
+def _resume_agent(agent: Any, env: Any, run: ResolvedRun, total: int, callbacks: Any, quiet: bool) -> RunResult:
     directory = run.run_dir / "checkpoints"
     try:
         payload, restored = restore_payload(agent, env, run.executor, directory)

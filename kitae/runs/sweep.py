@@ -56,6 +56,7 @@ from kitae.runs.callbacks import ImportWhileTraining, MetricsLogger, checkpoint_
 from kitae.runs.checkpoints import CHECKPOINT_MODULES, Checkpointer
 from kitae.runs.errors import RunDiverged, RunError
 from kitae.runs.load import checkpoint_dirs
+from kitae.runs.lock import in_use_by_this_process
 from kitae.runs.plotting import PLOT_MODULES
 from kitae.runs.presets import did_you_mean, parse_value, settable_keys
 from kitae.runs.progress import ProgressBar
@@ -224,6 +225,7 @@ def _compiled_sweep(
         stop = stack.enter_context(stop_on_signals())
         children, savers = [], []
         for _, combo in combos:
+            stack.enter_context(in_use_by_this_process(combo.run_dir))
             metrics = MetricsFile(combo.run_dir / "metrics.jsonl")
             stack.callback(metrics.close)
             writer = stack.enter_context(tensorboard_writer(combo.run_dir, first_step + 1 if first_step else None))
@@ -288,9 +290,10 @@ def train_combination(
         if resume:
             return resume_run(combo.run_dir, combo.total, quiet=quiet)
         agent = combo.make_agent()
-        summary, _ = execute(
-            combo, train_plans(combo, agent, env), combo.total, quiet=quiet, extra_summary={"sweep": sweep_dir}
-        )
+        with in_use_by_this_process(combo.run_dir):
+            summary, _ = execute(
+                combo, train_plans(combo, agent, env), combo.total, quiet=quiet, extra_summary={"sweep": sweep_dir}
+            )
     except RunDiverged:
         return json.loads((combo.run_dir / "summary.json").read_text())
     return summary
@@ -423,40 +426,47 @@ def sweep_run(spec: SweepSpec) -> dict:
         if claimed != sweep_dir:
             sweep_dir, run = claimed, dataclasses.replace(run, run_dir=claimed)
             combos = [(values, dataclasses.replace(c, run_dir=claimed / c.run_dir.name)) for values, c in combos]
-    clock = time.perf_counter()
-    for _, combo in combos:
-        combo.run_dir.mkdir(parents=True, exist_ok=True)
-        write_config(combo.run_dir, combo.config)
-    plan = {
-        "algo": run.algo,
-        "env": run.env.id,
-        "grid": grid,
-        "seeds": seeds,
-        "steps": run.total,
-        "workers": spec.workers,
-        "address": spec.address,
-        "combinations": [{"values": values, "name": combo.run_dir.name} for values, combo in combos],
-    }
-    (sweep_dir / PLAN).write_text(json.dumps(plan, indent=2) + "\n")
-    if compiled:
-        results, stopped = _compiled_sweep(run, env, combos, spec.quiet, clock)
-        if stopped is not None:
-            return {**stopped, **_where_each_stopped(combos), "sweep_dir": str(sweep_dir)}
-        assert results is not None
-        compile_seconds, train_seconds = results[0].compile_seconds, results[0].train_seconds
-    else:
-        stopped = _host_sweep(run, env, combos, spec.quiet, spec.workers, spec.address)
-        if stopped is not None:
-            return {**stopped, **_where_each_stopped(combos), "sweep_dir": str(sweep_dir)}
-        compile_seconds = train_seconds = float("nan")
-    return write_sweep(
-        sweep_dir,
-        run,
-        grid,
-        combos,
-        compiled,
-        spec.workers,
-        time.perf_counter() - clock,
-        compile_seconds,
-        train_seconds,
-    )
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    with in_use_by_this_process(sweep_dir, "sweep directory"):
+        if spec.sweep_dir and any(sweep_dir.iterdir()):  # again, held: another sweep may have started in it
+            env.close()
+            raise RunError(
+                f"sweep directory {str(sweep_dir)!r} already exists and is not empty; choose another --sweep-dir"
+            )
+        clock = time.perf_counter()
+        for _, combo in combos:
+            combo.run_dir.mkdir(parents=True, exist_ok=True)
+            write_config(combo.run_dir, combo.config)
+        plan = {
+            "algo": run.algo,
+            "env": run.env.id,
+            "grid": grid,
+            "seeds": seeds,
+            "steps": run.total,
+            "workers": spec.workers,
+            "address": spec.address,
+            "combinations": [{"values": values, "name": combo.run_dir.name} for values, combo in combos],
+        }
+        (sweep_dir / PLAN).write_text(json.dumps(plan, indent=2) + "\n")
+        if compiled:
+            results, stopped = _compiled_sweep(run, env, combos, spec.quiet, clock)
+            if stopped is not None:
+                return {**stopped, **_where_each_stopped(combos), "sweep_dir": str(sweep_dir)}
+            assert results is not None
+            compile_seconds, train_seconds = results[0].compile_seconds, results[0].train_seconds
+        else:
+            stopped = _host_sweep(run, env, combos, spec.quiet, spec.workers, spec.address)
+            if stopped is not None:
+                return {**stopped, **_where_each_stopped(combos), "sweep_dir": str(sweep_dir)}
+            compile_seconds = train_seconds = float("nan")
+        return write_sweep(
+            sweep_dir,
+            run,
+            grid,
+            combos,
+            compiled,
+            spec.workers,
+            time.perf_counter() - clock,
+            compile_seconds,
+            train_seconds,
+        )

@@ -17,6 +17,7 @@ then writes ``sweep.json``, ``table.txt`` and ``curves.png`` as an uninterrupted
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shutil
@@ -30,6 +31,7 @@ from kitae.loops.compiled import CompiledExecutor
 from kitae.runs.checkpoints import Checkpointer, CheckpointError
 from kitae.runs.errors import RunError
 from kitae.runs.load import checkpoint_dirs, restore_error, restore_payload
+from kitae.runs.lock import in_use_by_this_process
 from kitae.runs.resolve import ResolvedRun, make_run_env, resolve_run_dir
 from kitae.runs.rundir import check_run_dir, truncate_metrics, write_config
 from kitae.runs.sweep import PLAN, _compiled_sweep, _host_sweep, _where_each_stopped
@@ -78,38 +80,45 @@ def resume_sweep(sweep_dir: str | Path, steps: int | None = None, quiet: bool = 
     for entry in plan["combinations"]:
         combo = resolve_run_dir(check_run_dir(sweep_dir / entry["name"]), steps=steps, seeds=seeds)
         combos.append((entry["values"], combo))
-    total = combos[0][1].total
-    grid = {key: [float(v) for v in values] for key, values in plan["grid"].items()}
-    run = dataclasses.replace(combos[0][1], run_dir=sweep_dir)  # the sweep's agent: the swept values are traced
-    clock = time.perf_counter()
-    compiled = isinstance(run.executor, CompiledExecutor)
-    stopped, compile_seconds, train_seconds = None, float("nan"), float("nan")
-    finished = len(_where_each_stopped(combos)["finished"]) == len(combos)
-    reached = min(json.loads((c.run_dir / "summary.json").read_text())["steps"] for _, c in combos) if finished else 0
-    if finished and reached >= total:
-        if (sweep_dir / "sweep.json").exists():
-            raise RunError(
-                f"the sweep in {str(sweep_dir)!r} already reached step {reached:,} of {total:,} (its table: "
-                f"{sweep_dir / 'table.txt'}); pass --steps N with N > {reached} to train it further"
-            )
-        # else every combination finished before the sweep wrote its table: only that is left
-    elif compiled:
-        stopped, compile_seconds, train_seconds = _go_on_compiled(run, combos, quiet, clock)
-    else:
-        stopped = _go_on_host(run, combos, quiet, plan)
-    if stopped is not None:
-        return {**stopped, **_where_each_stopped(combos), "sweep_dir": str(sweep_dir)}
-    return write_sweep(
-        sweep_dir,
-        run,
-        grid,
-        combos,
-        compiled,
-        plan["workers"],
-        time.perf_counter() - clock,
-        compile_seconds,
-        train_seconds,
-    )
+    with contextlib.ExitStack() as held:  # the sweep's directory, and a compiled sweep's combinations' at once
+        held.enter_context(in_use_by_this_process(sweep_dir, "sweep directory"))
+        if isinstance(combos[0][1].executor, CompiledExecutor):
+            for _, combo in combos:
+                held.enter_context(in_use_by_this_process(combo.run_dir))
+        total = combos[0][1].total
+        grid = {key: [float(v) for v in values] for key, values in plan["grid"].items()}
+        run = dataclasses.replace(combos[0][1], run_dir=sweep_dir)  # the sweep's agent: the swept values are traced
+        clock = time.perf_counter()
+        compiled = isinstance(run.executor, CompiledExecutor)
+        stopped, compile_seconds, train_seconds = None, float("nan"), float("nan")
+        finished = len(_where_each_stopped(combos)["finished"]) == len(combos)
+        reached = 0
+        if finished:
+            reached = min(json.loads((c.run_dir / "summary.json").read_text())["steps"] for _, c in combos)
+        if finished and reached >= total:
+            if (sweep_dir / "sweep.json").exists():
+                raise RunError(
+                    f"the sweep in {str(sweep_dir)!r} already reached step {reached:,} of {total:,} (its table: "
+                    f"{sweep_dir / 'table.txt'}); pass --steps N with N > {reached} to train it further"
+                )
+            # else every combination finished before the sweep wrote its table: only that is left
+        elif compiled:
+            stopped, compile_seconds, train_seconds = _go_on_compiled(run, combos, quiet, clock)
+        else:
+            stopped = _go_on_host(run, combos, quiet, plan)
+        if stopped is not None:
+            return {**stopped, **_where_each_stopped(combos), "sweep_dir": str(sweep_dir)}
+        return write_sweep(
+            sweep_dir,
+            run,
+            grid,
+            combos,
+            compiled,
+            plan["workers"],
+            time.perf_counter() - clock,
+            compile_seconds,
+            train_seconds,
+        )
 
 
 def _go_on_compiled(

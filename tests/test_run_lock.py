@@ -82,7 +82,8 @@ def finished_run(tmp_path_factory):
 
 
 def test_a_run_directory_another_process_trains_in_is_refused_in_one_line(finished_run, held_elsewhere, capsys):
-    """Two ``kitae resume RUN_DIR`` together both trained in it before (every metrics row twice)."""
+    """Two ``kitae resume RUN_DIR`` together both trained in it before (TensorBoard points twice, one's
+    metrics rows lost, both saving and deleting the same checkpoints)."""
     before = (finished_run / "metrics.jsonl").read_bytes()
     held_elsewhere(finished_run)
     capsys.readouterr()

@@ -1,9 +1,10 @@
 """One process trains in a run directory at a time: ``in_use_by_this_process(directory)``.
 
 Two ``kitae resume RUN_DIR`` (or ``kitae train --run-dir DIR``, ``agent.train(env)``, a sweep and
-a ``kitae resume`` of one of its combinations) started together would both train in it: both
-truncate and append ``metrics.jsonl`` (every row twice), write TensorBoard events and delete each
-other's checkpoints. The training entry points hold an exclusive ``flock`` on the directory while
+a ``kitae resume`` of one of its combinations) started together would both train in it: each
+replaces ``metrics.jsonl`` (truncated at its checkpoint) and appends to its own copy, so one's rows
+are lost; both write TensorBoard events (every point twice); both save and delete the same
+checkpoint folders. The training entry points hold an exclusive ``flock`` on the directory while
 they run, so the second one is refused with one line. ``kitae eval`` and ``kitae plot`` only read
 (``eval`` writes its figures into ``summary.json``) and take no lock: evaluating a run while it
 trains is allowed.

@@ -98,10 +98,13 @@ class PeriodicEvaluation(Callback):
 
     def checkpoint_meta(self, payload: Payload) -> dict | None:
         """``{"eval_return": mean}`` (a list, one per seed, for seeds trained together) for the
-        checkpoint metadata of ``payload`` once it was evaluated, else ``None``."""
-        if self._evaluated is None or self._evaluated[0] is not payload:
+        checkpoint metadata of ``payload`` once it was evaluated, else ``None``. Asked once, by
+        the saver that follows: the payload (a whole training state, a replay buffer with it) is
+        not kept any longer."""
+        evaluated, self._evaluated = self._evaluated, None
+        if evaluated is None or evaluated[0] is not payload:
             return None
-        means = self._evaluated[1]
+        means = evaluated[1]
         return {"eval_return": means if payload.meta.get("seeds") is not None else means[0]}
 
     def on_checkpoint(self, payload: Payload) -> None:

@@ -422,7 +422,7 @@ def _tune(args: argparse.Namespace) -> int:
         return 0
     best = report["best"]
     values = ", ".join(f"{k}={v:.4g}" for k, v in best["params"].items())
-    print(f"best trial {best['number']}: final return {best['value']:.1f} with {values}")
+    print(f"best trial {best['number']}: {report['score']} {best['value']:.1f} with {values}")
     print(f"{counts} -> {report['best_config']}")
     return 0
 

@@ -185,7 +185,7 @@ def test_a_trial_killed_before_its_values_were_chosen_is_failed_and_not_asked_ag
     its values is failed and asked again with them."""
     space = {LR: (1e-4, 3e-3, True), "algo_params.clip_coef": (0.1, 0.3, False)}
     run = SimpleNamespace(algo="ppo", env=SimpleNamespace(id="gymnax:CartPole-v1"), total=4096,
-                          config=SimpleNamespace(seed=0))  # fmt: skip
+                          config=SimpleNamespace(seed=0, train_cfg=SimpleNamespace(eval_episodes=0)))  # fmt: skip
     study = _open_study(tmp_path, run, space, 1)
     float_ = optuna.distributions.FloatDistribution
     whole = study.ask({k: float_(lo, hi, log=log) for k, (lo, hi, log) in space.items()})
@@ -204,7 +204,7 @@ def test_a_search_started_again_draws_new_values(tmp_path):
     trials' values again, and TPE's random start would repeat itself)."""
     space = {LR: (1e-4, 3e-3, True)}
     run = SimpleNamespace(algo="ppo", env=SimpleNamespace(id="gymnax:CartPole-v1"), total=4096,
-                          config=SimpleNamespace(seed=0))  # fmt: skip
+                          config=SimpleNamespace(seed=0, train_cfg=SimpleNamespace(eval_episodes=0)))  # fmt: skip
     distributions = {LR: optuna.distributions.FloatDistribution(1e-4, 3e-3, log=True)}
     study = _open_study(tmp_path, run, space, 1)
     for value in (100.0, 200.0):
@@ -234,20 +234,51 @@ def test_diverging_trials_are_pruned_in_the_host_loop(tmp_path, capsys):
 def test_a_host_search_runs_its_trials_one_after_another_or_on_ray_workers(tmp_path, capsys):
     """A host-loop search trains its trials one after another, or with ``--workers 2`` two at a
     time in Ray tasks (a runtime the search starts and stops): the same values asked (TPE's first
-    trials are drawn at random from its seed) train to the same scores."""
+    trials are drawn at random from its seed) train to the same scores. Here the trials are scored
+    by evaluating their final policy (``train_cfg.eval_episodes``), as ``kitae eval`` would: the
+    best one's score is ``kitae eval``'s figure for a run of its ``best.yaml``."""
     trials = {}
     for mode, extra in (("sequential", []), ("ray", ["--workers", "2"])):
         study_dir = tmp_path / mode
         code = main(
             ["tune", "dqn", "CartPole-v1", "--trials", "2", "--steps", "800", "--set", "algo_params.start_step=200",
-             "--study-dir", str(study_dir), "--quiet", *extra]
+             "--set", "train_cfg.eval_episodes=2", "--study-dir", str(study_dir), "--quiet", *extra]
         )  # fmt: skip
         out = capsys.readouterr().out
-        assert code == 0 and "2/2 trials finished" in out, out
+        assert code == 0 and "2/2 trials finished" in out and "best trial" in out and "evaluation return" in out, out
         assert yaml.safe_load((study_dir / "best.yaml").read_text())["n_env_steps"] == 800
         trials[mode] = sorted(_trials(study_dir), key=lambda t: t["number"])
         assert {t["state"] for t in trials[mode]} == {"COMPLETE"}
+        for trial in trials[mode]:  # the score is the evaluation; the training return is kept beside it
+            evaluated, finals = yaml.safe_load(trial["eval_returns"]), yaml.safe_load(trial["final_returns"])
+            assert len(evaluated) == len(finals) == 1 and float(trial["value"]) == evaluated[0]
     assert trials["ray"] == trials["sequential"]
+    best = max(trials["sequential"], key=lambda t: float(t["value"]))
+    run_dir = tmp_path / "best"
+    assert main(["train", "dqn", "CartPole-v1", "--config", str(tmp_path / "sequential" / "best.yaml"),
+                 "--run-dir", str(run_dir), "--quiet"]) == 0  # fmt: skip
+    assert main(["eval", str(run_dir), "--episodes", "2"]) == 0
+    summary = yaml.safe_load((run_dir / "summary.json").read_text())
+    assert summary["eval_return"] == float(best["value"])
+    assert [summary["final_return"]] == yaml.safe_load(best["final_returns"])
+
+
+def test_a_compiled_search_can_score_its_trials_by_evaluation(tmp_path, capsys):
+    study_dir = tmp_path / "study"
+    command = ["tune", "ppo", "gymnax:CartPole-v1", "--trials", "2", "--batch", "2", "--steps", "4096", "--seeds", "2",
+               "--space", f"{LR}=1e-4:3e-3:log", "--study-dir", str(study_dir), "--quiet"]  # fmt: skip
+    assert main([*command, "--set", "train_cfg.eval_episodes=2"]) == 0
+    assert "best trial" in capsys.readouterr().out
+    trials = _trials(study_dir)
+    assert {t["state"] for t in trials} == {"COMPLETE"}
+    for trial in trials:
+        evaluated = yaml.safe_load(trial["eval_returns"])
+        assert len(evaluated) == 2 and float(trial["value"]) == pytest.approx(np.mean(evaluated), rel=1e-12)
+    assert (study_dir / "best.yaml").read_text().startswith("# kitae tune: the best trial (")
+    assert ", evaluation return " in (study_dir / "best.yaml").read_text().splitlines()[0]
+    # a search scored otherwise is another search: not continued in this study
+    assert main(command) == 2
+    assert "holds a study of another search (eval_episodes differ" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -1,9 +1,16 @@
 """Hyperparameter search: ``kitae tune ALGO ENV --trials N``, with Optuna as rl-zoo uses it.
 
+Why this module is long: a search has three drivers that share its study, scoring and report
+(trials in one compiled program, one after another, in Ray tasks); split, each piece would reach
+into the others' state.
+
 Trials are sampled by Optuna's TPE sampler (seeded by the run's seed) over a search space of float
 fields (``--space KEY=LOW:HIGH[:log]``; a default per algorithm, ``DEFAULT_SPACES``), scored by the
-mean over their seeds of the final training return (the mean of the last 10 episodes), and
-pruned by Optuna's median pruner on intermediate returns (reported 20 times per trial). A trial
+mean over their seeds of the final training return (the mean of the last 10 episodes) or, with
+``--set train_cfg.eval_episodes=N``, of their final policy evaluated as ``kitae eval`` does
+(deterministic, N episodes; rl-zoo scores its trials so), and pruned by Optuna's median pruner on
+intermediate training returns (reported 20 times per trial). ``trials.csv`` lists each trial's
+final returns and evaluations per seed. A trial
 whose update diverges (a non-finite loss or state, ``kitae.loops.collect.update_step``) is pruned
 and marked ``diverged``.
 
@@ -30,11 +37,13 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import json
 import math
 import time
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 import yaml
 
@@ -160,6 +169,7 @@ class _Reporter(Callback):
         self.next = self.every
         self.pending: dict[int, list[float]] = {}
         self.history: dict[int, list[dict]] = {}  # row -> metrics-like rows (final_return_from_rows)
+        self.evaluations: dict[int, float] = {}  # row -> its final policy's mean evaluation return
         self.pruned: set[int] = set()
 
     def on_episodes(self, episodes: Episodes) -> None:
@@ -188,11 +198,30 @@ class _Reporter(Callback):
     def should_stop(self) -> bool:
         return len(self.pruned) == len(self.trials)
 
-    def score(self, index: int) -> float:
-        """Trial ``index``'s mean over its seeds of the final return (the last 10 episodes)."""
+    def final_returns(self, index: int) -> list[float]:
+        """Trial ``index``'s final training return (the last 10 episodes), per seed."""
         rows = range(index * self.seeds, (index + 1) * self.seeds)
-        finals = [final_return_from_rows(self.history.get(r, []), r) for r in rows]
-        return float(np.mean(finals))
+        return [final_return_from_rows(self.history.get(r, []), r) for r in rows]
+
+    def evaluated(self, index: int) -> list[float] | None:
+        """Trial ``index``'s evaluations per seed (``train_cfg.eval_episodes``), or ``None``."""
+        rows = range(index * self.seeds, (index + 1) * self.seeds)
+        return [self.evaluations[r] for r in rows] if all(r in self.evaluations for r in rows) else None
+
+    def score(self, index: int) -> float:
+        """Trial ``index``'s score: the mean over its seeds of its final policy's deterministic
+        evaluation when the search evaluates (``train_cfg.eval_episodes``), else of the final
+        training return (the last 10 episodes)."""
+        evaluated = self.evaluated(index)
+        return float(np.mean(evaluated if evaluated is not None else self.final_returns(index)))
+
+    def record(self, index: int) -> None:
+        """Keeps trial ``index``'s per-seed figures with it in the study (``trials.csv``): its
+        final training returns and, when the search evaluates, its evaluations."""
+        trial = self.trials[index]
+        trial.set_user_attr("final_returns", [r if math.isfinite(r) else None for r in self.final_returns(index)])
+        if (evaluated := self.evaluated(index)) is not None:
+            trial.set_user_attr("eval_returns", evaluated)
 
 
 def _open_study(study_dir: Path, run: ResolvedRun, space: Space, seeds: int) -> Any:
@@ -209,11 +238,13 @@ def _open_study(study_dir: Path, run: ResolvedRun, space: Space, seeds: int) -> 
     )
     spec = {"algo": run.algo, "env": run.env.id, "steps": run.total, "seeds": seeds,
             "space": {k: list(v) for k, v in space.items()}}  # fmt: skip
+    if run.config.train_cfg.eval_episodes:  # another score: a search that evaluates is another search
+        spec["eval_episodes"] = run.config.train_cfg.eval_episodes
     recorded = study.user_attrs.get("spec")
     if recorded is None:
         study.set_user_attr("spec", spec)
     elif recorded != spec:
-        differs = sorted(k for k in spec if recorded.get(k) != spec[k])
+        differs = sorted(k for k in {*spec, *recorded} if recorded.get(k) != spec.get(k))
         raise RunError(
             f"{study_dir} holds a study of another search ({', '.join(differs)} differ: {recorded}); "
             "give the same command to continue it, or another --study-dir"
@@ -269,7 +300,26 @@ def _batch_compiled(
         variants=values,
         callbacks=[reporter, bar, stop],
     )
+    if run.config.train_cfg.eval_episodes and not stop():
+        for t, trial in enumerate(trials):
+            if t in reporter.pruned:
+                continue
+            # the trial's own agent: a searched value may change how it acts
+            agent = dataclasses.replace(run, config=with_values(run.config, trial.params)).make_agent()
+            for k in range(len(seeds)):
+                row = t * len(seeds) + k
+                state = jax.tree_util.tree_map(lambda x, row=row: x[row], result.state.agent_state)
+                reporter.evaluations[row] = _evaluate(run, agent, state)
     return reporter, result
+
+
+def _evaluate(run: ResolvedRun, agent: Any, state: Any) -> float:
+    """The mean return of ``state``'s deterministic policy over ``train_cfg.eval_episodes``
+    episodes, as ``kitae eval`` evaluates a run (the executor's ``evaluate``, seed 0)."""
+    returns = run.executor.evaluate(
+        agent, run.env, run.config.train_cfg.eval_episodes, params=agent.acting_params(state)
+    )
+    return float(np.mean(returns))
 
 
 def _trial_host(run: ResolvedRun, trial: Any, seeds: list[int], stop: Any, bar: ProgressBar) -> tuple[_Reporter, bool]:
@@ -279,13 +329,16 @@ def _trial_host(run: ResolvedRun, trial: Any, seeds: list[int], stop: Any, bar: 
     for i, seed in enumerate(seeds):
         reporter.first_row, reporter.next = i, reporter.every
         env = make_run_env(run.env, config.env_cfg.n_envs)
+        agent = trial_run.make_agent(seed)
         try:
-            result = run.executor.run(trial_run.make_agent(seed), env, run.total, callbacks=[reporter, bar, stop])
+            result = run.executor.run(agent, env, run.total, callbacks=[reporter, bar, stop])
         finally:
             env.close()
         diverged = diverged or any(d is not None for d in result.diverged)
         if reporter.pruned or diverged or stop():
             break
+        if config.train_cfg.eval_episodes:
+            reporter.evaluations[i] = _evaluate(trial_run, agent, result.state.agent_state)
     reporter.first_row = 0
     return reporter, diverged
 
@@ -302,6 +355,8 @@ def trial_task(run: ResolvedRun, storage: str, trial_id: int, seeds: list[int]) 
     trial = optuna.trial.Trial(study, trial_id)  # the asked trial, continued in this process
     with stop_on_signals(STOPPING) as stop:  # a cancelled task (Ctrl-C on the search) stops its trial
         reporter, diverged = _trial_host(run, trial, seeds, stop, ProgressBar("", quiet=True))
+    if not stop():
+        reporter.record(0)
     return {"score": reporter.score(0), "pruned": 0 in reporter.pruned, "diverged": diverged, "stopped": stop()}
 
 
@@ -407,6 +462,7 @@ def tune_run(spec: TuneSpec) -> dict:
             if stopped:  # the unfinished trials stay RUNNING: the next start asks them again
                 break
             for t, trial in enumerate(trials):
+                reporter.record(t)
                 _tell(study, trial, reporter.score(t), t in reporter.pruned, diverged[t])
     env.close()
     return _report(study, study_dir, run, space, spec, stopped, time.perf_counter() - clock)
@@ -420,10 +476,15 @@ def _report(
     trials = study.get_trials(deepcopy=False)
     with open(study_dir / "trials.csv", "w", newline="") as file:
         writer = csv.writer(file)
-        writer.writerow(["number", "state", "value", "diverged", *space])
+        writer.writerow(["number", "state", "value", "diverged", "final_returns", "eval_returns", *space])
         for t in trials:
-            writer.writerow([t.number, t.state.name, "" if t.value is None else t.value,
-                             bool(t.user_attrs.get("diverged")), *(t.params.get(k, "") for k in space)])  # fmt: skip
+            figures = [
+                json.dumps(t.user_attrs[key]) if key in t.user_attrs else ""
+                for key in ("final_returns", "eval_returns")
+            ]
+            value = "" if t.value is None else t.value
+            diverged = bool(t.user_attrs.get("diverged"))
+            writer.writerow([t.number, t.state.name, value, diverged, *figures, *(t.params.get(k, "") for k in space)])
     complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
     report: dict[str, Any] = {
         "study_dir": str(study_dir),
@@ -435,20 +496,21 @@ def _report(
         "wall_seconds": wall,
         "best": None,
         "best_config": None,
+        "score": "evaluation return" if run.config.train_cfg.eval_episodes else "final return",
     }
     if complete:
         best = study.best_trial
         config = with_values(run.config, best.params)
         path = study_dir / "best.yaml"
-        path.write_text(best_config_yaml(config, best.number, best.value))
+        path.write_text(best_config_yaml(config, best.number, best.value, report["score"]))
         report["best"] = {"number": best.number, "value": best.value, "params": best.params}
         report["best_config"] = str(path)
     return report
 
 
-def best_config_yaml(config: AlgoConfig, number: int, value: float) -> str:
+def best_config_yaml(config: AlgoConfig, number: int, value: float, score: str = "final return") -> str:
     """A config file (the keys of a preset section) holding ``config``: what ``kitae train
-    --config`` takes."""
+    --config`` takes; its first line names the trial and its score (``score``: what it is)."""
     data = config.to_dict()
     section = {
         "seed": data["seed"],
@@ -459,5 +521,5 @@ def best_config_yaml(config: AlgoConfig, number: int, value: float) -> str:
         "train_cfg": {k: v for k, v in data["train_cfg"].items() if k != "n_env_steps"},
         "replay": data["replay"],
     }
-    header = f"# kitae tune: the best trial ({number}), final return {value:.2f}\n"
+    header = f"# kitae tune: the best trial ({number}), {score} {value:.2f}\n"
     return header + yaml.safe_dump(section, sort_keys=False)

@@ -75,10 +75,12 @@ EXAMPLES_TUNE = """examples:
   kitae tune ppo gymnax:CartPole-v1 --trials 32 --space update_cfg.learning_rate=1e-5:1e-2:log
   kitae tune dqn CartPole-v1 --trials 10 --steps 50000           # host loop: one trial at a time
   kitae tune dqn CartPole-v1 --trials 10 --steps 50000 --workers 2   # two at a time on Ray
+  kitae tune sac Pendulum-v1 --trials 10 --set train_cfg.eval_episodes=5   # scored by evaluation
   kitae train ppo gymnax:CartPole-v1 --config runs/tune-ppo-CartPole-v1-s0/best.yaml
 
 Optuna's TPE sampler and median pruner (intermediate returns, 20 per trial); a trial whose update
-diverges is pruned. The study is STUDY_DIR/study.db (SQLite): the same command started again
+diverges is pruned. A trial's score is its seeds' final training return, or with
+train_cfg.eval_episodes=N their final policy's deterministic evaluation over N episodes. The study is STUDY_DIR/study.db (SQLite): the same command started again
 continues it until --trials trials have finished. Writes STUDY_DIR/best.yaml and trials.csv.
 """
 

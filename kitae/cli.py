@@ -80,8 +80,9 @@ EXAMPLES_TUNE = """examples:
 
 Optuna's TPE sampler and median pruner (intermediate returns, 20 per trial); a trial whose update
 diverges is pruned. A trial's score is its seeds' final training return, or with
-train_cfg.eval_episodes=N their final policy's deterministic evaluation over N episodes. The study is STUDY_DIR/study.db (SQLite): the same command started again
-continues it until --trials trials have finished. Writes STUDY_DIR/best.yaml and trials.csv.
+train_cfg.eval_episodes=N their final policy's deterministic evaluation over N episodes. The
+study is STUDY_DIR/study.db (SQLite): the same command started again continues it until
+--trials trials have finished. Writes STUDY_DIR/best.yaml and trials.csv.
 """
 
 EXAMPLES_RESUME = """examples:

@@ -51,9 +51,9 @@ EXAMPLES_TRAIN = """examples:
 
 Checkpoints go to RUN_DIR/checkpoints/<step>/ every train_cfg.save_frequency steps (-1: only at
 the end), at the end, and on Ctrl-C / SIGTERM, which stop the run cleanly; kitae resume goes on.
-The newest 3 are kept, and with train_cfg.eval_episodes=N (each checkpoint's deterministic policy
-evaluated over N episodes as it is saved) the best-evaluated one too: kitae eval RUN_DIR
---checkpoint best.
+The newest train_cfg.keep_checkpoints (default 3; -1: every one) are kept, and with
+train_cfg.eval_episodes=N (each checkpoint's deterministic policy evaluated over N episodes as it
+is saved) the best-evaluated one too: kitae eval RUN_DIR --checkpoint best.
 """
 
 EXAMPLES_SWEEP = """examples:
@@ -105,7 +105,7 @@ EXAMPLES_EVAL = """examples:
 Acts with the deterministic policy (agent.select_action) of the newest checkpoint (or of
 --checkpoint) and writes eval_return into summary.json. A run trained with --set
 train_cfg.eval_episodes=N evaluated each checkpoint as it was saved and keeps the best one beside
-the newest 3. gymnax and brax environments are evaluated in JAX (all episodes vmapped);
+the newest (train_cfg.keep_checkpoints). gymnax and brax environments are evaluated in JAX (all episodes vmapped);
 their videos are rendered through the Gymnasium environment of the same name (gymnax has no
 renderer): gymnax:CartPole-v1 -> CartPole-v1.
 """

@@ -294,14 +294,17 @@ class TrainConfig:
             evaluate each seed's deterministic policy over this many episodes, as ``kitae eval``
             does, into ``metrics.jsonl`` (``eval_return``), TensorBoard
             (``eval/episodic_return``) and ``summary.json``, and keep the best-evaluated
-            checkpoint beside the newest three (``kitae eval RUN_DIR --checkpoint best``); 0
-            (the default) evaluates nothing.
+            checkpoint beside the newest ones (``keep_checkpoints``; ``kitae eval RUN_DIR
+            --checkpoint best``); 0 (the default) evaluates nothing.
+        keep_checkpoints: keep the newest this many checkpoints (>= 1; older ones are deleted as
+            new ones are saved, except the best-evaluated one), or -1 to keep every one.
     """
 
     n_env_steps: int = 100_000
     save_frequency: int = -1
     log_frequency: int = 1_000
     eval_episodes: int = 0
+    keep_checkpoints: int = 3
 
     def __post_init__(self) -> None:
         validate_types(self, "train_cfg.")
@@ -320,6 +323,12 @@ class TrainConfig:
         _require(self.log_frequency >= 1, "train_cfg.log_frequency", self.log_frequency, "an int >= 1")
         _require(
             self.eval_episodes >= 0, "train_cfg.eval_episodes", self.eval_episodes, "0 (no evaluation) or an int >= 1"
+        )
+        _require(
+            self.keep_checkpoints == -1 or self.keep_checkpoints >= 1,
+            "train_cfg.keep_checkpoints",
+            self.keep_checkpoints,
+            "-1 (keep every one) or an int >= 1",
         )
 
     def to_dict(self) -> dict[str, Any]:

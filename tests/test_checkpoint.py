@@ -215,6 +215,19 @@ def test_the_best_evaluated_checkpoint_is_kept_beside_the_newest(tmp_path):
     assert several.all_steps() == [2, 4] and several.best_step() == 2  # the mean, not one seed or the highest
 
 
+def test_a_run_keeps_as_many_checkpoints_as_its_train_cfg_says(tmp_path):
+    from kitae.config import TrainConfig
+
+    agent = _fresh_dqn()
+    every = Checkpointer.for_run(tmp_path / "every", TrainConfig(keep_checkpoints=-1))
+    one = Checkpointer.for_run(tmp_path / "one", TrainConfig(keep_checkpoints=1))
+    for step, value in enumerate([1.0, 9.0, 2.0, 3.0, 4.0], start=1):
+        every.save(step, agent)
+        one.save(step, agent, extra={"eval_return": value})
+    assert every.all_steps() == [1, 2, 3, 4, 5]
+    assert one.all_steps() == [2, 5]  # the newest and the best-evaluated
+
+
 # ---------------------------------------------------------------------------------------------
 # The compiled loop: segments and loop states
 # ---------------------------------------------------------------------------------------------

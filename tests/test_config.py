@@ -208,6 +208,14 @@ def test_n_env_steps_zero_rejected():
         TrainConfig(n_env_steps=0)
 
 
+@pytest.mark.parametrize("keep", [0, -2])
+def test_keep_checkpoints_other_than_minus_one_or_positive_rejected(keep):
+    assert TrainConfig().keep_checkpoints == 3 and TrainConfig(keep_checkpoints=-1).keep_checkpoints == -1
+    message = rf"train_cfg\.keep_checkpoints={keep} is not allowed; allowed: -1 \(keep every one\) or an int >= 1"
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(keep_checkpoints=keep)
+
+
 def test_save_frequency_zero_rejected():
     with pytest.raises(ValueError, match=r"train_cfg\.save_frequency"):
         TrainConfig(save_frequency=0)

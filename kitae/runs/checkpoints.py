@@ -1,5 +1,9 @@
 """Checkpoints: the whole training state under ``<run_dir>/checkpoints/<step>/``, on orbax.
 
+Why this module is long: it is one file format (writing, retention, checksums, restoring into a
+target's tree), kept in one place so that what is written and what is checked on reading cannot
+drift apart.
+
 A checkpoint holds a ``kitae.loops.state.Payload``: the executor's ``LoopState`` (the agent's
 parameters, target parameters, optimizer states and running statistics, the loop key, the replay
 or rollout buffer, the step and update counters, and for the compiled loop the environments'
@@ -222,8 +226,9 @@ class Checkpointer:
 
     Args:
         directory: the checkpoint folder (``<run_dir>/checkpoints``); created on the first save.
-        max_to_keep: keep the newest this many checkpoints (older ones are deleted), >= 1; the
-            best-evaluated checkpoint (``best_step``) is kept as well.
+        max_to_keep: keep the newest this many checkpoints (older ones are deleted), >= 1, or
+            ``None`` to keep every one; the best-evaluated checkpoint (``best_step``) is kept as
+            well. A run's is its ``train_cfg.keep_checkpoints`` (``Checkpointer.for_run``).
         before_save: optional callable run before every save (the runner flushes metrics and
             TensorBoard files with it, so that what a checkpoint has seen is on disk first).
         meta: JSON-able fields written into every checkpoint's metadata (the runner records a
@@ -236,18 +241,28 @@ class Checkpointer:
     def __init__(
         self,
         directory: str | Path,
-        max_to_keep: int = 3,
+        max_to_keep: int | None = 3,
         *,
         before_save: Callable[[], None] | None = None,
         meta: dict | None = None,
     ) -> None:
-        if not isinstance(max_to_keep, int) or isinstance(max_to_keep, bool) or max_to_keep < 1:
-            raise ValueError(f"max_to_keep={max_to_keep!r} is not allowed; allowed: an int >= 1")
+        if max_to_keep is not None and (
+            not isinstance(max_to_keep, int) or isinstance(max_to_keep, bool) or max_to_keep < 1
+        ):
+            allowed = "an int >= 1, or None (keep every one)"
+            raise ValueError(f"max_to_keep={max_to_keep!r} is not allowed; allowed: {allowed}")
         self.directory = Path(directory).absolute()
         self.max_to_keep = max_to_keep
         self.before_save = before_save
         self.meta = dict(meta or {})
         self.saved: list[int] = []  # steps saved by this checkpointer
+
+    @classmethod
+    def for_run(cls, directory: str | Path, train_cfg: Any, **options: Any) -> Checkpointer:
+        """The checkpointer of a run whose config's ``train_cfg`` is given: it keeps
+        ``train_cfg.keep_checkpoints`` checkpoints (-1: every one). ``options``: as ``__init__``'s."""
+        keep = train_cfg.keep_checkpoints
+        return cls(directory, None if keep == -1 else keep, **options)
 
     # -- orbax ----------------------------------------------------------------------------------
 
@@ -313,6 +328,8 @@ class Checkpointer:
 
     def _delete_old(self, manager: Any) -> None:
         """Deletes every checkpoint but the newest ``max_to_keep`` and the best-evaluated one."""
+        if self.max_to_keep is None:
+            return
         steps = self.all_steps()
         keep = set(steps[-self.max_to_keep :]) | {self.best_step()}
         for step in steps:

@@ -27,7 +27,8 @@ class PythonRuns:
         return resume_agent(agent, env, n_env_steps, **options)
 
     def save(self, agent: Any, step: int | None, directory: str | Path | None) -> Path:
-        with Checkpointer(directory or Path(agent.run_dir) / "checkpoints") as checkpointer:
+        directory = directory or Path(agent.run_dir) / "checkpoints"
+        with Checkpointer.for_run(directory, agent.config.train_cfg) as checkpointer:
             return checkpointer.save(agent.env_step if step is None else step, agent)
 
     def load(

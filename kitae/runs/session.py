@@ -152,7 +152,7 @@ def execute(
                 plan_seeds = plan.seeds or [plan.seed]
                 extra = [WriterLogger(writer)] if index == 0 else []
                 saver, saving = checkpoint_callbacks(
-                    Checkpointer(plan.directory, before_save=flush, meta=meta),
+                    Checkpointer.for_run(plan.directory, run.config.train_cfg, before_save=flush, meta=meta),
                     agent,
                     run.executor,
                     run.env,

@@ -240,7 +240,7 @@ def _compiled_sweep(
             # the combination's own agent: a swept value may change how it acts
             agent_of = combo.make_agent() if episodes else None
             saver, saving = checkpoint_callbacks(
-                Checkpointer(combo.run_dir / "checkpoints", before_save=flush),
+                Checkpointer.for_run(combo.run_dir / "checkpoints", combo.config.train_cfg, before_save=flush),
                 agent_of, run.executor, run.env, episodes, metrics, writer, seeds,
             )  # fmt: skip
             savers.append(saver)

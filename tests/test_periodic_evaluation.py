@@ -170,3 +170,37 @@ def test_evaluations_are_plotted_as_the_mean_over_seeds_at_each_step():
     np.testing.assert_array_equal(steps, [512, 1024])
     np.testing.assert_array_equal(returns, [5.0, 20.0])
     assert [len(a) for a in evaluations_from_metrics(rows[:1])] == [0, 0]
+
+
+def test_the_checkpoint_a_stop_writes_is_not_evaluated(tmp_path):
+    """Ctrl-C saves a checkpoint and exits as soon as it is written: that checkpoint is not
+    evaluated (an evaluation of many episodes would hold the stop up); the run's other checkpoints
+    are."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "kitae.cli", "train", "ppo", "gymnax:CartPole-v1", "--steps", "20000000",
+               "--set", "train_cfg.save_frequency=20480", "--set", "train_cfg.eval_episodes=2",
+               "--run-dir", str(run_dir), "--quiet"]  # fmt: skip
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not any("eval_return" in row for row in _rows(run_dir / "metrics.jsonl")):  # training and evaluating
+        assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()
+        time.sleep(0.5)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err
+    from kitae.runs.checkpoints import Checkpointer
+
+    checkpointer = Checkpointer(run_dir / "checkpoints")
+    newest = checkpointer.latest_step()
+    evaluated = {row["step"] for row in _rows(run_dir / "metrics.jsonl") if "eval_return" in row}
+    assert evaluated and newest not in evaluated and "eval_return" not in checkpointer.read_meta(newest)
+    assert checkpointer.best_step() in evaluated  # the periodic ones were
+
+
+def _rows(path):
+    return read_metrics(path) if path.exists() else []

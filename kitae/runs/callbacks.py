@@ -8,6 +8,7 @@ Ctrl-C is ``kitae.runs.signals.StopRequest``.)
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -87,13 +88,24 @@ class PeriodicEvaluation(Callback):
         writer: the run's TensorBoard writer, or ``None``.
         seeds: the run's seeds, by seed index (a checkpoint of seeds trained together holds them
             along its leading axis).
+        stopping: the run's ``StopRequest`` (``kitae.runs.signals``), or ``None``: the checkpoint
+            a stop writes (Ctrl-C, SIGTERM) is not evaluated, so the run stops as soon as it is
+            saved.
     """
 
     def __init__(
-        self, agent: Any, executor: Any, env: Any, episodes: int, metrics: MetricsFile, writer: Any, seeds: list[int]
+        self,
+        agent: Any,
+        executor: Any,
+        env: Any,
+        episodes: int,
+        metrics: MetricsFile,
+        writer: Any,
+        seeds: list[int],
+        stopping: Callable[[], bool] | None = None,
     ) -> None:
         self.agent, self.executor, self.env, self.episodes = agent, executor, env, episodes
-        self.metrics, self.writer, self.seeds = metrics, writer, seeds
+        self.metrics, self.writer, self.seeds, self.stopping = metrics, writer, seeds, stopping
         self._evaluated: tuple[Payload, list[float]] | None = None  # the last payload and its means
 
     def checkpoint_meta(self, payload: Payload) -> dict | None:
@@ -108,6 +120,8 @@ class PeriodicEvaluation(Callback):
         return {"eval_return": means if payload.meta.get("seeds") is not None else means[0]}
 
     def on_checkpoint(self, payload: Payload) -> None:
+        if self.stopping is not None and self.stopping():
+            return
         steps = np.broadcast_to(np.asarray(payload.state.env_step), (len(self.seeds),))
         batched = payload.meta.get("seeds") is not None
         means = []
@@ -136,6 +150,7 @@ def checkpoint_callbacks(
     metrics: MetricsFile,
     writer: Any,
     seeds: list[int],
+    stopping: Callable[[], bool] | None = None,
 ) -> tuple[CheckpointSaver, list[Callback]]:
     """What every run (``execute``, a compiled sweep's combinations) does at a checkpoint: a
     ``PeriodicEvaluation`` when ``episodes`` (the run's ``train_cfg.eval_episodes``) is at least 1,
@@ -143,13 +158,15 @@ def checkpoint_callbacks(
 
     Args:
         checkpointer: the run's (or one host seed's) checkpointer.
-        agent, executor, env, episodes, metrics, writer, seeds: as for ``PeriodicEvaluation``.
+        agent, executor, env, episodes, metrics, writer, seeds, stopping: as for ``PeriodicEvaluation``.
 
     Returns:
         ``(saver, callbacks)``: the saver (its ``last`` is the newest checkpoint) and the
         callbacks, in order.
     """
-    evaluation = PeriodicEvaluation(agent, executor, env, episodes, metrics, writer, seeds) if episodes else None
+    evaluation = (
+        PeriodicEvaluation(agent, executor, env, episodes, metrics, writer, seeds, stopping) if episodes else None
+    )
     saver = CheckpointSaver(checkpointer, evaluation)
     return saver, [*([evaluation] if evaluation is not None else []), saver]
 

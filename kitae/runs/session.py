@@ -160,6 +160,7 @@ def execute(
                     metrics,
                     writer if index == 0 else None,
                     plan_seeds,
+                    stop,
                 )
                 try:
                     result = run.executor.run(

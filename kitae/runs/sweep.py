@@ -241,7 +241,7 @@ def _compiled_sweep(
             agent_of = combo.make_agent() if episodes else None
             saver, saving = checkpoint_callbacks(
                 Checkpointer.for_run(combo.run_dir / "checkpoints", combo.config.train_cfg, before_save=flush),
-                agent_of, run.executor, run.env, episodes, metrics, writer, seeds,
+                agent_of, run.executor, run.env, episodes, metrics, writer, seeds, stop,
             )  # fmt: skip
             savers.append(saver)
             children.append([MetricsLogger(metrics, seeds), *saving, WriterLogger(writer)])

@@ -110,3 +110,14 @@ def test_a_run_directory_another_process_trains_in_is_refused_in_one_line(finish
     # a run that finished holds nothing: kitae eval reads it while another process holds it
     assert main(["eval", str(finished_run), "--episodes", "1"]) == 0
     assert json.loads((finished_run / "summary.json").read_text())["eval_episodes"] == 1
+
+
+def test_a_sweep_directory_another_process_holds_is_refused(tmp_path, held_elsewhere, capsys):
+    sweep_dir = tmp_path / "sweep"
+    sweep_dir.mkdir()
+    held_elsewhere(sweep_dir)
+    argv = ["sweep", "ppo", "gymnax:CartPole-v1", "--grid", "update_cfg.learning_rate=1e-3,3e-3", "--steps", "2048",
+            "--sweep-dir", str(sweep_dir), "--quiet"]  # fmt: skip
+    assert main(argv) == 2
+    assert f"sweep directory '{sweep_dir}' is in use: another kitae process" in capsys.readouterr().err
+    assert list(sweep_dir.iterdir()) == []

@@ -264,7 +264,12 @@ def train_run(spec: RunSpec) -> dict:
         _refuse_a_directory_holding_a_run(run, env)
         agent = run.make_agent()
         run.run_dir.mkdir(parents=True, exist_ok=True)
-    with in_use_by_this_process(run.run_dir):
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(in_use_by_this_process(run.run_dir))
+        except RunError:  # another process trains in it
+            env.close()
+            raise
         if spec.run_dir is not None:
             _refuse_a_directory_holding_a_run(run, env)  # again, held: another process may have trained in it meanwhile
         clear_before_training(run.run_dir)

@@ -427,7 +427,12 @@ def sweep_run(spec: SweepSpec) -> dict:
             sweep_dir, run = claimed, dataclasses.replace(run, run_dir=claimed)
             combos = [(values, dataclasses.replace(c, run_dir=claimed / c.run_dir.name)) for values, c in combos]
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    with in_use_by_this_process(sweep_dir, "sweep directory"):
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(in_use_by_this_process(sweep_dir, "sweep directory"))
+        except RunError:  # another process sweeps in it
+            env.close()
+            raise
         if spec.sweep_dir and any(sweep_dir.iterdir()):  # again, held: another sweep may have started in it
             env.close()
             raise RunError(

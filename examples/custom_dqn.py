@@ -1,8 +1,9 @@
 """The custom-agent guide (docs/custom_agents.md), as a script: a DQN from the four factories.
 
 Run: ``.venv/bin/python examples/custom_dqn.py [N_ENV_STEPS]`` (default 100_000). It trains on
-``CartPole-v1`` with 16 environments, writes TensorBoard logs to ``runs/example-dqn/logs`` and
-prints the mean return of the first and last ten episodes.
+``CartPole-v1`` with 16 environments, writes the run directory ``runs/example-dqn`` (TensorBoard
+logs, checkpoints, ...), prints the mean return of the first and last ten episodes and loads the
+trained agent back from the directory.
 """
 
 import sys
@@ -29,6 +30,7 @@ DQN_tuple = namedtuple("DQN_tuple", ["observation", "action", "return_"])
 NO_EXPLORATION = 0.0
 
 
+@cfg.register_algo_params  # so that DQN.unserialize(run_dir) can read config.yaml back
 @dataclass
 class DQNParams:
     exploration: float
@@ -214,3 +216,9 @@ if __name__ == "__main__":
         f"{len(stats.episode_returns)} episodes: mean return of the first 10 {first:.1f}, "
         f"of the last 10 {stats.mean_return(10):.1f}"
     )
+
+    # The run directory (runs/example-dqn) gives the trained agent back.
+    loaded = DQN.unserialize(dqn.run_dir)
+    pairs = zip(jax.tree.leaves(loaded.state.qvalue.params), jax.tree.leaves(dqn.state.qvalue.params))
+    same = all(bool((a == b).all()) for a, b in pairs)
+    print(f"reloaded from {dqn.run_dir} at step {loaded.checkpoint_step}: the same parameters: {same}")

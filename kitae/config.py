@@ -147,32 +147,66 @@ def _from_mapping(cls: type[D], data: Any, prefix: str) -> D:
 _ALGO_PARAMS_REGISTRY: dict[str, type] = {}
 
 
+def _is_builtin(cls: type) -> bool:
+    return cls.__module__ == "kitae" or cls.__module__.startswith("kitae.")
+
+
+def params_class_name(cls: type) -> str:
+    """The name ``config.yaml`` stores for a params class (its ``algo_params_class``).
+
+    kitae's own classes are named by their class name (``DQNParams``); any other by
+    ``module:qualname`` (``__main__:DQNParams``, ``mypkg.agents:MyParams``), so that a user's class
+    that happens to share a built-in's name (the custom-agent guide's ``DQNParams``) is never read
+    back as kitae's.
+    """
+    return cls.__qualname__ if _is_builtin(cls) else f"{cls.__module__}:{cls.__qualname__}"
+
+
 def register_algo_params(cls: type[T]) -> type[T]:
     """Registers a params dataclass so that ``AlgoConfig.from_yaml`` can rebuild it by name.
 
-    Use as a decorator. The name stored in YAML is the class's ``__qualname__``; loading a config
-    never imports a module named in the file.
+    Use as a decorator. The name stored in YAML is ``params_class_name(cls)``; loading a config
+    never imports a module named in the file. Registering a class of the same module and name
+    again (a notebook cell run twice) replaces the earlier one.
     """
     if not dataclasses.is_dataclass(cls):
         raise TypeError(f"register_algo_params expects a dataclass, got {cls!r}")
-    _ALGO_PARAMS_REGISTRY[cls.__qualname__] = cls
+    _ALGO_PARAMS_REGISTRY[params_class_name(cls)] = cls
     return cls
 
 
 def algo_params_class(name: str) -> type:
-    """Returns the registered params class called ``name``.
+    """Returns the registered params class called ``name`` (``params_class_name``).
 
     Params classes register themselves when their module is imported
-    (``@register_algo_params``); kitae's built-in algorithms are all imported with ``kitae``.
+    (``@register_algo_params``); kitae's built-in algorithms are all imported with ``kitae``. A
+    script's class is also found under the other name of its file, when it is the only registered
+    class of that name outside kitae: ``__main__:MyParams`` (written by ``python train.py``) read
+    where ``train`` is imported, and the other way round; and so is a plain ``MyParams``, which
+    kitae before 2026-11-29 wrote for any class.
     """
-    try:
+    if name in _ALGO_PARAMS_REGISTRY:
         return _ALGO_PARAMS_REGISTRY[name]
-    except KeyError:
-        known = ", ".join(sorted(_ALGO_PARAMS_REGISTRY)) or "none"
-        raise ValueError(
-            f"algo_params class {name!r} is not registered; registered: {known}. Import the module that "
-            "defines it (decorated with kitae.config.register_algo_params) or pass algo_params_type= when loading"
-        ) from None
+    module, _, qualname = name.rpartition(":")
+    same_name = [
+        cls
+        for cls in _ALGO_PARAMS_REGISTRY.values()
+        if not _is_builtin(cls)
+        and cls.__qualname__ == qualname
+        and "__main__" in (module or "__main__", cls.__module__)
+    ]
+    if len(same_name) == 1:
+        return same_name[0]
+    known = ", ".join(sorted(_ALGO_PARAMS_REGISTRY)) or "none"
+    ambiguous = (
+        f"; several registered classes are called {qualname!r} ({', '.join(map(params_class_name, same_name))})"
+        if same_name
+        else ""
+    )
+    raise ValueError(
+        f"algo_params class {name!r} is not registered{ambiguous}; registered: {known}. Import the module that "
+        "defines it (decorated with kitae.config.register_algo_params) or pass algo_params_type= when loading"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -530,7 +564,7 @@ class AlgoConfig:
         """The config as plain Python values (what ``to_yaml`` writes)."""
         return {
             "seed": self.seed,
-            "algo_params_class": type(self.algo_params).__qualname__,
+            "algo_params_class": params_class_name(type(self.algo_params)),
             "algo_params": _algo_params_to_dict(self.algo_params),
             "update_cfg": self.update_cfg.to_dict(),
             "train_cfg": self.train_cfg.to_dict(),

@@ -17,6 +17,7 @@ from kitae.config import (
     TrainConfig,
     UpdateConfig,
     algo_params_class,
+    params_class_name,
     register_algo_params,
 )
 from kitae.envs.spaces import space_from_dict, space_to_dict
@@ -400,6 +401,54 @@ def test_algo_params_class_lookup():
         algo_params_class("NoSuchParams")
 
 
+def _params_class(module: str, name: str = "DQNParams", register: bool = True) -> type:
+    """A params dataclass called ``name`` as if defined in ``module`` (a user's file)."""
+    cls = dataclasses.make_dataclass(name, [("gamma", float, 0.9), ("start_step", int, -1)])
+    cls.__module__ = module
+    return register_algo_params(cls) if register else cls
+
+
+def test_a_users_params_class_named_like_a_builtin_reads_back_as_itself(tmp_path):
+    """The custom-agent guide's ``DQNParams`` (start_step -1) was written as ``DQNParams`` and read
+    back as kitae's DQNParams, which refused start_step=-1 (or, with allowed values, built the
+    wrong class); registering it replaced kitae's own in the registry."""
+    from kitae.algos.collections.dqn import DQNParams
+
+    users = _params_class("my_agents")
+    path = tmp_path / "config.yaml"
+    _config(algo_params=users(gamma=0.5)).to_yaml(path)
+    assert yaml.safe_load(path.read_text())["algo_params_class"] == "my_agents:DQNParams"
+    loaded = AlgoConfig.from_yaml(path)
+    assert type(loaded.algo_params) is users and loaded.algo_params == users(gamma=0.5, start_step=-1)
+    assert algo_params_class("DQNParams") is DQNParams  # kitae's own is still kitae's
+    assert params_class_name(DQNParams) == "DQNParams"
+
+
+def test_an_unregistered_users_class_named_like_a_builtin_is_not_read_as_the_builtin(tmp_path):
+    path = tmp_path / "config.yaml"
+    _config(algo_params=_params_class("unregistered_module", register=False)()).to_yaml(path)
+    with pytest.raises(ValueError, match=r"'unregistered_module:DQNParams' is not registered"):
+        AlgoConfig.from_yaml(path)
+
+
+def test_a_users_class_is_found_under_another_module_name_when_it_is_the_only_one():
+    """A script's class is written as ``__main__:Name``; read where the script is imported as a
+    module, its class is the registered one of that name, and the other way round (a plain
+    ``Name``, what kitae wrote before, finds it too); another module's class of that name is not it."""
+    users = _params_class("my_script", name="OnlyOneParams")
+    assert algo_params_class("__main__:OnlyOneParams") is users
+    assert algo_params_class("OnlyOneParams") is users
+    with pytest.raises(ValueError, match=r"'my_package.other:OnlyOneParams' is not registered"):
+        algo_params_class("my_package.other:OnlyOneParams")  # another module's class of that name
+    script = _params_class("__main__", name="ScriptParams")
+    assert algo_params_class("train:ScriptParams") is script  # the script, imported as ``train``
+    _params_class("other_script", name="OnlyOneParams")
+    with pytest.raises(ValueError, match=r"several registered classes are called 'OnlyOneParams'") as info:
+        algo_params_class("__main__:OnlyOneParams")
+    assert "my_script:OnlyOneParams" in str(info.value) and "other_script:OnlyOneParams" in str(info.value)
+    assert algo_params_class("my_script:OnlyOneParams") is users  # the exact name still decides
+
+
 def test_register_algo_params_rejects_non_dataclass():
     with pytest.raises(TypeError, match=r"dataclass"):
         register_algo_params(int)
@@ -467,7 +516,7 @@ def test_yaml_text_is_safe_yaml():
     text = _rich_config().to_yaml()
     assert "!!python" not in text and "!python" not in text
     data = yaml.safe_load(text)
-    assert data["algo_params_class"] == "_ConfigTestParams"
+    assert data["algo_params_class"] == f"{_ConfigTestParams.__module__}:_ConfigTestParams"
     assert data["seed"] == 12345
     assert data["env_cfg"]["observation_space"]["type"] == "Dict"
     assert data["update_cfg"]["max_grad_norm"] is None

@@ -86,6 +86,26 @@ def test_a_run_started_from_python_saves_resumes_and_loads_like_one_from_the_com
         _dqn(run_dir)[0].train(make_vec_env("CartPole-v1", 2), 100)
 
 
+def test_the_command_line_names_a_custom_agents_run_and_plots_it(tmp_path, capsys):
+    """kitae eval and resume cannot rebuild a custom agent (the class is the user's): one line
+    says so and how to load it; kitae plot needs only the run's files, not its params class."""
+    run_dir = tmp_path / "run"
+    agent, env = _dqn(run_dir)
+    agent.train(env, 100)
+    capsys.readouterr()
+    for command in (["eval", str(run_dir)], ["resume", str(run_dir)]):
+        assert main(command) == 2
+        err = capsys.readouterr().err
+        assert "was trained by a custom agent" in err and "TinyDQNParams" in err, err
+        assert "YourAgent.unserialize(run_dir)" in err and err.count("\n") == 1
+    config = run_dir / "config.yaml"
+    lines = config.read_text().splitlines(keepends=True)
+    assert lines[1].startswith("algo_params_class: ") and lines[1].rstrip().endswith(":TinyDQNParams")
+    config.write_text("".join([lines[0], "algo_params_class: gone_module:GoneParams\n", *lines[2:]]))
+    assert main(["plot", str(run_dir), "-o", str(tmp_path / "curve.png")]) == 0
+    assert (tmp_path / "curve.png").stat().st_size > 0
+
+
 def test_a_run_that_refused_its_environment_can_be_trained_again_in_its_directory(tmp_path):
     """``agent.train`` with the wrong environment fails before any step, having written only what a
     run writes before its first step; the call with the right one then trains in that directory

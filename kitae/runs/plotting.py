@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from kitae.algos.collections import algorithm_name
+from kitae.algos.collections import algorithm_of_params_name
 from kitae.envs.make import EnvSpec
 from kitae.runs.errors import RunError
-from kitae.runs.rundir import check_run_dir, read_metrics, read_run_config, sweep_run_dirs
+from kitae.runs.rundir import check_run_dir, read_metrics, read_run_config, run_config_names, sweep_run_dirs
 
 __all__ = ["curves_from_metrics", "evaluations_from_metrics", "plot_curves", "plot_runs"]
 
@@ -158,14 +158,22 @@ def plot_runs(run_dirs: list[str | Path], output: str | Path | None = None) -> P
     expanded = [run for run_dir in run_dirs for run in (sweep_run_dirs(run_dir) or [Path(run_dir)])]
     for run_dir in expanded:
         run_dir = check_run_dir(run_dir)
-        config = read_run_config(run_dir)
+        # Labels from the file's names, not a built config: a custom agent's run, whose params
+        # class this process has not registered, plots as well.
+        kind, task_name = run_config_names(run_dir)
+        if kind is None:  # not a config kitae wrote: read_run_config says what is wrong with it
+            read_run_config(run_dir)
+        algo = algorithm_of_params_name(kind or "") or (kind or "?").rpartition(":")[2]
+        try:
+            env_id = EnvSpec.parse(task_name or "?").id
+        except ValueError:
+            env_id = task_name or "?"
         metrics_path = run_dir / "metrics.jsonl"
         rows = read_metrics(metrics_path) if metrics_path.exists() else []
         curves = curves_from_metrics(rows, counts=True)
         if not curves:
             raise RunError(f"{str(run_dir)!r} has no finished episodes in metrics.jsonl yet")
-        algo = algorithm_name(config) or type(config.algo_params).__name__
-        runs.append((run_dir, algo, EnvSpec.parse(config.env_cfg.task_name).id, curves, evaluations_from_metrics(rows)))
+        runs.append((run_dir, algo, env_id, curves, evaluations_from_metrics(rows)))
     algos, envs = {r[1] for r in runs}, {r[2] for r in runs}
     names = [r[0].name for r in runs]
     named, evaluations = {}, {}

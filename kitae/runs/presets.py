@@ -100,7 +100,7 @@ def _from_run_config(data: dict, path: Path, params_cls: type | None) -> dict:
     environment is the command's ENV, which may be another than the run's)."""
     data = dict(data)
     kind = data.pop("algo_params_class")
-    if params_cls is not None and kind != params_cls.__name__:
+    if params_cls is not None and kind != cfg.params_class_name(params_cls):
         raise ValueError(
             f"{str(path)!r} is the config of a run with algo_params_class {kind}; it cannot configure "
             f"{params_cls.__name__}: give the algorithm of that run"

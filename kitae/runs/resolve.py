@@ -14,14 +14,14 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from kitae.algos.collections import ALGORITHMS, algorithm_name, get_algorithm
+from kitae.algos.collections import ALGORITHMS, algorithm_name, algorithm_of_params_name, get_algorithm
 from kitae.config import AlgoConfig
 from kitae.distributed.executor import DistributedExecutor
 from kitae.envs.make import EnvSpec, make_env
 from kitae.loops.executor import Executor, executor_for
 from kitae.runs.errors import RunError
 from kitae.runs.presets import build_config, resolve
-from kitae.runs.rundir import default_run_dir, read_run_config
+from kitae.runs.rundir import default_run_dir, read_run_config, run_config_names
 
 __all__ = [
     "RunSpec",
@@ -210,15 +210,20 @@ def resolve_run_dir(
         agent_cls: the agent class (default: the built-in algorithm of the config's params class).
         seeds: the run's seeds when it trained several.
     """
+    if agent_cls is None:
+        # Before building the config: a custom agent's params class is not registered here.
+        kind = run_config_names(run_dir)[0]
+        if kind is not None and algorithm_of_params_name(kind) is None:
+            raise RunError(
+                f"{str(run_dir)!r} was trained by a custom agent (its algo_params_class {kind!r} is none of "
+                "kitae's algorithms); rebuild it in Python with YourAgent.unserialize(run_dir), its params class "
+                "registered with kitae.config.register_algo_params"
+            )
     config = read_run_config(run_dir)
     algo = algorithm_name(config)
     if agent_cls is None:
-        if algo is None:
-            raise RunError(
-                f"the run's algo_params class {type(config.algo_params).__name__!r} is not a built-in algorithm's "
-                f"({', '.join(p.__name__ for _, p in ALGORITHMS.values())}); rebuild it with "
-                "YourAgent.unserialize(run_dir)"
-            )
+        if algo is None:  # a config.yaml without algo_params_class is refused by read_run_config
+            raise RunError(f"config.yaml in {str(run_dir)!r} names no algorithm of kitae's")
         agent_cls = ALGORITHMS[algo][0]
     try:
         env_spec = EnvSpec.parse(config.env_cfg.task_name)

@@ -22,6 +22,7 @@ from typing import Any
 
 import jax
 import numpy as np
+import yaml
 
 from kitae.config import AlgoConfig
 from kitae.runs.errors import RunError
@@ -195,6 +196,21 @@ def read_run_config(run_dir: str | Path) -> AlgoConfig:
         return AlgoConfig.from_yaml(run_dir / "config.yaml")
     except (ValueError, TypeError, KeyError) as error:
         raise RunError(f"config.yaml in {str(run_dir)!r} is unusable: {error}".replace("\n", " ")) from None
+
+
+def run_config_names(run_dir: str | Path) -> tuple[str | None, str | None]:
+    """``(algo_params_class, env_cfg.task_name)`` as ``config.yaml`` of a checked run directory
+    writes them, read without building the config: what a run of a custom agent whose params
+    class is not registered in this process still tells (``None`` for what the file lacks)."""
+    try:
+        data = yaml.safe_load((Path(run_dir) / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        data = None
+    data = data if isinstance(data, dict) else {}
+    env_cfg = data.get("env_cfg")
+    env_cfg = env_cfg if isinstance(env_cfg, dict) else {}
+    kind, task_name = data.get("algo_params_class"), env_cfg.get("task_name")
+    return (None if kind is None else str(kind)), (None if task_name is None else str(task_name))
 
 
 def write_config(run_dir: Path, config: AlgoConfig) -> None:

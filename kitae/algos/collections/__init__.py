@@ -22,6 +22,7 @@ from kitae.algos.collections.recurrent_ppo import RecurrentPPO, RecurrentPPOPara
 from kitae.algos.collections.rnd_ppo import RNDPPO, RNDPPOParams
 from kitae.algos.collections.sac import SAC, SACParams
 from kitae.algos.collections.td3 import TD3, TD3Params
+from kitae.config import params_class_name
 
 __all__ = ["ALGORITHMS", "get_algorithm", "algorithm_name"]
 
@@ -56,4 +57,13 @@ def algorithm_name(config: Any) -> str | None:
     for name, (_, params_cls) in ALGORITHMS.items():
         if type(config.algo_params) is params_cls:
             return name
+    return None
+
+
+def algorithm_of_params_name(name: str) -> str | None:
+    """The built-in algorithm whose params class ``config.yaml`` names ``name`` (its
+    ``algo_params_class``, ``kitae.config.params_class_name``), or ``None``."""
+    for algo, (_, params_cls) in ALGORITHMS.items():
+        if params_class_name(params_cls) == name:
+            return algo
     return None

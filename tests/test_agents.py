@@ -218,7 +218,8 @@ def test_the_guide_example_runs_as_written(tmp_path):
         timeout=240,
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    line = result.stdout.strip().splitlines()[-1]
+    *_, line, reloaded = result.stdout.strip().splitlines()
+    assert reloaded.startswith("reloaded from runs/example-dqn at step 30000") and reloaded.endswith("True"), reloaded
     first = float(line.split("first 10 ")[1].split(",")[0])
     last = float(line.split("last 10 ")[1])
     assert last > 2 * first, line

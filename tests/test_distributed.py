@@ -174,13 +174,17 @@ def test_a_runtime_starts_in_a_process_that_imported_ray_first_and_leaves_its_se
     """Ray reads its RAY_* variables when it is imported: a process that imported Ray first (a
     user's `import ray`) held the authentication mode it read then, so its driver sent no token
     to the runtime kitae started, which wanted one ("Authentication token is missing", after 20 s
-    of retries). Found by the suite itself, once a test module imported Ray at collection."""
+    of retries). Found by the suite itself, once a test module imported Ray at collection. And in a
+    process where JAX runs, starting the runtime warns of nothing."""
     script = textwrap.dedent(
         """
         import json, os
+        import jax
         import ray
         import ray._private.ray_constants as constants
         from kitae.distributed.runtime import ray_runtime
+
+        jax.numpy.zeros(1).block_until_ready()  # JAX's threads run, as when a run resumes
 
         names = ("RAY_AUTH_MODE", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
         before = [os.environ.get(name) for name in names], constants.ENABLE_RAY_CLUSTER
@@ -195,6 +199,9 @@ def test_a_runtime_starts_in_a_process_that_imported_ray_first_and_leaves_its_se
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")}
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
+    # Ray starts its processes with a preexec_fn, which runs the fork hooks: JAX's warned of a
+    # deadlock the exec'd child cannot have (kitae resume --workers printed it)
+    assert "os.fork() was called" not in done.stderr, done.stderr[-2000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["nodes"] == 1
     # the settings of a runtime that serves this machine only last as long as the runtime: a later

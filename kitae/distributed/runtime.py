@@ -11,6 +11,7 @@ one runtime), it uses that connection and leaves it open.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -69,6 +70,20 @@ def import_ray() -> Any:
 
 
 @contextmanager
+def _no_jax_fork_warning() -> Iterator[None]:
+    """Silences JAX's "os.fork() was called ... will likely lead to a deadlock" while Ray starts.
+
+    Ray starts its processes (GCS, raylet, ...) with ``subprocess`` and a ``preexec_fn``, which
+    runs the interpreter's fork hooks, JAX's among them. The child only sets its signals and
+    execs a new program: none of JAX's threads or locks is used in it, so there is no deadlock to
+    warn of (a run that resumes, with JAX already running, printed the warning).
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
+        yield
+
+
+@contextmanager
 def ray_runtime(address: str | None = None, *, num_cpus: int | None = None) -> Iterator[Any]:
     """A Ray runtime for the duration of a run; yields the ``ray`` module.
 
@@ -84,7 +99,8 @@ def ray_runtime(address: str | None = None, *, num_cpus: int | None = None) -> I
         return
     kwargs: dict[str, Any] = {"log_to_driver": False, "configure_logging": False}
     if address is not None:
-        ray.init(address=address, **kwargs)
+        with _no_jax_fork_warning():
+            ray.init(address=address, **kwargs)
         try:
             yield ray
         finally:
@@ -93,7 +109,8 @@ def ray_runtime(address: str | None = None, *, num_cpus: int | None = None) -> I
     with _local_only_settings():
         # "local": a new instance even when a cluster started with `ray start` runs on this machine
         # (with no address Ray would join that one, found through /tmp/ray/ray_current_cluster)
-        ray.init(address="local", include_dashboard=False, num_cpus=num_cpus, **kwargs)
+        with _no_jax_fork_warning():
+            ray.init(address="local", include_dashboard=False, num_cpus=num_cpus, **kwargs)
         try:
             yield ray
         finally:

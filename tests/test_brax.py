@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -127,7 +128,10 @@ def test_actions_are_clipped_to_the_control_range(env, step_fn, reset_fn):
 
 
 def test_make_jax_env_builds_a_vectorized_brax_env():
-    vec = make_jax_env(f"brax:{ENV}", 3, episode_length=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        vec = make_jax_env(f"brax:{ENV}", 3, episode_length=2)
+    assert not [w for w in caught if "not actively being maintained" in str(w.message)]  # said once in docs
     assert isinstance(vec, VecJaxEnv) and vec.num_envs == 3 and vec.params == BraxParams(episode_length=2)
     assert isinstance(vec.env, BraxEnv) and vec.env.backend == "generalized"
     assert vec.single_observation_space.shape == (4,) and vec.single_action_space.shape == (1,)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import warnings
 from typing import Any
 
 import gymnasium as gym
@@ -119,7 +120,12 @@ class BraxEnv:
         check_positive_int("episode_length", episode_length)
         self.name = name
         self.backend = backend
-        self.env = envs.get_environment(name, backend=backend, **env_kwargs)
+        with warnings.catch_warnings():
+            # Brax's notice that it is unmaintained (in favour of MJX), raised each time a system
+            # is loaded: docs/brax.md says it once; printed on every run, it says nothing the
+            # user can act on.
+            warnings.filterwarnings("ignore", message="Brax System, piplines and environments are not actively")
+            self.env = envs.get_environment(name, backend=backend, **env_kwargs)
         self.default_params = BraxParams(episode_length=episode_length)
         # Brax's observation_size runs a reset op by op (seconds); the shape alone is enough
         obs_shape = jax.eval_shape(self.env.reset, jax.random.PRNGKey(0)).obs

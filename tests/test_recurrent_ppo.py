@@ -320,3 +320,23 @@ def test_the_feed_forward_baseline_preset_has_the_recurrent_presets_ppo_settings
     assert ff_params == recurrent_params
     # the preset BENCHMARKS.md's speed figure (2.15x) was measured with: one shared core, 10 epochs
     assert recurrent["algo_params"]["shared_core"] is True and recurrent["update_cfg"]["n_epochs"] == 10
+
+
+def test_the_filmed_episode_is_the_evaluated_one_with_the_hidden_state_carried(tmp_path):
+    """``kitae eval --video`` of a recurrent run refused ("RecurrentPPO acts with a hidden state"):
+    the video played ``select_action``. It now plays ``play_episode``, the deterministic policy
+    with the memory ``evaluate_host`` carries: the same return on the same seed."""
+    import gymnasium as gym
+
+    from kitae.loops.evaluate import evaluate_host, play_episode
+
+    agent, env = _agent(tmp_path)
+    agent.train(env)
+    spec = EnvSpec.parse("CartPoleNoVel-v1")
+    for seed in (3, 4):
+        single = gym.make("CartPoleNoVel-v1")
+        assert play_episode(agent, single, seed) == evaluate_host(agent, spec, 1, seed)[0]
+        single.close()
+    assert main(["eval", str(tmp_path / "a"), "--episodes", "1", "--video"]) == 0
+    videos = list((tmp_path / "a" / "videos").glob("*.mp4"))
+    assert len(videos) == 1 and videos[0].stat().st_size > 1000

@@ -20,7 +20,7 @@ from kitae.loops.collect import Memory, initial_memory, next_memory
 from kitae.loops.multi_agent import env_agents, team_returns_program
 from kitae.validation import check_positive_int
 
-__all__ = ["evaluate_host", "evaluate_jax"]
+__all__ = ["evaluate_host", "evaluate_jax", "play_episode"]
 
 
 def _deterministic_step(agent: Any, params: Any, key: jax.Array, obs: Any, memory: Memory | None) -> tuple[Any, Any]:
@@ -99,6 +99,39 @@ def evaluate_host(agent: Any, spec: EnvSpec, episodes: int, seed: int = 0, param
             env.close()
         returns.extend(totals.tolist())
     return np.asarray(returns)
+
+
+def play_episode(agent: Any, env: Any, seed: int = 0, params: Any = None) -> float:
+    """Plays one episode of the deterministic policy on one Gymnasium environment (not a vector
+    one), as ``evaluate_host`` acts (a recurrent agent carries its hidden state); actions of a
+    ``Box`` space are clipped to it. What ``kitae eval --video`` films.
+
+    Args:
+        env: a ``gymnasium.Env`` (e.g. wrapped in ``RecordVideo``), reset with ``seed``.
+        params: the acting parameters (default: ``agent.acting_params(agent.state)``).
+
+    Returns:
+        The episode's raw return.
+    """
+    import gymnasium as gym
+
+    act = _deterministic(agent)
+    params = agent.acting_params(agent.state) if params is None else params
+    key = jax.random.PRNGKey(seed)
+    memory = initial_memory(agent, 1)
+    observation, _ = env.reset(seed=seed)
+    total, done = 0.0, False
+    while not done:
+        key, act_key = jax.random.split(key)
+        actions, hidden = act(params, act_key, np.asarray(observation)[None], memory)
+        action = np.asarray(actions)[0]
+        if isinstance(env.action_space, gym.spaces.Box):
+            action = np.clip(action, env.action_space.low, env.action_space.high)
+        observation, reward, terminated, truncated, _ = env.step(action)
+        total += float(reward)
+        done = bool(terminated or truncated)
+        memory = next_memory(memory, hidden, np.asarray([done]))
+    return total
 
 
 def evaluate_jax(agent: Any, spec: EnvSpec, episodes: int, seed: int = 0, params: Any = None) -> np.ndarray:

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from kitae.envs.make import EnvSpec, render_offscreen
+from kitae.loops.evaluate import play_episode
 from kitae.runs.errors import RunError
 from kitae.runs.load import load_agent, run_seeds
 from kitae.runs.resolve import resolve_run_dir
@@ -27,7 +28,8 @@ def gymnasium_twin(env: EnvSpec) -> str | None:
 
 
 def record_video(agent: Any, env: EnvSpec, folder: Path, prefix: str, seed: int = 0) -> Path:
-    """Records one episode of ``agent.select_action`` as an MP4 in ``folder`` (Gymnasium's
+    """Records one episode of the agent's deterministic policy (``kitae.loops.evaluate.play_episode``,
+    which carries a recurrent agent's hidden state) as an MP4 in ``folder`` (Gymnasium's
     ``RecordVideo`` on ``rgb_array`` frames; a gymnax environment is rendered through its
     Gymnasium twin, ``gymnasium_twin``). Returns the file."""
     import warnings
@@ -45,15 +47,7 @@ def record_video(agent: Any, env: EnvSpec, folder: Path, prefix: str, seed: int 
             single, str(folder), name_prefix=prefix, episode_trigger=lambda i: i == 0, disable_logger=True
         )
     try:
-        observation, _ = single.reset(seed=seed)
-        done = False
-        while not done:
-            actions, _ = agent.select_action(np.asarray(observation)[None])
-            action = np.asarray(actions)[0]
-            if isinstance(single.action_space, gym.spaces.Box):
-                action = np.clip(action, single.action_space.low, single.action_space.high)
-            observation, _, terminated, truncated, _ = single.step(action)
-            done = terminated or truncated
+        play_episode(agent, single, seed)
     finally:
         single.close()
     videos = sorted(folder.glob(f"{prefix}-episode-0.mp4"))

@@ -14,6 +14,7 @@ import yaml
 from kitae.cli import main
 from kitae.config import AlgoConfig
 from kitae.envs.make import EnvSpec
+from kitae.runs import RunError
 from kitae.runs.rundir import read_metrics
 
 
@@ -325,6 +326,16 @@ def test_eval_reports_mean_and_std_and_records_a_video(capsys, run_copy):
     assert summary["state_fingerprint"]  # the training summary is kept
     videos = list((run_copy / "videos").glob("*.mp4"))
     assert len(videos) == 1 and videos[0].stat().st_size > 1000
+
+
+@pytest.mark.parametrize("env_id", ["jaxmarl:MPE_simple_spread_v3", "brax:inverted_pendulum", "envpool:Pong-v5"])
+def test_a_video_of_an_environment_that_cannot_be_filmed_is_refused_by_name(env_id, tmp_path):
+    from kitae.envs.make import EnvSpec
+    from kitae.runs.evaluation import record_video
+
+    with pytest.raises(RunError, match=rf"--video: {env_id} cannot be filmed; allowed: Gymnasium and PettingZoo"):
+        record_video(None, EnvSpec.parse(env_id), tmp_path, "x")
+    assert not list(tmp_path.iterdir())
 
 
 def test_a_reader_that_closes_the_pipe_early_ends_the_command_quietly(run_copy):

@@ -623,6 +623,20 @@ def test_kitae_train_and_eval_pettingzoo(tmp_path):
     assert rows and all(row["episodic_length"] == 25 for row in rows)
     result = eval_run(run_dir, episodes=3)
     assert len(result["returns"][0]) == 3 and np.isfinite(result["mean"][0])
+    # --video films the team's episode (it was refused for PettingZoo ids): the one evaluated
+    filmed = eval_run(run_dir, episodes=1, video=True, seed=5)
+    assert Path(filmed["video"]).stat().st_size > 1000 and Path(filmed["video"]).parent == run_dir / "videos"
+    from kitae.envs.make import EnvSpec
+    from kitae.envs.pettingzoo_envs import parallel_env_maker
+    from kitae.loops.evaluate import evaluate_host, play_episode
+    from kitae.runs import load_agent
+
+    agent, frames = load_agent(run_dir), []
+    single = parallel_env_maker("mpe2.simple_spread_v3")(render_mode="rgb_array")
+    played = play_episode(agent, single, 5, frames=frames)
+    single.close()
+    assert played == filmed["returns"][0][0] == evaluate_host(agent, EnvSpec.parse(summary["env"]), 1, 5)[0]
+    assert len(frames) == 26 and frames[0].shape == (700, 700, 3)  # the reset and 25 steps
     resumed = resume_run(run_dir, steps=384, quiet=True)
     assert resumed["steps"] == 384 and resumed["resumed_from"] == 256
 

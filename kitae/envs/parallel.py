@@ -125,12 +125,15 @@ class ParallelEnvCopy:
         index: the copy's index in its vector environment (for error messages).
         clip_actions: clip ``Box`` actions to the space's bounds before they reach the environment
             (so a Gaussian policy's raw samples can be stored for their log-probabilities).
+        autoreset: reset when an episode ends (``False``: ``step`` returns the final observations
+            and the copy stays at the episode's end, as one filmed episode wants).
     """
 
-    def __init__(self, env: Any, index: int = 0, clip_actions: bool = True) -> None:
+    def __init__(self, env: Any, index: int = 0, clip_actions: bool = True, autoreset: bool = True) -> None:
         self.agents, self.observation_space, self.action_space = check_parallel_env(env)
         self.env = env
         self.index = index
+        self.autoreset = autoreset
         space = self.action_space
         self._clip = False
         self._low: np.ndarray | None = None
@@ -174,7 +177,8 @@ class ParallelEnvCopy:
         Returns:
             ``(observations (A, ...), rewards (A,), terminations (A,), truncations (A,), final)``
             where ``final`` is ``None`` or, when the episode ended in this step, its final
-            observations ``(A, ...)`` (``observations`` is then the first of the next episode).
+            observations ``(A, ...)`` (``observations`` is then the first of the next episode;
+            without ``autoreset``, the final ones too).
 
         Raises:
             UnsupportedParallelEnv: when some agents end their episode while others go on, or the
@@ -200,7 +204,7 @@ class ParallelEnvCopy:
             done = [agent for agent, e in zip(self.agents, ended) if e]
             going = [agent for agent, e in zip(self.agents, ended) if not e]
             raise _agents_come_and_go(self.index, f"agents {done} ended their episode while {going} go on")
-        return self.reset(), reward, terminated, truncated, stacked
+        return (self.reset() if self.autoreset else stacked), reward, terminated, truncated, stacked
 
     def close(self) -> None:
         """Closes the environment."""

@@ -101,36 +101,54 @@ def evaluate_host(agent: Any, spec: EnvSpec, episodes: int, seed: int = 0, param
     return np.asarray(returns)
 
 
-def play_episode(agent: Any, env: Any, seed: int = 0, params: Any = None) -> float:
-    """Plays one episode of the deterministic policy on one Gymnasium environment (not a vector
-    one), as ``evaluate_host`` acts (a recurrent agent carries its hidden state); actions of a
-    ``Box`` space are clipped to it. What ``kitae eval --video`` films.
+def play_episode(agent: Any, env: Any, seed: int = 0, params: Any = None, frames: list | None = None) -> float:
+    """Plays one episode of the deterministic policy on one environment (not a vector one), as
+    ``evaluate_host`` acts (a recurrent agent carries its hidden state): what ``kitae eval
+    --video`` films.
 
     Args:
-        env: a ``gymnasium.Env`` (e.g. wrapped in ``RecordVideo``), reset with ``seed``.
+        env: a ``gymnasium.Env`` (``Box`` actions clipped to the space) or a PettingZoo
+            ``ParallelEnv`` (stepped by ``kitae.envs.parallel.ParallelEnvCopy``, as in training;
+            the return is the team's, the sum over agents), reset with ``seed``.
         params: the acting parameters (default: ``agent.acting_params(agent.state)``).
+        frames: if a list, ``env.render()``'s frame after the reset and after every step is
+            appended to it (an environment made with ``render_mode="rgb_array"``).
 
     Returns:
         The episode's raw return.
     """
     import gymnasium as gym
 
+    from kitae.envs.parallel import ParallelEnvCopy, is_parallel_env
+
     act = _deterministic(agent)
     params = agent.acting_params(agent.state) if params is None else params
     key = jax.random.PRNGKey(seed)
-    memory = initial_memory(agent, 1)
-    observation, _ = env.reset(seed=seed)
+    copy = ParallelEnvCopy(env, autoreset=False) if is_parallel_env(env) else None
+    memory = initial_memory(agent, 1, copy.agents if copy is not None else None)
+    observation = copy.reset(seed=seed) if copy is not None else env.reset(seed=seed)[0]
     total, done = 0.0, False
     while not done:
+        if frames is not None:
+            frames.append(env.render())
         key, act_key = jax.random.split(key)
-        actions, hidden = act(params, act_key, np.asarray(observation)[None], memory)
-        action = np.asarray(actions)[0]
-        if isinstance(env.action_space, gym.spaces.Box):
-            action = np.clip(action, env.action_space.low, env.action_space.high)
-        observation, reward, terminated, truncated, _ = env.step(action)
-        total += float(reward)
-        done = bool(terminated or truncated)
+        if copy is not None:  # stacked (A, ...) -> the vector environments' {agent: (1, ...)}
+            batch = {agent_name: observation[i][None] for i, agent_name in enumerate(copy.agents)}
+            actions, hidden = act(params, act_key, batch, memory)
+            observation, rewards, terminated, truncated, _ = copy.step([np.asarray(actions[a])[0] for a in copy.agents])
+            total += float(np.sum(rewards))
+            done = bool(np.any(terminated) or np.any(truncated))
+        else:
+            actions, hidden = act(params, act_key, np.asarray(observation)[None], memory)
+            action = np.asarray(actions)[0]
+            if isinstance(env.action_space, gym.spaces.Box):
+                action = np.clip(action, env.action_space.low, env.action_space.high)
+            observation, reward, ended, cut, _ = env.step(action)
+            total += float(reward)
+            done = bool(ended or cut)
         memory = next_memory(memory, hidden, np.asarray([done]))
+    if frames is not None:
+        frames.append(env.render())
     return total
 
 

@@ -27,33 +27,49 @@ def gymnasium_twin(env: EnvSpec) -> str | None:
     return env.name if env.name in gym.registry else None
 
 
+def _filmable(env: EnvSpec) -> bool:
+    """Whether ``kitae eval --video`` can film ``env``: a Gymnasium twin, or a PettingZoo id."""
+    return env.source == "pettingzoo" or gymnasium_twin(env) is not None
+
+
+def _not_filmable(env: EnvSpec) -> RunError:
+    return RunError(
+        f"--video: {env.id} cannot be filmed; allowed: Gymnasium and PettingZoo ids, and gymnax ids whose "
+        "environment Gymnasium has (CartPole-v1, Pendulum-v1, ...)"
+    )
+
+
 def record_video(agent: Any, env: EnvSpec, folder: Path, prefix: str, seed: int = 0) -> Path:
     """Records one episode of the agent's deterministic policy (``kitae.loops.evaluate.play_episode``,
-    which carries a recurrent agent's hidden state) as an MP4 in ``folder`` (Gymnasium's
-    ``RecordVideo`` on ``rgb_array`` frames; a gymnax environment is rendered through its
-    Gymnasium twin, ``gymnasium_twin``). Returns the file."""
-    import warnings
-
-    import gymnasium as gym
-
+    which carries a recurrent agent's hidden state) as ``folder/<prefix>-episode-0.mp4``, from
+    the environment's ``rgb_array`` frames at its ``render_fps``: a Gymnasium environment (a
+    gymnax one through its Gymnasium twin, ``gymnasium_twin``) or a PettingZoo one (the team's
+    episode). Returns the file."""
     render_offscreen()
-    name = gymnasium_twin(env)
-    if name is None:
-        raise RunError(f"--video: {env.id} has no Gymnasium environment of the same name to render")
-    single = gym.make(name, render_mode="rgb_array")
-    with warnings.catch_warnings():  # a second evaluation of the same checkpoint replaces its video
-        warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
-        single = gym.wrappers.RecordVideo(
-            single, str(folder), name_prefix=prefix, episode_trigger=lambda i: i == 0, disable_logger=True
-        )
+    if not _filmable(env):
+        raise _not_filmable(env)
+    if env.source == "pettingzoo":
+        from kitae.envs.pettingzoo_envs import parallel_env_maker
+
+        single = parallel_env_maker(env.name)(render_mode="rgb_array")
+    else:
+        import gymnasium as gym
+
+        single = gym.make(str(gymnasium_twin(env)), render_mode="rgb_array")
+    frames: list = []
     try:
-        play_episode(agent, single, seed)
+        play_episode(agent, single, seed, frames=frames)
+        fps = (getattr(single, "metadata", None) or {}).get("render_fps") or 30
     finally:
         single.close()
-    videos = sorted(folder.glob(f"{prefix}-episode-0.mp4"))
-    if not videos:
-        raise RunError(f"--video: no video was written to {folder} (is moviepy installed?)")
-    return videos[-1]
+    try:
+        from moviepy import ImageSequenceClip  # what Gymnasium's RecordVideo writes with
+    except ImportError:
+        raise RunError("--video needs moviepy: pip install moviepy") from None
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{prefix}-episode-0.mp4"
+    ImageSequenceClip([np.asarray(frame) for frame in frames], fps=fps).write_videofile(str(path), logger=None)
+    return path
 
 
 def eval_run(
@@ -71,8 +87,8 @@ def eval_run(
         raise RunError(f"--episodes {episodes} is not allowed; allowed: an int >= 1")
     run_dir = check_run_dir(run_dir)
     run = resolve_run_dir(run_dir)
-    if video and gymnasium_twin(run.env) is None:
-        raise RunError(f"--video: {run.env.id} has no Gymnasium environment of the same name to render")
+    if video and not _filmable(run.env):
+        raise _not_filmable(run.env)
     seeds = run_seeds(run_dir)
     means, stds, all_returns, steps, video_path = [], [], [], [], None
     for index in range(len(seeds) if seeds else 1):

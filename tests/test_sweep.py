@@ -116,6 +116,45 @@ def test_vmapped_values_train_as_separate_programs_with_those_values():
     assert any(not np.allclose(x[0], x[1]) for x in rows)  # the two configurations differ
 
 
+def test_a_custom_agent_whose_optimizer_holds_the_learning_rate_sweeps_it():
+    """The custom-agent guide's state keeps ``optax.adam(lr)`` as the TrainState's optimizer, which
+    computes ``-lr`` when it is made: the sweep built it under ``jax.eval_shape`` and left that
+    trace's value in the program ("Computation compiled for 50 inputs but called with 49").
+    Each row now trains as the plain program of its learning rate."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "examples"))
+    try:
+        import custom_dqn
+    finally:
+        sys.path.pop(0)
+    import kitae.config as cfg
+    from kitae.envs.make import make_jax_env
+    from kitae.loops.compiled import compiled_train
+    from kitae.loops.executor import CompiledExecutor
+
+    env = make_jax_env("gymnax:CartPole-v1", 4)
+    spaces = (env.single_observation_space, env.single_action_space)
+
+    def agent(lr):
+        config = cfg.AlgoConfig(
+            seed=0,
+            algo_params=custom_dqn.DQNParams(exploration=0.1, gamma=0.99, skip_steps=4, start_step=64),
+            update_cfg=cfg.UpdateConfig(learning_rate=lr, max_buffer_size=64, batch_size=32),
+            train_cfg=cfg.TrainConfig(n_env_steps=400),
+            env_cfg=cfg.EnvConfig(
+                "gymnax:CartPole-v1", env.single_observation_space, env.single_action_space, n_envs=4
+            ),
+        )
+        return custom_dqn.DQN("guide", config)
+
+    result = CompiledExecutor().run(agent(1e-3), env, 400, seeds=[0, 0], variants={LR: [1e-3, 1e-2]}, use_cache=False)
+    plain = agent(1e-2)
+    compiled_train(plain, env, 400, use_cache=False)
+    rows = _leaves(result.state.agent_state.qvalue.params)
+    for row, expected in zip(rows, _leaves(plain.state.qvalue.params)):
+        np.testing.assert_allclose(row[1], expected, rtol=1e-5, atol=1e-6)
+    assert any(not np.allclose(row[0], row[1]) for row in rows)  # the two rates train apart
+
+
 def test_a_compiled_sweep_writes_one_run_directory_per_combination(tmp_path, capsys):
     sweep_dir = tmp_path / "sweep"
     code = main(

@@ -318,7 +318,12 @@ def make_variant_functions(agent: Any, env: VecJaxEnv, keys: tuple[str, ...]) ->
 
     def run(state: LoopState, values: dict[str, jax.Array], *args: Any, **kwargs: Any) -> tuple[LoopState, Any]:
         variant = agent_of(values)
-        own = jax.eval_shape(lambda: variant.initial_state(jnp.zeros((), jnp.uint32))[1])
+        # Made in this trace, not under jax.eval_shape: a static part may hold a value computed
+        # from a traced hyperparameter when it is made (optax.adam(lr) keeps -lr in its update
+        # function's closure), which eval_shape's trace would leave behind, dead, in the program
+        # (a custom agent's swept learning rate failed: "compiled for 50 inputs but called with
+        # 49"). Only its structure is used; XLA drops the unused initialisation.
+        own = variant.initial_state(jnp.zeros((), jnp.uint32))[1]
         run_fn = make_loop_functions(variant, env)[2]
         given = state.agent_state
         state, metrics = run_fn(state._replace(agent_state=_rebind(given, own)), *args, **kwargs)

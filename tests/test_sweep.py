@@ -140,9 +140,7 @@ def test_a_custom_agent_whose_optimizer_holds_the_learning_rate_sweeps_it():
             algo_params=custom_dqn.DQNParams(exploration=0.1, gamma=0.99, skip_steps=4, start_step=64),
             update_cfg=cfg.UpdateConfig(learning_rate=lr, max_buffer_size=64, batch_size=32),
             train_cfg=cfg.TrainConfig(n_env_steps=400),
-            env_cfg=cfg.EnvConfig(
-                "gymnax:CartPole-v1", env.single_observation_space, env.single_action_space, n_envs=4
-            ),
+            env_cfg=cfg.EnvConfig("gymnax:CartPole-v1", *spaces, n_envs=4),
         )
         return custom_dqn.DQN("guide", config)
 

@@ -342,13 +342,27 @@ class BaseAgent(IAgent):
         ``config`` may hold traced values (``kitae.config.traced_config``): inside ``jax.jit`` or
         ``jax.vmap``, the copy's update and acting then compute with them, which is how a sweep
         trains several hyperparameter values in one program. ``config`` must keep every shape
-        of this agent's (spaces, sizes, counts); it is not validated again.
+        of this agent's (spaces, sizes, counts); it is not validated again. An attribute that
+        holds this agent's config or one of its sections (``self.algo_params =
+        self.config.algo_params``) holds the new config's in the copy.
         """
         clone = copy.copy(self)
         # functions compiled for this agent and kept on it (the loops' steps, the evaluation)
         # close over this agent's config: the clone compiles its own
         for cached in ("_compiled_steps", "_kitae_evaluation"):
             clone.__dict__.pop(cached, None)
+        # An attribute that is this agent's config or one of its sections (the custom-agent
+        # guide's ``self.algo_params = self.config.algo_params``, read by its ``explore``) is the
+        # new config's: kept, it made a swept exploration rate train every row with the old one.
+        sections = {id(self.config): config}
+        sections.update(
+            (id(getattr(self.config, f.name)), getattr(config, f.name))
+            for f in dataclasses.fields(self.config)
+            if dataclasses.is_dataclass(getattr(self.config, f.name))
+        )
+        for name, value in list(vars(clone).items()):
+            if id(value) in sections:
+                setattr(clone, name, sections[id(value)])
         clone.config = config
         clone._build_functions()
         return clone

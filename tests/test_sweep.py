@@ -116,11 +116,14 @@ def test_vmapped_values_train_as_separate_programs_with_those_values():
     assert any(not np.allclose(x[0], x[1]) for x in rows)  # the two configurations differ
 
 
-def test_a_custom_agent_whose_optimizer_holds_the_learning_rate_sweeps_it():
-    """The custom-agent guide's state keeps ``optax.adam(lr)`` as the TrainState's optimizer, which
-    computes ``-lr`` when it is made: the sweep built it under ``jax.eval_shape`` and left that
-    trace's value in the program ("Computation compiled for 50 inputs but called with 49").
-    Each row now trains as the plain program of its learning rate."""
+@pytest.mark.parametrize(("key", "values"), [(LR, (1e-3, 1e-2)), ("algo_params.exploration", (0.1, 0.6))])
+def test_the_guide_agent_sweeps_its_learning_rate_and_its_exploration(key, values):
+    """The custom-agent guide's agent, swept in one program: each row trains as the plain program
+    of its value. Two faults: its state keeps ``optax.adam(lr)``, which computes ``-lr`` when it
+    is made, and the sweep made it under ``jax.eval_shape``, whose dead trace value then failed
+    the program ("Computation compiled for 50 inputs but called with 49"); its ``explore`` reads
+    ``self.algo_params``, which the sweep's copy kept from the original config, so every row
+    explored at the original rate (the rows were bit-identical)."""
     sys.path.insert(0, str(Path(__file__).parents[1] / "examples"))
     try:
         import custom_dqn
@@ -134,23 +137,25 @@ def test_a_custom_agent_whose_optimizer_holds_the_learning_rate_sweeps_it():
     env = make_jax_env("gymnax:CartPole-v1", 4)
     spaces = (env.single_observation_space, env.single_action_space)
 
-    def agent(lr):
+    def agent(value):
         config = cfg.AlgoConfig(
             seed=0,
             algo_params=custom_dqn.DQNParams(exploration=0.1, gamma=0.99, skip_steps=4, start_step=64),
-            update_cfg=cfg.UpdateConfig(learning_rate=lr, max_buffer_size=64, batch_size=32),
+            update_cfg=cfg.UpdateConfig(learning_rate=1e-3, max_buffer_size=64, batch_size=32),
             train_cfg=cfg.TrainConfig(n_env_steps=400),
             env_cfg=cfg.EnvConfig("gymnax:CartPole-v1", *spaces, n_envs=4),
         )
-        return custom_dqn.DQN("guide", config)
+        return custom_dqn.DQN("guide", traced_config(config, {key: value}))
 
-    result = CompiledExecutor().run(agent(1e-3), env, 400, seeds=[0, 0], variants={LR: [1e-3, 1e-2]}, use_cache=False)
-    plain = agent(1e-2)
+    result = CompiledExecutor().run(
+        agent(values[0]), env, 400, seeds=[0, 0], variants={key: list(values)}, use_cache=False
+    )
+    plain = agent(values[1])
     compiled_train(plain, env, 400, use_cache=False)
     rows = _leaves(result.state.agent_state.qvalue.params)
     for row, expected in zip(rows, _leaves(plain.state.qvalue.params)):
         np.testing.assert_allclose(row[1], expected, rtol=1e-5, atol=1e-6)
-    assert any(not np.allclose(row[0], row[1]) for row in rows)  # the two rates train apart
+    assert any(not np.allclose(row[0], row[1]) for row in rows)  # the two values train apart
 
 
 def test_a_compiled_sweep_writes_one_run_directory_per_combination(tmp_path, capsys):

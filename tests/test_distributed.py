@@ -170,29 +170,40 @@ def test_no_ray_process_outlives_a_run_that_started_its_runtime(tmp_path):
     assert not left, [psutil.Process(pid).name() for pid in left if psutil.pid_exists(pid)]
 
 
-def test_a_runtime_starts_in_a_process_that_imported_ray_first_and_leaves_its_settings_as_they_were():
+def test_a_runtime_starts_in_a_process_that_imported_ray_first_and_leaves_its_settings_as_they_were(tmp_path):
     """Ray reads its RAY_* variables when it is imported: a process that imported Ray first (a
     user's `import ray`) held the authentication mode it read then, so its driver sent no token
     to the runtime kitae started, which wanted one ("Authentication token is missing", after 20 s
     of retries). Found by the suite itself, once a test module imported Ray at collection. And in a
-    process where JAX runs, starting the runtime warns of nothing."""
+    process where JAX runs, starting the runtime warns of nothing; its workers read objects of a
+    class from a folder the process put on sys.path (a custom agent given to the distributed
+    executor: "No module named ..." in every worker)."""
+    source = tmp_path / "src"  # not the working directory (tmp_path here), which Ray's workers have
+    source.mkdir()
+    (source / "users_module.py").write_text("class Thing:\n    answer = 42\n")
     script = textwrap.dedent(
-        """
-        import json, os
+        f"""
+        import json, os, sys
         import jax
         import ray
         import ray._private.ray_constants as constants
         from kitae.distributed.runtime import ray_runtime
 
         jax.numpy.zeros(1).block_until_ready()  # JAX's threads run, as when a run resumes
+        sys.path.insert(0, {str(source)!r})  # as a notebook's sys.path.append("../src")
+        import users_module
+
+        def answer(thing):
+            return thing.answer
 
         names = ("RAY_AUTH_MODE", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
         before = [os.environ.get(name) for name in names], constants.ENABLE_RAY_CLUSTER
         for _ in range(2):
             with ray_runtime(num_cpus=1) as r:
                 nodes = len(r.nodes())
+                answered = r.get(r.remote(answer).remote(users_module.Thing()))
         after = [os.environ.get(name) for name in names], constants.ENABLE_RAY_CLUSTER
-        print(json.dumps({"nodes": nodes, "before": before, "after": after}))
+        print(json.dumps({{"nodes": nodes, "before": before, "after": after, "answer": answered}}))
         """
     )
     # a fresh process's environment: what earlier runtimes of this worker set is not there
@@ -203,7 +214,7 @@ def test_a_runtime_starts_in_a_process_that_imported_ray_first_and_leaves_its_se
     # deadlock the exec'd child cannot have (kitae resume --workers printed it)
     assert "os.fork() was called" not in done.stderr, done.stderr[-2000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    assert report["nodes"] == 1
+    assert report["nodes"] == 1 and report["answer"] == 42
     # the settings of a runtime that serves this machine only last as long as the runtime: a later
     # `ray.init` or `ray start` of the user's is not bound to them
     assert report["after"] == report["before"] == [[None, None], True]

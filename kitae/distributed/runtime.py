@@ -5,12 +5,15 @@ token authentication on and no dashboard, and shuts it down when the run ends: n
 outlives it, and the process's Ray settings are as they were. With an address (``"HOST:PORT"``
 of a head started by ``ray start --head``), it joins that cluster and only disconnects at the end.
 When this process is already connected to Ray (``ray.init`` called by the user, or a test sharing
-one runtime), it uses that connection and leaves it open.
+one runtime), it uses that connection and leaves it open. A local runtime's workers import from
+the directories this process added to ``sys.path`` too (``driver_import_paths``); a cluster's
+nodes import what is installed on them.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -69,6 +72,33 @@ def import_ray() -> Any:
     return ray
 
 
+def driver_import_paths() -> list[str]:
+    """The directories on this process's ``sys.path`` that a worker of a local runtime would not
+    have: those the process added itself (``sys.path.insert`` in a script, ``sys.path.append``
+    in a notebook), outside Python's installation and its environment's ``site-packages``.
+
+    Ray's workers start with the driver's script directory and working directory only, so an
+    agent class imported from anywhere else was a ``ModuleNotFoundError`` in every worker.
+    """
+    system = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    paths: list[str] = []
+    for entry in sys.path:
+        if not entry or not os.path.isdir(entry):
+            continue
+        real = os.path.realpath(entry)
+        if any(real == root or real.startswith(root + os.sep) for root in system) or real in paths:
+            continue
+        paths.append(real)
+    return paths
+
+
+def _worker_runtime_env() -> dict[str, Any]:
+    """A local runtime's job-wide ``runtime_env``: ``PYTHONPATH`` with ``driver_import_paths``
+    (before any ``PYTHONPATH`` the process was given, which workers inherit too)."""
+    paths = driver_import_paths() + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {"env_vars": {"PYTHONPATH": os.pathsep.join(paths)}} if paths else {}
+
+
 @contextmanager
 def _no_jax_fork_warning() -> Iterator[None]:
     """Silences JAX's "os.fork() was called ... will likely lead to a deadlock" while Ray starts.
@@ -109,8 +139,15 @@ def ray_runtime(address: str | None = None, *, num_cpus: int | None = None) -> I
     with _local_only_settings():
         # "local": a new instance even when a cluster started with `ray start` runs on this machine
         # (with no address Ray would join that one, found through /tmp/ray/ray_current_cluster)
+        runtime_env = _worker_runtime_env()
         with _no_jax_fork_warning():
-            ray.init(address="local", include_dashboard=False, num_cpus=num_cpus, **kwargs)
+            ray.init(
+                address="local",
+                include_dashboard=False,
+                num_cpus=num_cpus,
+                **({"runtime_env": runtime_env} if runtime_env else {}),
+                **kwargs,
+            )
         try:
             yield ray
         finally:

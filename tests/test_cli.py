@@ -392,6 +392,11 @@ def test_a_runs_config_yaml_trains_the_same_run_again(capsys, trained_run, tmp_p
     first = json.loads((trained_run / "summary.json").read_text())
     assert json.loads((again / "summary.json").read_text())["state_fingerprint"] == first["state_fingerprint"]
     _bad(capsys, ["train", "dqn", "gymnax:CartPole-v1", "--config", str(config)], "algo_params_class PPOParams")
+    custom = tmp_path / "custom.yaml"  # a custom agent's run: its params class named with its module
+    custom.write_text(
+        config.read_text().replace("algo_params_class: PPOParams", "algo_params_class: my_agents:PPOParams")
+    )
+    _bad(capsys, ["train", "ppo", "gymnax:CartPole-v1", "--config", str(custom)], "custom agent's run", "from Python")
 
 
 def test_resume_of_a_finished_run_says_so_and_changes_nothing(capsys, run_copy):

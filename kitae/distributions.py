@@ -165,6 +165,54 @@ class Categorical:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
 
 
+@_pytree_dataclass
+class MultiCategorical:
+    """``K`` independent categoricals, one per component of a ``MultiDiscrete(nvec)`` action
+    (``MultiBinary(K)``: ``nvec = [2] * K``), component ``k`` over ``nvec[k]`` classes.
+
+    Attributes:
+        logits: ``(..., K, N)`` with ``N = max(nvec)``; batch shape ``(...)``.
+        valid: bool ``(K, N)``: class ``j`` exists in component ``k`` (``j < nvec[k]``); the
+            others have probability zero (``Categorical``'s mask).
+
+    Samples and ``mode()`` are ``int32`` of shape ``(..., K)``; ``log_prob`` and ``entropy`` sum
+    over the components (independent), shape ``(...)``.
+    """
+
+    logits: jax.Array
+    valid: jax.Array
+
+    def components(self) -> Categorical:
+        """The ``K`` categoricals as one ``Categorical`` of batch shape ``(..., K)``."""
+        return Categorical(self.logits, self.valid)
+
+    def sample(self, key: jax.Array) -> jax.Array:
+        """Draws one class per component, ``int32`` of shape ``(..., K)``."""
+        return self.components().sample(key)
+
+    def log_prob(self, x: jax.Array) -> jax.Array:
+        """Log-probability of ``x`` (``(..., K)`` integers): the sum over components, ``(...)``."""
+        return jnp.sum(self.components().log_prob(x), axis=-1)
+
+    def sample_and_log_prob(self, key: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """``(sample (..., K), log_prob(sample) (...))``."""
+        x = self.sample(key)
+        return x, self.log_prob(x)
+
+    def entropy(self) -> jax.Array:
+        """The sum of the components' entropies, in nats, shape ``(...)``."""
+        return jnp.sum(self.components().entropy(), axis=-1)
+
+    def mode(self) -> jax.Array:
+        """The most likely class of every component, ``int32`` of shape ``(..., K)``."""
+        return self.components().mode()
+
+
+def multi_categorical_valid(nvec: tuple[int, ...]) -> jax.Array:
+    """``MultiCategorical.valid`` for components of ``nvec`` classes: bool ``(K, max(nvec))``."""
+    return jnp.arange(max(nvec))[None, :] < jnp.asarray(nvec)[:, None]
+
+
 # --------------------------------------------------------------------------------------------------
 # Diagonal Gaussian
 # --------------------------------------------------------------------------------------------------
@@ -457,4 +505,12 @@ class Deterministic:
         return self.value
 
 
-__all__ = ["Categorical", "DiagNormal", "TanhNormal", "EpsilonGreedy", "Deterministic"]
+__all__ = [
+    "Categorical",
+    "MultiCategorical",
+    "multi_categorical_valid",
+    "DiagNormal",
+    "TanhNormal",
+    "EpsilonGreedy",
+    "Deterministic",
+]

@@ -42,3 +42,10 @@ def test_the_jaxmarl_example_trains_in_one_program(tmp_path):
     lines = _run(tmp_path, "ippo_jaxmarl_simple_spread.py", "4096", "2")
     assert any(line.startswith("compile ") and "over 2 seeds" in line for line in lines), lines
     assert [line.split(":")[0] for line in lines if line.startswith("seed ")] == ["seed 0", "seed 1"]
+
+
+def test_the_multi_discrete_example_prints_its_json_line(tmp_path):
+    report = json.loads(_run(tmp_path, "multi_discrete.py", "2048", "1")[-1])
+    assert report["steps"] >= 2048 and report["seed"] == 1 and abs(report["random_return"] - 26 / 9) < 1e-9
+    assert 0 <= report["final_return"] <= 8 and 0 <= report["eval_return"] <= 8
+    assert (tmp_path / "runs" / "match-ppo-s1" / "summary.json").is_file()

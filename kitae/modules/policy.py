@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kitae.distributions import Categorical, DiagNormal, TanhNormal
+from kitae.distributions import Categorical, DiagNormal, MultiCategorical, TanhNormal, multi_categorical_valid
 from kitae.modules.encoders import Activation, dense_init, encoder_factory
 
 
@@ -38,6 +38,36 @@ class CategoricalHead(nn.Module):
         """features: ``(..., F)``; mask: optional bool ``(..., n_actions)``, True = allowed."""
         logits = nn.Dense(self.n_actions, kernel_init=dense_init(self.kernel_init_scale))(features)
         return Categorical(logits, mask)
+
+
+class MultiCategoricalHead(nn.Module):
+    """Features ``(..., F)`` -> ``MultiCategorical`` over components of ``nvec`` classes (a
+    ``MultiDiscrete(nvec)`` action; ``MultiBinary(K)``: ``nvec = (2,) * K``), batch shape ``(...)``.
+
+    Attributes:
+        nvec: classes per component (each >= 1).
+        kernel_init_scale: orthogonal init scale of the logits layer (0.01, as ``CategoricalHead``).
+    """
+
+    nvec: tuple[int, ...]
+    kernel_init_scale: float = 0.01
+
+    @nn.compact
+    def __call__(self, features: jax.Array) -> MultiCategorical:
+        """features: ``(..., F)``; logits ``(..., K, max(nvec))``, the classes a component lacks masked."""
+        k, n = len(self.nvec), max(self.nvec)
+        logits = nn.Dense(k * n, kernel_init=dense_init(self.kernel_init_scale))(features)
+        return MultiCategorical(logits.reshape(*logits.shape[:-1], k, n), multi_categorical_valid(self.nvec))
+
+
+def multi_discrete_nvec(action_space: gym.Space) -> tuple[int, ...] | None:
+    """Classes per component of a one-dimensional ``MultiDiscrete`` or ``MultiBinary`` action
+    space (``MultiBinary``: 2 each), else ``None``."""
+    if isinstance(action_space, gym.spaces.MultiDiscrete) and len(action_space.shape) == 1:
+        return tuple(int(n) for n in action_space.nvec)
+    if isinstance(action_space, gym.spaces.MultiBinary) and len(action_space.shape) == 1:
+        return (2,) * int(action_space.shape[0])
+    return None
 
 
 class NormalHead(nn.Module):
@@ -144,7 +174,8 @@ _BOX_KINDS = ("normal", "tanh_normal", "deterministic")
 
 def _accepted() -> str:
     return (
-        "accepted action spaces: Discrete (kind None or 'categorical'), Box with shape (D,) "
+        "accepted action spaces: Discrete or a one-dimensional MultiDiscrete / MultiBinary (kind None or "
+        "'categorical'), Box with shape (D,) "
         f"(kind None -> 'normal', or one of {_BOX_KINDS}; 'tanh_normal' and 'deterministic' need finite bounds)"
     )
 
@@ -161,6 +192,9 @@ def policy_factory(
 
     * ``Discrete(n)`` actions -> ``CategoricalHead(n)`` (``kind`` None or ``"categorical"``).
       Samples lie in ``[0, n)``: add ``action_space.start`` if it is not 0.
+    * one-dimensional ``MultiDiscrete(nvec)`` / ``MultiBinary(K)`` actions ->
+      ``MultiCategoricalHead(nvec)`` (``kind`` None or ``"categorical"``); samples ``(..., K)``,
+      component ``k`` in ``[0, nvec[k])`` (add ``action_space.start`` if it is not 0).
     * ``Box`` actions of shape ``(D,)`` -> ``kind``:
       ``None`` / ``"normal"`` -> ``NormalHead(D)`` (unbounded samples);
       ``"tanh_normal"`` -> ``TanhNormalHead(D)`` (samples in ``(-1, 1)``);
@@ -176,6 +210,11 @@ def policy_factory(
         if kind not in (None, "categorical"):
             raise ValueError(f"kind={kind!r} does not fit action space {action_space}; {_accepted()}.")
         return Policy(encoder, CategoricalHead(int(action_space.n)))
+    nvec = multi_discrete_nvec(action_space)
+    if nvec is not None:
+        if kind not in (None, "categorical"):
+            raise ValueError(f"kind={kind!r} does not fit action space {action_space}; {_accepted()}.")
+        return Policy(encoder, MultiCategoricalHead(nvec))
     if isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
         kind = "normal" if kind is None else kind
         action_dim = int(action_space.shape[0])
@@ -209,6 +248,8 @@ def unscale_action(action: jax.Array, low: jax.Array | np.ndarray, high: jax.Arr
 
 __all__ = [
     "CategoricalHead",
+    "MultiCategoricalHead",
+    "multi_discrete_nvec",
     "NormalHead",
     "TanhNormalHead",
     "DeterministicHead",

@@ -117,7 +117,7 @@ from kitae.distributions import Categorical
 from kitae.modules.encoders import encoder_factory, get_activation, space_input_shape
 from kitae.modules.modules import init_params
 from kitae.modules.optimizer import optimizer_from_config
-from kitae.modules.policy import CategoricalHead, NormalHead
+from kitae.modules.policy import CategoricalHead, MultiCategoricalHead, NormalHead, multi_discrete_nvec
 from kitae.modules.pytree import AgentPyTree, TrainState
 from kitae.modules.value import ValueHead
 from kitae.timesteps import compute_gae, compute_vtrace
@@ -298,20 +298,22 @@ def check_spaces(config: cfg.AlgoConfig, name: str = "PPO") -> None:
     """Refuses spaces PPO (or ``name``, an algorithm built on PPO's network: A2C) cannot handle,
     when the agent is made.
 
-    Accepted action spaces: ``Discrete(n)`` (categorical policy) and ``Box`` of shape ``(D,)``
-    (diagonal Gaussian). Observation spaces: those ``kitae.modules.encoders.encoder_factory``
-    accepts; ``normalize_observations`` needs a ``Box``.
+    Accepted action spaces: ``Discrete(n)`` (categorical policy), one-dimensional
+    ``MultiDiscrete(nvec)`` and ``MultiBinary(K)`` (one independent categorical per component) and
+    ``Box`` of shape ``(D,)`` (diagonal Gaussian). Observation spaces: those
+    ``kitae.modules.encoders.encoder_factory`` accepts; ``normalize_observations`` needs a ``Box``.
 
     Raises:
         ValueError: naming PPO, the space and what is accepted.
     """
     action_space = config.env_cfg.action_space
-    discrete = isinstance(action_space, gym.spaces.Discrete)
+    discrete = isinstance(action_space, gym.spaces.Discrete) or multi_discrete_nvec(action_space) is not None
     box = isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1
     if not (discrete or box):
         raise ValueError(
             f"{name} cannot act in the action space {action_space!r}; {name} accepts Discrete(n) "
-            "(categorical policy) or a one-dimensional Box of shape (D,) (diagonal Gaussian policy)"
+            "(categorical policy), a one-dimensional MultiDiscrete(nvec) or MultiBinary(K) (one categorical per "
+            "component) or a one-dimensional Box of shape (D,) (diagonal Gaussian policy)"
         )
     observation_space = config.env_cfg.observation_space
     check_action_mask_space(observation_space, action_space, name)
@@ -336,12 +338,15 @@ class _ActionMap(NamedTuple):
 
 
 def _action_map(action_space: gym.Space) -> _ActionMap:
-    if isinstance(action_space, gym.spaces.Discrete):
-        start = int(action_space.start)
+    if isinstance(action_space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)):
+        start = np.asarray(action_space.start, np.int32)  # () or (K,)
         return _ActionMap(
             lambda a: a.astype(jnp.int32) + start,
             lambda a: jnp.asarray(a).astype(jnp.int32) - start,
         )
+    if isinstance(action_space, gym.spaces.MultiBinary):
+        dtype = action_space.dtype  # int8: what the environment's own samples are
+        return _ActionMap(lambda a: a.astype(dtype), lambda a: jnp.asarray(a).astype(jnp.int32))
     if not isinstance(action_space, gym.spaces.Box):
         raise ValueError(f"PPO cannot act in the action space {action_space}; allowed: Discrete or a 1-D Box")
     low = np.asarray(action_space.low, np.float64)
@@ -505,26 +510,33 @@ class SeparateActorCritic(nn.Module):
         )
 
 
+def policy_head(action_space: gym.Space, log_std_init: float) -> nn.Module:
+    """The policy head of PPO and the algorithms built on its network (A2C, RND-PPO, recurrent
+    PPO) for a space ``check_spaces`` accepted: ``CategoricalHead``, ``MultiCategoricalHead`` or a
+    ``NormalHead`` whose log-std is one learned vector starting at ``log_std_init``."""
+    if isinstance(action_space, gym.spaces.Discrete):
+        return CategoricalHead(int(action_space.n))
+    nvec = multi_discrete_nvec(action_space)
+    if nvec is not None:
+        return MultiCategoricalHead(nvec)
+    if isinstance(action_space, gym.spaces.Box):
+        return NormalHead(int(action_space.shape[0]), state_dependent_std=False, log_std_init=log_std_init)
+    raise ValueError(f"PPO cannot act in the action space {action_space}; allowed: see check_spaces")
+
+
 def _actor_critic_module(
     config: cfg.AlgoConfig, preprocess_fn: Callable | None, value_head: nn.Module | None = None
 ) -> nn.Module:
     p: PPOParams = config.algo_params
-    action_space = config.env_cfg.action_space
-    policy_head: nn.Module
-    if isinstance(action_space, gym.spaces.Discrete):
-        policy_head = CategoricalHead(int(action_space.n))
-    elif isinstance(action_space, gym.spaces.Box):
-        policy_head = NormalHead(int(action_space.shape[0]), state_dependent_std=False, log_std_init=p.log_std_init)
-    else:
-        raise ValueError(f"PPO cannot act in the action space {action_space}; allowed: Discrete or a 1-D Box")
+    head = policy_head(config.env_cfg.action_space, p.log_std_init)
 
     def encoder() -> nn.Module:
         return encoder_factory(config.env_cfg.observation_space, hidden=p.hidden_sizes, activation=p.activation)
 
     value_head = ValueHead() if value_head is None else value_head
     if config.update_cfg.shared_encoder:
-        return SharedActorCritic(encoder(), policy_head, value_head, preprocess_fn)
-    return SeparateActorCritic(encoder(), encoder(), policy_head, value_head, preprocess_fn)
+        return SharedActorCritic(encoder(), head, value_head, preprocess_fn)
+    return SeparateActorCritic(encoder(), encoder(), head, value_head, preprocess_fn)
 
 
 def train_state_ppo_factory(

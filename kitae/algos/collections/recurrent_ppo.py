@@ -61,6 +61,7 @@ from kitae.algos.collections.ppo import (
     check_spaces,
     init_running_statistics,
     normalize_advantages,
+    policy_head,
     ppo_loss,
     scale_rewards,
     update_hooks_factory,
@@ -71,7 +72,6 @@ from kitae.base import OnPolicyAgent, agent_keys
 from kitae.config import register_algo_params
 from kitae.modules.encoders import MLP, encoder_factory, space_input_shape
 from kitae.modules.optimizer import optimizer_from_config
-from kitae.modules.policy import CategoricalHead, NormalHead
 from kitae.modules.pytree import TrainState
 from kitae.modules.recurrent import CORES, RecurrentCore, initial_hidden
 from kitae.modules.value import ValueHead
@@ -243,13 +243,7 @@ class RecurrentActorCritic(nn.Module):
 
 def _module(config: cfg.AlgoConfig) -> RecurrentActorCritic:
     p: RecurrentPPOParams = config.algo_params
-    action_space = config.env_cfg.action_space
-    policy_head: nn.Module
-    if isinstance(action_space, gym.spaces.Discrete):
-        policy_head = CategoricalHead(int(action_space.n))
-    else:
-        assert isinstance(action_space, gym.spaces.Box)  # check_spaces
-        policy_head = NormalHead(int(action_space.shape[0]), state_dependent_std=False, log_std_init=p.log_std_init)
+    distribution = policy_head(config.env_cfg.action_space, p.log_std_init)  # the space passed check_spaces
     space = config.env_cfg.observation_space
 
     def encoder() -> nn.Module:
@@ -258,7 +252,7 @@ def _module(config: cfg.AlgoConfig) -> RecurrentActorCritic:
     def head() -> nn.Module:
         return MLP(p.head_sizes, p.activation)
 
-    return RecurrentActorCritic(encoder, head, policy_head, ValueHead(), p.core, p.core_size, p.shared_core)
+    return RecurrentActorCritic(encoder, head, distribution, ValueHead(), p.core, p.core_size, p.shared_core)
 
 
 def agent_initial_hidden(config: cfg.AlgoConfig, n: int) -> Any:

@@ -177,10 +177,17 @@ def test_a_runtime_starts_in_a_process_that_imported_ray_first_and_leaves_its_se
     of retries). Found by the suite itself, once a test module imported Ray at collection. And in a
     process where JAX runs, starting the runtime warns of nothing; its workers read objects of a
     class from a folder the process put on sys.path (a custom agent given to the distributed
-    executor: "No module named ..." in every worker)."""
+    executor: "No module named ..." in every worker) and make a Gymnasium id the process
+    registered itself ("unknown Gymnasium environment" in every worker)."""
     source = tmp_path / "src"  # not the working directory (tmp_path here), which Ray's workers have
     source.mkdir()
-    (source / "users_module.py").write_text("class Thing:\n    answer = 42\n")
+    (source / "users_module.py").write_text(
+        "import gymnasium as gym\n\n"
+        "class Thing:\n    answer = 42\n\n"
+        "class Env(gym.Env):\n"
+        "    observation_space = gym.spaces.Discrete(3)\n    action_space = gym.spaces.Discrete(2)\n"
+        "    def reset(self, *, seed=None, options=None):\n        return 2, {}\n"
+    )
     script = textwrap.dedent(
         f"""
         import json, os, sys
@@ -192,9 +199,12 @@ def test_a_runtime_starts_in_a_process_that_imported_ray_first_and_leaves_its_se
         jax.numpy.zeros(1).block_until_ready()  # JAX's threads run, as when a run resumes
         sys.path.insert(0, {str(source)!r})  # as a notebook's sys.path.append("../src")
         import users_module
+        import gymnasium as gym
+
+        gym.register("UsersEnv-v0", entry_point=users_module.Env)  # the driver's own id
 
         def answer(thing):
-            return thing.answer
+            return thing.answer + gym.make("UsersEnv-v0").reset()[0]
 
         names = ("RAY_AUTH_MODE", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
         before = [os.environ.get(name) for name in names], constants.ENABLE_RAY_CLUSTER
@@ -214,7 +224,7 @@ def test_a_runtime_starts_in_a_process_that_imported_ray_first_and_leaves_its_se
     # deadlock the exec'd child cannot have (kitae resume --workers printed it)
     assert "os.fork() was called" not in done.stderr, done.stderr[-2000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    assert report["nodes"] == 1 and report["answer"] == 42
+    assert report["nodes"] == 1 and report["answer"] == 44
     # the settings of a runtime that serves this machine only last as long as the runtime: a later
     # `ray.init` or `ray start` of the user's is not bound to them
     assert report["after"] == report["before"] == [[None, None], True]

@@ -6,8 +6,9 @@ outlives it, and the process's Ray settings are as they were. With an address (`
 of a head started by ``ray start --head``), it joins that cluster and only disconnects at the end.
 When this process is already connected to Ray (``ray.init`` called by the user, or a test sharing
 one runtime), it uses that connection and leaves it open. A local runtime's workers import from
-the directories this process added to ``sys.path`` too (``driver_import_paths``); a cluster's
-nodes import what is installed on them.
+the directories this process added to ``sys.path`` too (``driver_import_paths``) and know the
+Gymnasium ids it registered (``register_driver_envs``); a cluster's nodes import and register what is
+installed on them.
 """
 
 from __future__ import annotations
@@ -92,11 +93,55 @@ def driver_import_paths() -> list[str]:
     return paths
 
 
+def gymnasium_registrations() -> list[tuple[str, bytes]]:
+    """This process's Gymnasium registry as ``(id, pickled EnvSpec)`` pairs, without Gymnasium's and
+    kitae's own (a worker registers them when it imports them) and the entries that cannot be
+    pickled: what a local runtime's workers register where they lack the id
+    (``register_driver_envs``), so an environment the driver registered itself (``gym.register`` in
+    a script or notebook) is made in the workers as in the host loop."""
+    import cloudpickle
+    import gymnasium as gym
+
+    pairs = []
+    for env_id, spec in gym.registry.items():
+        entry = spec.entry_point
+        module = entry.partition(":")[0] if isinstance(entry, str) else getattr(entry, "__module__", "")
+        if str(module).split(".")[0] in ("gymnasium", "kitae"):  # registered again where they are imported
+            continue
+        try:
+            pairs.append((env_id, cloudpickle.dumps(spec)))
+        except Exception:  # an entry point that cannot travel: the worker's own registry decides
+            continue
+    return pairs
+
+
 def _worker_runtime_env() -> dict[str, Any]:
     """A local runtime's job-wide ``runtime_env``: ``PYTHONPATH`` with ``driver_import_paths``
-    (before any ``PYTHONPATH`` the process was given, which workers inherit too)."""
+    (before any ``PYTHONPATH`` the process was given, which workers inherit too) and a setup hook
+    that registers the driver's Gymnasium ids (``register_driver_envs``)."""
     paths = driver_import_paths() + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    return {"env_vars": {"PYTHONPATH": os.pathsep.join(paths)}} if paths else {}
+    registrations = gymnasium_registrations()
+
+    def register_driver_envs() -> None:
+        """Run in each worker as it starts: registers the driver's Gymnasium ids it lacks (an
+        entry that cannot be read there is skipped: making that id fails as it would have).
+        Self-contained, a named function (Ray exports its setup hook by name), so that starting
+        a worker imports neither kitae nor JAX."""
+        import pickle
+
+        import gymnasium as gym
+
+        for env_id, blob in registrations:
+            if env_id not in gym.registry:
+                try:
+                    gym.registry[env_id] = pickle.loads(blob)
+                except Exception:
+                    continue
+
+    runtime_env: dict[str, Any] = {"worker_process_setup_hook": register_driver_envs}
+    if paths:
+        runtime_env["env_vars"] = {"PYTHONPATH": os.pathsep.join(paths)}
+    return runtime_env
 
 
 @contextmanager
@@ -139,14 +184,9 @@ def ray_runtime(address: str | None = None, *, num_cpus: int | None = None) -> I
     with _local_only_settings():
         # "local": a new instance even when a cluster started with `ray start` runs on this machine
         # (with no address Ray would join that one, found through /tmp/ray/ray_current_cluster)
-        runtime_env = _worker_runtime_env()
         with _no_jax_fork_warning():
             ray.init(
-                address="local",
-                include_dashboard=False,
-                num_cpus=num_cpus,
-                **({"runtime_env": runtime_env} if runtime_env else {}),
-                **kwargs,
+                address="local", include_dashboard=False, num_cpus=num_cpus, runtime_env=_worker_runtime_env(), **kwargs
             )
         try:
             yield ray

@@ -164,3 +164,41 @@ def test_the_compiled_loop_trains_in_a_multi_discrete_jax_environment(tmp_path):
     episodes = result.episodes[0]
     assert int(np.sum(episodes.count)) == 16384 // 8 and np.all(episodes.return_ >= 0)  # no action outside it
     assert episodes.return_[-2:].mean() > episodes.return_[:2].mean() + 0.5  # it learns already
+
+
+def test_the_functional_ppo_acts_and_updates_in_a_multi_discrete_space():
+    """Seed 002's API: the network's policy output is one row of logits per component."""
+    import haiku as hk
+
+    from kitae.functional import PPO
+
+    def network(action_space):
+        nvec = multi_discrete_nvec(action_space)
+
+        def f(x):
+            logits = hk.nets.MLP([32, len(nvec) * max(nvec)])(x).reshape(x.shape[0], len(nvec), max(nvec))
+            return logits, hk.nets.MLP([32, 1])(x)
+
+        return hk.without_apply_rng(hk.transform(f))
+
+    env = gym.vector.SyncVectorEnv([lambda: gym.make("Match-v0")] * 4)
+    agent = PPO(network, env, 1e-3, batch_size=16)
+    key = jax.random.PRNGKey(0)
+    params, policy_state = agent.init_params(key), agent.init_policy(key)
+    optimizer_state = agent.init_optimizer(params, key)
+    observation, _ = env.reset(seed=0)
+    rows = {k: [] for k in ("obs", "action", "log_prob", "reward", "terminated", "truncated", "next_obs")}
+    for t in range(8):
+        out, policy_state = agent.predict(params, policy_state, observation, jax.random.fold_in(key, t))
+        assert out.actions.shape == (4, 3) and out.log_probs.shape == (4,)
+        next_observation, reward, terminated, truncated, _ = env.step(np.asarray(out.actions))  # Match checks them
+        for name, value in zip(rows, (observation, out.actions, out.log_probs, reward, terminated, truncated)):
+            rows[name].append(np.asarray(value))
+        rows["next_obs"].append(next_observation)  # Match's episodes end at step 8: no autoreset before
+        observation = next_observation
+    data = {name: jnp.stack(values) for name, values in rows.items()}
+    result, new_params, _ = agent.update(params, optimizer_state, data)
+    assert np.isfinite(float(result.loss)) and not all(
+        np.array_equal(a, b) for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(new_params))
+    )
+    env.close()

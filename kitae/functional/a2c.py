@@ -17,7 +17,7 @@ from kitae.algos.experience import ExperiencePipeline
 from kitae.algos.update import UpdateHooks
 from kitae.buffer import Experience
 from kitae.functional.base import BaseAgent, OptimState
-from kitae.functional.ppo import DATA_KEYS, PPO, actor_critic_apply
+from kitae.functional.ppo import DATA_KEYS, PPO, actor_critic_apply, policy_kind
 
 __all__ = ["A2C", "DATA_KEYS"]
 
@@ -72,7 +72,7 @@ class A2C(PPO):
         )
         config = self.collection_config(params, max_grad_norm, seed=seed)
         self.n_epochs = 1
-        self._apply = actor_critic_apply(self.network, isinstance(self.action_space, gym.spaces.Discrete))
+        self._apply = actor_critic_apply(self.network, policy_kind(self.action_space))
         self.use_collection(
             collection,
             config,

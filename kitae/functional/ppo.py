@@ -8,9 +8,12 @@ minibatches, each one ``compute_gradients`` + ``apply_gradients`` step. Nothing 
 
 The network: ``network(action_space) -> net`` whose ``apply(params, obs (B, ...))`` returns
 ``(policy, value)``: ``value`` ``(B,)`` (or ``(B, 1)``), and ``policy`` the logits ``(B, n)`` for
-a ``Discrete`` space, ``(loc, log_std)`` for a 1-D ``Box`` (``log_std`` ``(B, d)`` or ``(d,)``;
+a ``Discrete`` space, ``(B, K, max(nvec))`` for a ``MultiDiscrete(nvec)`` / ``MultiBinary(K)``
+one (one row per component; the classes a component lacks are ignored), ``(loc, log_std)`` for a
+1-D ``Box`` (``log_std`` ``(B, d)`` or ``(d,)``;
 the Gaussian lives in the policy's units, mapped to the box as the collection does: ``center +
-half_range * u``), or a kitae distribution (``kitae.distributions.Categorical`` / ``DiagNormal``).
+half_range * u``), or a kitae distribution (``kitae.distributions.Categorical`` / ``MultiCategorical`` /
+``DiagNormal``).
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ from kitae.algos.collections import ppo as collection
 from kitae.algos.experience import ExperiencePipeline
 from kitae.algos.update import UpdateHooks, on_policy_update, with_update_hooks
 from kitae.buffer import Experience
-from kitae.distributions import Categorical, DiagNormal
+from kitae.distributions import Categorical, DiagNormal, MultiCategorical, multi_categorical_valid
 from kitae.functional.base import BaseAgent, Network, OptimState, as_key, data_fields, dummy_observation, update_key
+from kitae.modules.policy import multi_discrete_nvec
 from kitae.modules.pytree import TrainState
 
 __all__ = ["PPO", "Params", "PolicyState", "PolicyOutput", "OptimOutput", "DATA_KEYS"]
@@ -43,9 +47,19 @@ Optionally ``key``: the PRNG key of the minibatch shuffles (default ``fold_in(PR
 OptimState.count)``)."""
 
 
-def _distribution(policy: Any, discrete: bool) -> Any:
-    if isinstance(policy, (Categorical, DiagNormal)):
+def _distribution(policy: Any, discrete: bool | tuple[int, ...]) -> Any:
+    if isinstance(policy, (Categorical, DiagNormal, MultiCategorical)):
         return policy
+    if isinstance(discrete, tuple):  # MultiDiscrete / MultiBinary: classes per component
+        logits = jnp.asarray(policy, jnp.float32)
+        want = (len(discrete), max(discrete))
+        if logits.shape[-2:] != want:
+            raise TypeError(
+                f"the network's policy output has shape {logits.shape}; allowed for the action space's components "
+                f"{discrete}: logits (B, {want[0]}, {want[1]}), one row per component (classes a component lacks "
+                "are ignored), or a kitae.distributions.MultiCategorical"
+            )
+        return MultiCategorical(logits, multi_categorical_valid(discrete))
     if discrete:
         return Categorical(jnp.asarray(policy, jnp.float32))
     if not (isinstance(policy, tuple) and len(policy) == 2):
@@ -57,10 +71,18 @@ def _distribution(policy: Any, discrete: bool) -> Any:
     return DiagNormal(loc, jnp.exp(jnp.broadcast_to(log_std, jnp.shape(loc))))
 
 
-def actor_critic_apply(network: Network, discrete: bool) -> Callable[..., Any]:
+def policy_kind(action_space: gym.Space) -> bool | tuple[int, ...]:
+    """``actor_critic_apply``'s ``discrete`` for ``action_space``."""
+    nvec = multi_discrete_nvec(action_space)
+    return nvec if nvec is not None else isinstance(action_space, gym.spaces.Discrete)
+
+
+def actor_critic_apply(network: Network, discrete: bool | tuple[int, ...]) -> Callable[..., Any]:
     """The collection's actor-critic ``apply_fn(params, obs, method=None)`` over a user network
     returning ``(policy, value)``: ``method="policy"`` gives the distribution, ``"value"`` the
-    values ``(B,)``, ``None`` both."""
+    values ``(B,)``, ``None`` both. ``discrete``: ``True`` for a ``Discrete`` space, the classes
+    per component for a ``MultiDiscrete`` / ``MultiBinary`` one (``multi_discrete_nvec``),
+    ``False`` for a ``Box``."""
 
     def apply(params: Any, observations: Any, method: str | None = None) -> Any:
         out = network.apply(params, observations)
@@ -180,7 +202,7 @@ class PPO(BaseAgent):
         config = self.collection_config(params, max_grad_norm, seed=seed, n_epochs=n_epochs, batch_size=batch_size)
         collection.check_spaces(config, type(self).__name__)
         self.n_epochs, self.batch_size = n_epochs, batch_size
-        self._apply = actor_critic_apply(self.network, isinstance(self.action_space, gym.spaces.Discrete))
+        self._apply = actor_critic_apply(self.network, policy_kind(self.action_space))
         self.use_collection(module, config, learning_rate, max_grad_norm)
         self._pipeline = ExperiencePipeline([self._process], vectorized=True)
         self.hooks = UpdateHooks()
@@ -190,9 +212,10 @@ class PPO(BaseAgent):
         ok = isinstance(action_space, gym.spaces.Discrete) or (
             isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1
         )
-        if not ok:
+        if not ok and multi_discrete_nvec(action_space) is None:
             raise ValueError(
-                f"action_space={action_space} is not allowed for {type(self).__name__}; allowed: Discrete or a 1-D Box"
+                f"action_space={action_space} is not allowed for {type(self).__name__}; allowed: Discrete, a 1-D "
+                "MultiDiscrete or MultiBinary, or a 1-D Box"
             )
 
     # -- state -----------------------------------------------------------------------------------

@@ -95,9 +95,9 @@ def test_an_update_other_than_one_step_on_the_rollout_is_refused(tmp_path, env, 
 def test_action_spaces_a2c_cannot_handle_are_refused(tmp_path, env):
     config = _config(env)
     config = dataclasses.replace(
-        config, env_cfg=dataclasses.replace(config.env_cfg, action_space=gym.spaces.MultiBinary(3))
+        config, env_cfg=dataclasses.replace(config.env_cfg, action_space=gym.spaces.MultiBinary([3, 2]))
     )
-    with pytest.raises(ValueError, match=r"A2C cannot act in the action space MultiBinary\(3\)"):
+    with pytest.raises(ValueError, match=r"A2C cannot act in the action space MultiBinary\(\(3, 2\)\)"):
         A2C("a2c", config, run_dir=str(tmp_path))
 
 

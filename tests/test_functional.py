@@ -404,7 +404,10 @@ def test_functional_ppo_acts_and_updates_purely_under_jit_and_vmap(env_id):
 def test_functional_ppo_refuses_what_it_cannot_handle():
     from kitae.functional import PPO
 
-    with pytest.raises(ValueError, match=r"action_space=MultiBinary\(\(2, 2\)\) is not allowed for PPO; allowed: Discrete, a 1-D MultiDiscrete"):
+    with pytest.raises(
+        ValueError,
+        match=r"action_space=MultiBinary\(\(2, 2\)\) is not allowed for PPO; allowed: Discrete, a 1-D MultiDiscrete",
+    ):
         PPO(ppo_network, _Spaces(gym.spaces.Box(-1, 1, (3,)), gym.spaces.MultiBinary([2, 2])), 1e-3)
     with pytest.raises(ValueError, match="batch_size=0 is not allowed"):
         PPO(ppo_network, ENV, 1e-3, batch_size=0)

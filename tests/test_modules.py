@@ -270,9 +270,10 @@ def test_policy_factory_deterministic():
 @pytest.mark.parametrize(
     "action_space, kind",
     [
-        (gym.spaces.MultiDiscrete([2, 3]), None),
+        (gym.spaces.MultiDiscrete([[2, 3], [2, 3]]), None),  # one axis only (a 1-D one is accepted)
         (gym.spaces.Box(-1, 1, (2, 2)), None),
-        (gym.spaces.MultiBinary(3), None),
+        (gym.spaces.MultiBinary([3, 2]), None),
+        (gym.spaces.MultiBinary(3), "normal"),
         (DISCRETE_ACTIONS, "normal"),
         (BOX_ACTIONS, "categorical"),
         (BOX_ACTIONS, "beta"),

@@ -396,8 +396,8 @@ def test_unbounded_box_is_not_scaled():
 @pytest.mark.parametrize(
     "space",
     [
-        gym.spaces.MultiBinary(3),
-        gym.spaces.MultiDiscrete([2, 3]),
+        gym.spaces.MultiBinary([3, 2]),  # one-dimensional ones are accepted (tests/test_multi_discrete.py)
+        gym.spaces.MultiDiscrete([[2, 3], [2, 3]]),
         gym.spaces.Dict({"a": gym.spaces.Discrete(2)}),
         gym.spaces.Box(-1, 1, (2, 2)),
     ],

@@ -293,7 +293,10 @@ def test_bad_params_name_the_field_and_value(field, value):
 @pytest.mark.parametrize(
     ("spaces", "match"),
     [
-        ({"action_space": gym.spaces.MultiBinary(3)}, r"RND-PPO cannot act in the action space MultiBinary\(3\)"),
+        (
+            {"action_space": gym.spaces.MultiBinary([3, 2])},
+            r"RND-PPO cannot act in the action space MultiBinary\(\(3, 2\)\)",
+        ),
         ({"action_space": gym.spaces.Box(-1, 1, (2, 2))}, r"RND-PPO cannot act in the action space Box"),
         ({"observation_space": gym.spaces.Discrete(5)}, r"RND-PPO cannot read the observation space Discrete\(5\)"),
     ],

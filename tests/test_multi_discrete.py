@@ -167,23 +167,27 @@ def test_the_compiled_loop_trains_in_a_multi_discrete_jax_environment(tmp_path):
     assert episodes.return_[-2:].mean() > episodes.return_[:2].mean() + 0.5  # it learns already
 
 
-def test_the_functional_ppo_acts_and_updates_in_a_multi_discrete_space():
-    """Seed 002's API: the network's policy output is one row of logits per component."""
+@pytest.mark.parametrize("name", ["PPO", "A2C", "RNDPPO"])
+def test_the_functional_agents_act_and_update_in_a_multi_discrete_space(name):
+    """Seed 002's API: the network's policy output is one row of logits per component (RND-PPO's
+    values: extrinsic and intrinsic columns)."""
     import haiku as hk
 
-    from kitae.functional import PPO
+    import kitae.functional
+
+    values = 2 if name == "RNDPPO" else 1
 
     def network(action_space):
         nvec = multi_discrete_nvec(action_space)
 
         def f(x):
             logits = hk.nets.MLP([32, len(nvec) * max(nvec)])(x).reshape(x.shape[0], len(nvec), max(nvec))
-            return logits, hk.nets.MLP([32, 1])(x)
+            return logits, hk.nets.MLP([32, values])(x)
 
         return hk.without_apply_rng(hk.transform(f))
 
     env = gym.vector.SyncVectorEnv([lambda: gym.make("Match-v0")] * 4)
-    agent = PPO(network, env, 1e-3, batch_size=16)
+    agent = getattr(kitae.functional, name)(network, env, 1e-3, **({} if name == "A2C" else {"batch_size": 16}))
     key = jax.random.PRNGKey(0)
     params, policy_state = agent.init_params(key), agent.init_policy(key)
     optimizer_state = agent.init_optimizer(params, key)

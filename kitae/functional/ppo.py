@@ -107,7 +107,8 @@ class PPO(BaseAgent):
     Args:
         network: ``network(action_space) -> net``, ``net.apply(params, obs)`` returning
             ``(policy, value)`` (see the module docstring); Haiku or Flax.
-        env: a Gymnasium environment or vector environment (``Discrete`` or 1-D ``Box`` actions).
+        env: a Gymnasium environment or vector environment (``Discrete``, 1-D ``MultiDiscrete`` /
+            ``MultiBinary`` or 1-D ``Box`` actions).
         learning_rate: Adam's, a float > 0 or an optax schedule (counted in gradient steps).
         discount_factor, gae_lambda, clip_coef, entropy_coef, value_coef, clip_value_loss,
         normalize_advantages: as ``kitae.algos.collections.ppo.PPOParams``'s ``gamma``,

@@ -47,8 +47,8 @@ class RNDPPO(PPO):
     Args:
         network: ``network(action_space) -> net``, ``net.apply(params, obs)`` returning
             ``(policy, values (B, 2))`` (see the module docstring).
-        env: a Gymnasium environment or vector environment (``Box`` observations; ``Discrete``
-            or 1-D ``Box`` actions).
+        env: a Gymnasium environment or vector environment (``Box`` observations; ``Discrete``,
+            1-D ``MultiDiscrete`` / ``MultiBinary`` or 1-D ``Box`` actions).
         learning_rate: Adam's, for the actor-critic and the predictor.
         n_envs: the rollouts' environment columns ``E`` (default: ``env.num_envs`` for a vector
             environment, else 1).

@@ -219,11 +219,10 @@ def resolve_run_dir(
                 "kitae's algorithms); rebuild it in Python with YourAgent.unserialize(run_dir), its params class "
                 "registered with kitae.config.register_algo_params"
             )
-    config = read_run_config(run_dir)
+    config = read_run_config(run_dir)  # refuses a config.yaml without algo_params_class
     algo = algorithm_name(config)
     if agent_cls is None:
-        if algo is None:  # a config.yaml without algo_params_class is refused by read_run_config
-            raise RunError(f"config.yaml in {str(run_dir)!r} names no algorithm of kitae's")
+        assert algo is not None  # its params class is a built-in's: checked above
         agent_cls = ALGORITHMS[algo][0]
     try:
         env_spec = EnvSpec.parse(config.env_cfg.task_name)

@@ -338,6 +338,46 @@ def test_a_video_of_an_environment_that_cannot_be_filmed_is_refused_by_name(env_
     assert not list(tmp_path.iterdir())
 
 
+def test_a_video_of_an_environment_that_does_not_render_is_refused_by_name(tmp_path):
+    """BitFlipping has no render_mode (it printed Gymnasium's warning and a TypeError's text); an
+    environment that takes the mode but draws nothing is refused after its episode."""
+    import gymnasium as gym
+    import numpy as np
+
+    from kitae.envs.make import EnvSpec
+    from kitae.runs import preset_agent
+    from kitae.runs.evaluation import record_video
+
+    with pytest.raises(RunError, match=r"--video: gymnasium:BitFlipping-v0 does not render frames"):
+        record_video(None, EnvSpec.parse("BitFlipping-v0"), tmp_path, "x")
+
+    class Blank(gym.Env):
+        metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
+        observation_space = gym.spaces.Box(-1.0, 1.0, (4,))
+        action_space = gym.spaces.Discrete(2)
+
+        def __init__(self, render_mode=None):
+            self.render_mode, self.t = render_mode, 0
+
+        def reset(self, *, seed=None, options=None):
+            self.t = 0
+            return np.zeros(4, np.float32), {}
+
+        def step(self, action):
+            self.t += 1
+            return np.zeros(4, np.float32), 1.0, self.t >= 2, False, {}
+
+        def render(self):
+            return None
+
+    gym.register("KitaeTestBlank-v0", entry_point=Blank)
+    agent, env = preset_agent("ppo", "CartPole-v1", steps=256, run_dir=tmp_path / "r")
+    env.close()
+    with pytest.raises(RunError, match=r"KitaeTestBlank-v0 does not render frames .*returned no frame"):
+        record_video(agent, EnvSpec.parse("KitaeTestBlank-v0"), tmp_path / "videos", "x")
+    assert not (tmp_path / "videos").exists()
+
+
 def test_a_reader_that_closes_the_pipe_early_ends_the_command_quietly(run_copy):
     """``kitae eval RUN_DIR | head -0``: the reader is gone before the command prints; it ends with
     the status of a process SIGPIPE ended (141), without an error line (it said "kitae: error:

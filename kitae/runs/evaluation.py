@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -48,20 +49,28 @@ def record_video(agent: Any, env: EnvSpec, folder: Path, prefix: str, seed: int 
     render_offscreen()
     if not _filmable(env):
         raise _not_filmable(env)
-    if env.source == "pettingzoo":
-        from kitae.envs.pettingzoo_envs import parallel_env_maker
+    does_not_render = f"--video: {env.id} does not render frames (render_mode='rgb_array')"
+    with warnings.catch_warnings():  # Gymnasium warns of a mode the environment does not list
+        warnings.simplefilter("ignore")
+        try:
+            if env.source == "pettingzoo":
+                from kitae.envs.pettingzoo_envs import parallel_env_maker
 
-        single = parallel_env_maker(env.name)(render_mode="rgb_array")
-    else:
-        import gymnasium as gym
+                single = parallel_env_maker(env.name)(render_mode="rgb_array")
+            else:
+                import gymnasium as gym
 
-        single = gym.make(str(gymnasium_twin(env)), render_mode="rgb_array")
+                single = gym.make(str(gymnasium_twin(env)), render_mode="rgb_array")
+        except TypeError as error:  # a constructor without render_mode
+            raise RunError(f"{does_not_render}: {error}") from None
     frames: list = []
     try:
         play_episode(agent, single, seed, frames=frames)
         fps = (getattr(single, "metadata", None) or {}).get("render_fps") or 30
     finally:
         single.close()
+    if any(frame is None for frame in frames):
+        raise RunError(f"{does_not_render}: its render() returned no frame")
     try:
         from moviepy import ImageSequenceClip  # what Gymnasium's RecordVideo writes with
     except ImportError:

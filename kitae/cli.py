@@ -105,9 +105,10 @@ EXAMPLES_EVAL = """examples:
 Acts with the deterministic policy (agent.select_action) of the newest checkpoint (or of
 --checkpoint) and writes eval_return into summary.json. A run trained with --set
 train_cfg.eval_episodes=N evaluated each checkpoint as it was saved and keeps the best one beside
-the newest (train_cfg.keep_checkpoints). gymnax and brax environments are evaluated in JAX (all episodes vmapped);
-their videos are rendered through the Gymnasium environment of the same name (gymnax has no
-renderer): gymnax:CartPole-v1 -> CartPole-v1.
+the newest (train_cfg.keep_checkpoints). gymnax and brax environments are evaluated in JAX (all episodes vmapped).
+Videos: gymnax runs are filmed in the Gymnasium environment of the same name (gymnax has no
+renderer: gymnax:CartPole-v1 -> CartPole-v1), Brax runs from their states, drawn by MuJoCo
+(without a display through MUJOCO_GL=egl, which kitae sets where it is unset).
 """
 
 EXAMPLES_PLOT = """examples:

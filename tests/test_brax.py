@@ -8,6 +8,7 @@ Skipped where brax is not installed (``pip install -e ".[brax]"``). Everything r
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import warnings
@@ -127,6 +128,46 @@ def test_actions_are_clipped_to_the_control_range(env, step_fn, reset_fn):
     np.testing.assert_array_equal(big.next_observation, edge.next_observation)
 
 
+def test_a_step_without_reset_keeps_the_state_it_ends_in(env, step_fn, reset_fn):
+    """What a video draws: the step's own state where ``step`` resets; every other field the same."""
+    without = jax.jit(env.step_without_reset)
+    _, state = reset_fn(jax.random.PRNGKey(0), env.default_params)
+    push = jnp.full((1,), 3.0, jnp.float32)
+    for t in range(1, 200):
+        ts = step_fn(jax.random.PRNGKey(t), state, push, env.default_params)
+        kept = without(state, push, env.default_params)
+        for field in ("reward", "terminated", "truncated", "next_observation"):
+            np.testing.assert_array_equal(getattr(ts, field), getattr(kept, field))
+        np.testing.assert_array_equal(kept.observation, kept.next_observation)
+        assert int(kept.state.time) == t
+        if bool(ts.terminated):
+            break
+        assert _leaves_equal(ts.state, kept.state)
+        state = ts.state
+    assert bool(kept.terminated) and int(ts.state.time) == 0  # step reset; the kept state is the fallen one
+    np.testing.assert_array_equal(kept.state.brax_state.obs, kept.next_observation)
+
+
+def test_render_draws_one_state_as_an_rgb_frame(env, reset_fn, monkeypatch):
+    from kitae.envs.make import offscreen_gl
+
+    if offscreen_gl() is None:
+        pytest.skip("this machine has neither an EGL nor an OSMesa library to draw MuJoCo off screen")
+    monkeypatch.setenv("MUJOCO_GL", offscreen_gl())
+    _, state = reset_fn(jax.random.PRNGKey(0), env.default_params)
+    fallen, step = state, jax.jit(env.step_without_reset)
+    for _ in range(30):  # push until the pole leans
+        fallen = step(fallen, jnp.full((1,), 3.0, jnp.float32), env.default_params).state
+    try:
+        upright, leaning = env.render(state), env.render(fallen)
+        small = env.render(state, width=64, height=48)
+    finally:
+        env.close()
+    assert upright.shape == leaning.shape == (240, 320, 3) and upright.dtype == np.uint8 and small.shape == (48, 64, 3)
+    assert upright.std() > 5 and np.abs(upright.astype(int) - leaning).sum() > 0  # a drawing, and the pole moved
+    assert env.render_fps == pytest.approx(25.0)  # inverted_pendulum's dt is 0.04 s
+
+
 def test_make_jax_env_builds_a_vectorized_brax_env():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -236,15 +277,34 @@ def test_kitae_train_on_a_brax_env(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["env"] == f"brax:{ENV}" and summary["steps"] == 64
+    from kitae.envs.make import offscreen_gl
+
+    filmed = offscreen_gl() is not None  # MuJoCo draws Brax's models off screen through EGL or OSMesa
+    headless = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "MUJOCO_GL")}
     evaluated = subprocess.run(
-        [sys.executable, "-m", "kitae.cli", "eval", str(run_dir), "--episodes", "2"],
+        [sys.executable, "-m", "kitae.cli", "eval", str(run_dir), "--episodes", "2", *(["--video"] if filmed else [])],
         capture_output=True,
         text=True,
         timeout=280,
+        env=headless,
     )
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["eval_episodes"] == 2 and 1.0 <= summary["eval_return"] <= 1000.0
+    if filmed:  # the video plays the deterministic policy; inverted_pendulum pays 1 a step
+        from moviepy import VideoFileClip
+
+        from kitae.loops.evaluate import play_episode
+        from kitae.runs.load import load_agent
+
+        video = run_dir / "videos" / "eval-step64-episode-0.mp4"
+        assert evaluated.stdout.strip().endswith(f"video: {video}")
+        steps = play_episode(load_agent(run_dir), BraxEnv(ENV), seed=0)
+        assert steps == int(steps) and 1 <= steps < 1000  # the untrained pole falls
+        clip = VideoFileClip(str(video))
+        assert clip.fps == 25 and clip.size == [320, 240]
+        assert clip.n_frames == int(steps) + 1  # the reset's frame and each step's
+        clip.close()
     bad = subprocess.run(
         [sys.executable, "-m", "kitae.cli", "train", "ppo", "brax:not_an_env", "--steps", "10"],
         capture_output=True,

@@ -328,19 +328,19 @@ def test_eval_reports_mean_and_std_and_records_a_video(capsys, run_copy):
     assert len(videos) == 1 and videos[0].stat().st_size > 1000
 
 
-@pytest.mark.parametrize("env_id", ["jaxmarl:MPE_simple_spread_v3", "brax:inverted_pendulum", "envpool:Pong-v5"])
+@pytest.mark.parametrize("env_id", ["jaxmarl:MPE_simple_spread_v3", "envpool:Pong-v5"])
 def test_a_video_of_an_environment_that_cannot_be_filmed_is_refused_by_name(env_id, tmp_path):
     from kitae.envs.make import EnvSpec
     from kitae.runs.evaluation import record_video
 
-    with pytest.raises(RunError, match=rf"--video: {env_id} cannot be filmed; allowed: Gymnasium and PettingZoo"):
+    with pytest.raises(RunError, match=rf"--video: {env_id} cannot be filmed; allowed: Gymnasium, PettingZoo and Brax"):
         record_video(None, EnvSpec.parse(env_id), tmp_path, "x")
     assert not list(tmp_path.iterdir())
 
 
 def test_a_video_of_an_environment_that_does_not_render_is_refused_by_name(tmp_path):
     """BitFlipping has no render_mode (it printed Gymnasium's warning and a TypeError's text); an
-    environment that takes the mode but draws nothing is refused after its episode."""
+    environment that takes the mode but draws nothing is refused at its first frame."""
     import gymnasium as gym
     import numpy as np
 
@@ -376,6 +376,31 @@ def test_a_video_of_an_environment_that_does_not_render_is_refused_by_name(tmp_p
     with pytest.raises(RunError, match=r"KitaeTestBlank-v0 does not render frames .*returned no frame"):
         record_video(agent, EnvSpec.parse("KitaeTestBlank-v0"), tmp_path / "videos", "x")
     assert not (tmp_path / "videos").exists()
+
+
+def test_a_mujoco_environment_is_filmed_without_a_display_or_refused_in_one_line(capsys, tmp_path, monkeypatch):
+    """Gymnasium's MuJoCo environments draw through OpenGL, by default GLFW, which needs a display:
+    ``kitae eval --video`` printed MuJoCo's FatalError as a traceback. Without ``DISPLAY`` kitae now
+    picks EGL (or OSMesa); a backend that cannot draw here is one line naming it."""
+    from kitae.envs.make import offscreen_gl
+
+    if offscreen_gl() is None:
+        pytest.skip("this machine has neither an EGL nor an OSMesa library to draw MuJoCo off screen")
+    run_dir = tmp_path / "pendulum"
+    assert main(["train", "td3", "InvertedPendulum-v5", "--steps", "300", "--run-dir", str(run_dir), "--quiet",
+                 "--set", "algo_params.start_step=100"]) == 0  # fmt: skip
+    capsys.readouterr()
+    for name in ("DISPLAY", "WAYLAND_DISPLAY", "MUJOCO_GL"):
+        monkeypatch.delenv(name, raising=False)
+    assert main(["eval", str(run_dir), "--episodes", "1", "--video"]) == 0
+    video = run_dir / "videos" / "eval-step300-episode-0.mp4"
+    assert capsys.readouterr().out.strip().endswith(f"video: {video}") and video.stat().st_size > 1000
+    video.unlink()
+    monkeypatch.setenv("MUJOCO_GL", "glfw")  # the default, which needs a display
+    assert main(["eval", str(run_dir), "--episodes", "1", "--video"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("kitae: error: --video: gymnasium:InvertedPendulum-v5 could not draw a frame here")
+    assert "(MUJOCO_GL=glfw;" in err and "\n" not in err and not video.exists()
 
 
 def test_a_reader_that_closes_the_pipe_early_ends_the_command_quietly(run_copy):

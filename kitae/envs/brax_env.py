@@ -136,6 +136,8 @@ class BraxEnv:
         low, high = _control_range(self.env)
         self.action_space = gym.spaces.Box(low, high, low.shape, np.float32)
         self._low, self._high = low, high
+        self._renderer: Any = None
+        self._data: Any = None
 
     def reset(self, key: jax.Array, params: BraxParams) -> tuple[jax.Array, BraxEnvState]:
         """A fresh episode: ``(observation (obs_size,), state)``."""
@@ -144,24 +146,72 @@ class BraxEnv:
 
     def step(self, key: jax.Array, state: BraxEnvState, action: jax.Array, params: BraxParams) -> JaxTimeStep:
         """One step; an episode that ended is reset from ``key`` (see the module docstring)."""
+        ts = self.step_without_reset(state, action, params)
+        ended = jnp.logical_or(jnp.asarray(ts.terminated), jnp.asarray(ts.truncated))  # arrays: one agent
+        reset_obs, reset_state = self.reset(key, params)
+        chosen = jax.tree_util.tree_map(
+            lambda fresh, old: jnp.where(ended, fresh, old), reset_state.brax_state, ts.state.brax_state
+        )
+        return ts._replace(
+            observation=jnp.where(ended, reset_obs, ts.next_observation),
+            state=BraxEnvState(brax_state=chosen, time=jnp.where(ended, 0, ts.state.time).astype(jnp.int32)),
+        )
+
+    def step_without_reset(self, state: BraxEnvState, action: jax.Array, params: BraxParams) -> JaxTimeStep:
+        """One step that keeps the state it reaches, even when the episode ends there (``step``
+        resets it): what a video draws. ``observation`` and ``next_observation`` are both the
+        observation reached (``(obs_size,)``); ``state.time`` counts the step."""
         action = jnp.clip(jnp.asarray(action, jnp.float32), self._low, self._high)
         stepped = self.env.step(state.brax_state, action)
         time = state.time + 1
         terminated = jnp.asarray(stepped.done, jnp.float32) > 0.5
         truncated = jnp.logical_and(time >= params.episode_length, jnp.logical_not(terminated))
-        ended = jnp.logical_or(terminated, truncated)
-        reset_obs, reset_state = self.reset(key, params)
-        chosen = jax.tree_util.tree_map(
-            lambda fresh, old: jnp.where(ended, fresh, old), reset_state.brax_state, stepped
-        )
         return JaxTimeStep(
-            observation=jnp.where(ended, reset_obs, stepped.obs),
-            state=BraxEnvState(brax_state=chosen, time=jnp.where(ended, 0, time).astype(jnp.int32)),
+            observation=stepped.obs,
+            state=BraxEnvState(brax_state=stepped, time=time.astype(jnp.int32)),
             reward=jnp.asarray(stepped.reward, jnp.float32),
             terminated=terminated,
             truncated=truncated,
             next_observation=stepped.obs,
         )
+
+    @property
+    def render_fps(self) -> float:
+        """Steps per second of simulated time (``1 / dt``): the frame rate of a video of it."""
+        return 1.0 / float(self.env.dt)
+
+    def render(self, state: BraxEnvState, width: int = 320, height: int = 240) -> np.ndarray:
+        """``(height, width, 3)`` uint8: ``state`` (one environment's, not a batch) drawn by MuJoCo
+        from the system's model, through Gymnasium's off-screen ``MujocoRenderer`` (its ``track``
+        camera where the model has one, else a free camera).
+
+        Gymnasium's renderer rather than ``brax.io.image``: ``mujoco.Renderer``, which Brax's
+        uses, takes its OpenGL backend from ``MUJOCO_GL`` once, when ``mujoco`` is imported (by
+        Brax, before kitae could choose one on a machine without a display:
+        ``kitae.envs.make.render_offscreen``); Gymnasium's reads it when the renderer is made.
+        """
+        import mujoco
+        from gymnasium.envs.mujoco.mujoco_rendering import MujocoRenderer
+
+        model = getattr(self.env.sys, "mj_model", None)
+        if model is None:
+            raise ValueError(f"Brax environment {self.name!r} ({self.backend}) has no MuJoCo model to draw")
+        if self._renderer is None or (self._renderer.width, self._renderer.height) != (width, height):
+            self.close()
+            self._data = mujoco.MjData(model)
+            self._renderer = MujocoRenderer(model, self._data, width=width, height=height)
+        pipeline = state.brax_state.pipeline_state
+        self._data.qpos[:], self._data.qvel[:] = np.asarray(pipeline.q), np.asarray(pipeline.qd)
+        if model.nmocap and hasattr(pipeline, "mocap_pos"):
+            self._data.mocap_pos[:], self._data.mocap_quat[:] = pipeline.mocap_pos, pipeline.mocap_quat
+        mujoco.mj_forward(model, self._data)
+        return np.array(self._renderer.render("rgb_array"))
+
+    def close(self) -> None:
+        """Frees the renderer's OpenGL context (``render`` makes a new one when called again)."""
+        if self._renderer is not None:
+            self._renderer.close()
+        self._renderer = None
 
     def __repr__(self) -> str:
         return f"BraxEnv({self.name!r}, backend={self.backend!r})"

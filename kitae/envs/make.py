@@ -135,7 +135,9 @@ and is left as it is."""
 
 def render_offscreen() -> None:
     """Lets pygame, Gymnasium's renderer for ``rgb_array`` frames, draw without a display or a
-    sound card: SDL's ``dummy`` video and audio drivers, unless the process already names others.
+    sound card: SDL's ``dummy`` video and audio drivers, unless the process already names others;
+    and MuJoCo's renderer draw without a display: ``MUJOCO_GL`` set to ``offscreen_gl()`` on a
+    Linux machine with no ``DISPLAY`` (or ``WAYLAND_DISPLAY``), unless the process names one.
 
     Without them, on a headless machine pygame's start prints a dozen ALSA and
     ``XDG_RUNTIME_DIR`` errors to stderr, for frames it renders off-screen anyway. Called before a
@@ -143,10 +145,32 @@ def render_offscreen() -> None:
     environment variables (``setdefault``: a user's own choice is kept).
     """
     import os
+    import sys
 
     os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
     os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
+    if sys.platform.startswith("linux") and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+        # MuJoCo (Gymnasium's MuJoCo environments, Brax's models) draws through OpenGL, by
+        # default through GLFW, which needs a display: without one the first frame fails with
+        # "an OpenGL platform library has not been loaded". EGL (Mesa's, in software where there
+        # is no GPU) and OSMesa draw off screen; Gymnasium reads the choice when it draws.
+        backend = offscreen_gl()
+        if backend is not None:
+            os.environ.setdefault("MUJOCO_GL", backend)
+
+
+def offscreen_gl() -> str | None:
+    """The ``MUJOCO_GL`` backend that draws without a display here: ``"egl"`` where the system
+    has an EGL library, else ``"osmesa"`` where it has OSMesa, else ``None`` (left unset: a
+    backend whose library is missing breaks ``import mujoco`` itself, not only drawing)."""
+    import ctypes.util
+
+    if ctypes.util.find_library("EGL") is not None:
+        return "egl"
+    if ctypes.util.find_library("OSMesa") is not None:
+        return "osmesa"
+    return None
 
 
 def _gymnasium_thunk(

@@ -107,12 +107,15 @@ def play_episode(agent: Any, env: Any, seed: int = 0, params: Any = None, frames
     --video`` films.
 
     Args:
-        env: a ``gymnasium.Env`` (``Box`` actions clipped to the space) or a PettingZoo
+        env: a ``gymnasium.Env`` (``Box`` actions clipped to the space), a PettingZoo
             ``ParallelEnv`` (stepped by ``kitae.envs.parallel.ParallelEnvCopy``, as in training;
-            the return is the team's, the sum over agents), reset with ``seed``.
+            the return is the team's, the sum over agents), reset with ``seed``; or one JAX
+            environment with ``step_without_reset`` and ``render(state)`` (a
+            ``kitae.envs.brax_env.BraxEnv``), reset from ``PRNGKey(seed)`` and stepped compiled.
         params: the acting parameters (default: ``agent.acting_params(agent.state)``).
-        frames: if a list, ``env.render()``'s frame after the reset and after every step is
-            appended to it (an environment made with ``render_mode="rgb_array"``).
+        frames: if a list, ``env.render()``'s frame (a JAX environment's ``env.render(state)``)
+            after the reset and after every step is appended to it (an environment made with
+            ``render_mode="rgb_array"``).
 
     Returns:
         The episode's raw return.
@@ -124,6 +127,8 @@ def play_episode(agent: Any, env: Any, seed: int = 0, params: Any = None, frames
     act = _deterministic(agent)
     params = agent.acting_params(agent.state) if params is None else params
     key = jax.random.PRNGKey(seed)
+    if hasattr(env, "step_without_reset"):
+        return _play_jax_episode(agent, act, params, env, key, frames)
     copy = ParallelEnvCopy(env, autoreset=False) if is_parallel_env(env) else None
     memory = initial_memory(agent, 1, copy.agents if copy is not None else None)
     observation = copy.reset(seed=seed) if copy is not None else env.reset(seed=seed)[0]
@@ -149,6 +154,29 @@ def play_episode(agent: Any, env: Any, seed: int = 0, params: Any = None, frames
         memory = next_memory(memory, hidden, np.asarray([done]))
     if frames is not None:
         frames.append(env.render())
+    return total
+
+
+def _play_jax_episode(agent: Any, act: Any, params: Any, env: Any, key: jax.Array, frames: list | None) -> float:
+    """``play_episode`` in one JAX environment: its reset and steps compiled, the loop in Python
+    (a video draws every state), until the episode ends (the state it ends in is kept)."""
+    step = jax.jit(env.step_without_reset)
+    key, reset_key = jax.random.split(key)
+    observation, state = jax.jit(env.reset)(reset_key, env.default_params)
+    memory = initial_memory(agent, 1)
+    total, done = 0.0, False
+    while not done:
+        if frames is not None:
+            frames.append(env.render(state))
+        key, act_key = jax.random.split(key)
+        actions, hidden = act(params, act_key, observation[None], memory)
+        ts = step(state, actions[0], env.default_params)
+        observation, state = ts.observation, ts.state
+        total += float(ts.reward)
+        done = bool(ts.terminated) or bool(ts.truncated)
+        memory = next_memory(memory, hidden, np.asarray([done]))
+    if frames is not None:
+        frames.append(env.render(state))
     return total
 
 

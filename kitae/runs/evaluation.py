@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -29,44 +30,78 @@ def gymnasium_twin(env: EnvSpec) -> str | None:
 
 
 def _filmable(env: EnvSpec) -> bool:
-    """Whether ``kitae eval --video`` can film ``env``: a Gymnasium twin, or a PettingZoo id."""
-    return env.source == "pettingzoo" or gymnasium_twin(env) is not None
+    """Whether ``kitae eval --video`` can film ``env``: a Gymnasium twin, a PettingZoo or a Brax id."""
+    return env.source in ("pettingzoo", "brax") or gymnasium_twin(env) is not None
 
 
 def _not_filmable(env: EnvSpec) -> RunError:
     return RunError(
-        f"--video: {env.id} cannot be filmed; allowed: Gymnasium and PettingZoo ids, and gymnax ids whose "
+        f"--video: {env.id} cannot be filmed; allowed: Gymnasium, PettingZoo and Brax ids, and gymnax ids whose "
         "environment Gymnasium has (CartPole-v1, Pendulum-v1, ...)"
     )
 
 
-def record_video(agent: Any, env: EnvSpec, folder: Path, prefix: str, seed: int = 0) -> Path:
-    """Records one episode of the agent's deterministic policy (``kitae.loops.evaluate.play_episode``,
-    which carries a recurrent agent's hidden state) as ``folder/<prefix>-episode-0.mp4``, from
-    the environment's ``rgb_array`` frames at its ``render_fps``: a Gymnasium environment (a
-    gymnax one through its Gymnasium twin, ``gymnasium_twin``) or a PettingZoo one (the team's
-    episode). Returns the file."""
-    render_offscreen()
-    if not _filmable(env):
-        raise _not_filmable(env)
-    does_not_render = f"--video: {env.id} does not render frames (render_mode='rgb_array')"
+def _filming_env(env: EnvSpec, does_not_render: str) -> Any:
+    """One environment of ``env`` that draws frames: PettingZoo's and Gymnasium's made with
+    ``render_mode="rgb_array"``, a ``BraxEnv`` (which draws its states)."""
+    if env.source == "brax":
+        from kitae.envs.brax_env import BraxEnv
+
+        return BraxEnv(env.name)
     with warnings.catch_warnings():  # Gymnasium warns of a mode the environment does not list
         warnings.simplefilter("ignore")
         try:
             if env.source == "pettingzoo":
                 from kitae.envs.pettingzoo_envs import parallel_env_maker
 
-                single = parallel_env_maker(env.name)(render_mode="rgb_array")
-            else:
-                import gymnasium as gym
+                return parallel_env_maker(env.name)(render_mode="rgb_array")
+            import gymnasium as gym
 
-                single = gym.make(str(gymnasium_twin(env)), render_mode="rgb_array")
+            return gym.make(str(gymnasium_twin(env)), render_mode="rgb_array")
         except TypeError as error:  # a constructor without render_mode
             raise RunError(f"{does_not_render}: {error}") from None
+
+
+def _first_frame(single: Any, seed: int) -> Any:
+    """The frame of a fresh episode (``None`` where the environment draws none): drawn before the
+    episode is played, so that an environment that cannot draw here fails before it plays."""
+    if hasattr(single, "step_without_reset"):  # a BraxEnv
+        import jax
+
+        return single.render(single.reset(jax.random.PRNGKey(seed), single.default_params)[1])
+    single.reset(seed=seed)
+    return single.render()
+
+
+def record_video(agent: Any, env: EnvSpec, folder: Path, prefix: str, seed: int = 0) -> Path:
+    """Records one episode of the agent's deterministic policy (``kitae.loops.evaluate.play_episode``,
+    which carries a recurrent agent's hidden state) as ``folder/<prefix>-episode-0.mp4``, from
+    the environment's ``rgb_array`` frames at its ``render_fps``: a Gymnasium environment (a
+    gymnax one through its Gymnasium twin, ``gymnasium_twin``), a PettingZoo one (the team's
+    episode) or a Brax one (its states drawn by MuJoCo, ``BraxEnv.render``). MuJoCo draws through
+    OpenGL: without a display, through EGL or OSMesa (``kitae.envs.make.render_offscreen``).
+    Returns the file."""
+    render_offscreen()
+    if not _filmable(env):
+        raise _not_filmable(env)
+    does_not_render = f"--video: {env.id} does not render frames (render_mode='rgb_array')"
+    single = _filming_env(env, does_not_render)
     frames: list = []
     try:
+        try:
+            with warnings.catch_warnings():  # GLFW's warning, then the error that says the same
+                warnings.simplefilter("ignore")
+                first = _first_frame(single, seed)
+        except Exception as error:  # OpenGL's, MuJoCo's, pygame's errors: no common base class
+            backend = os.environ.get("MUJOCO_GL", "unset")
+            raise RunError(
+                f"--video: {env.id} could not draw a frame here (MUJOCO_GL={backend}; without a display MuJoCo "
+                f"draws with MUJOCO_GL=egl or osmesa and their system library): {type(error).__name__}: {error}"
+            ) from None
+        if first is None:
+            raise RunError(f"{does_not_render}: its render() returned no frame")
         play_episode(agent, single, seed, frames=frames)
-        fps = (getattr(single, "metadata", None) or {}).get("render_fps") or 30
+        fps = getattr(single, "render_fps", None) or (getattr(single, "metadata", None) or {}).get("render_fps") or 30
     finally:
         single.close()
     if any(frame is None for frame in frames):

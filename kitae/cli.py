@@ -108,7 +108,8 @@ train_cfg.eval_episodes=N evaluated each checkpoint as it was saved and keeps th
 the newest (train_cfg.keep_checkpoints). gymnax and brax environments are evaluated in JAX (all episodes vmapped).
 Videos: gymnax runs are filmed in the Gymnasium environment of the same name (gymnax has no
 renderer: gymnax:CartPole-v1 -> CartPole-v1), Brax runs from their states, drawn by MuJoCo
-(without a display through MUJOCO_GL=egl, which kitae sets where it is unset).
+(without a display through MUJOCO_GL=egl, which kitae sets where it is unset), JaxMARL MPE runs
+drawn by JaxMARL's MPE visualizer.
 """
 
 EXAMPLES_PLOT = """examples:

@@ -135,7 +135,7 @@ def test_a_step_without_reset_keeps_the_state_it_ends_in(env, step_fn, reset_fn)
     push = jnp.full((1,), 3.0, jnp.float32)
     for t in range(1, 200):
         ts = step_fn(jax.random.PRNGKey(t), state, push, env.default_params)
-        kept = without(state, push, env.default_params)
+        kept = without(jax.random.PRNGKey(t), state, push, env.default_params)
         for field in ("reward", "terminated", "truncated", "next_observation"):
             np.testing.assert_array_equal(getattr(ts, field), getattr(kept, field))
         np.testing.assert_array_equal(kept.observation, kept.next_observation)
@@ -157,7 +157,7 @@ def test_render_draws_one_state_as_an_rgb_frame(env, reset_fn, monkeypatch):
     _, state = reset_fn(jax.random.PRNGKey(0), env.default_params)
     fallen, step = state, jax.jit(env.step_without_reset)
     for _ in range(30):  # push until the pole leans
-        fallen = step(fallen, jnp.full((1,), 3.0, jnp.float32), env.default_params).state
+        fallen = step(jax.random.PRNGKey(0), fallen, jnp.full((1,), 3.0, jnp.float32), env.default_params).state
     try:
         upright, leaning = env.render(state), env.render(fallen)
         small = env.render(state, width=64, height=48)

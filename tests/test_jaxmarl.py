@@ -123,6 +123,40 @@ def test_adapter_resets_at_the_time_limit_with_the_real_final_observation_and_tr
     assert lengths == [max_steps + 1, max_steps + 1]
 
 
+def test_a_step_without_reset_keeps_the_state_the_episode_ends_in():
+    """What a video draws: ``step``'s fields with its step key, and the reached state where it resets."""
+    env = JaxMARLEnv(SPREAD, max_steps=3)
+    _, state = env.reset(jax.random.PRNGKey(0))
+    step, without = jax.jit(env.step), jax.jit(env.step_without_reset)
+    actions = {a: jnp.int32(i + 1) for i, a in enumerate(AGENTS)}
+    for k in range(4):  # an episode has max_steps + 1 transitions
+        key = jax.random.PRNGKey(100 + k)
+        ts, kept = step(key, state, actions), without(jax.random.split(key)[0], state, actions)
+        for field in ("reward", "terminated", "truncated", "next_observation"):
+            assert _leaves_equal(getattr(ts, field), getattr(kept, field)), field
+        assert _leaves_equal(kept.observation, kept.next_observation) and int(kept.state.step) == k + 1
+        if k < 3:
+            assert _leaves_equal(ts.state, kept.state)
+        state = ts.state
+    assert all(bool(kept.truncated[a]) for a in AGENTS) and int(ts.state.step) == 0  # step reset
+
+
+@pytest.mark.filterwarnings("ignore:JAXopt is no longer maintained")  # imported with coin_game
+def test_an_mpe_state_is_drawn_as_an_rgb_frame():
+    env = JaxMARLEnv(SPREAD)
+    _, state = env.reset(jax.random.PRNGKey(0))
+    moved = env.step_without_reset(jax.random.PRNGKey(1), state, {a: jnp.int32(1) for a in AGENTS}).state
+    try:
+        first, second = env.render(state), env.render(moved)
+    finally:
+        env.close()
+    assert first.shape == second.shape == (500, 500, 3) and first.dtype == np.uint8
+    assert first.std() > 5 and not np.array_equal(first, second)  # a drawing; the agents moved, the step too
+    assert env.render_fps == pytest.approx(10.0)  # MPE's dt is 0.1 s
+    with pytest.raises(ValueError, match="cannot be drawn; allowed: the MPE_"):
+        JaxMARLEnv("coin_game", episode_end="termination").render(state)
+
+
 def test_adapter_clips_continuous_actions_to_the_box():
     env = JaxMARLEnv(SPREAD, action_type="Continuous")
     assert env.action_space.shape == (5,)
@@ -385,5 +419,14 @@ def test_kitae_train_ppo_on_simple_spread(tmp_path, capsys):
     assert main(["eval", str(run_dir), "--episodes", "3"]) == 0, capsys.readouterr().err
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["eval_episodes"] == 3 and summary["eval_return"] < 0
+    # --video films the team's episode, drawn by JaxMARL's MPE visualizer: the reset and 26 steps
+    assert main(["eval", str(run_dir), "--episodes", "1", "--video"]) == 0, capsys.readouterr().err
+    video = run_dir / "videos" / "eval-step128-episode-0.mp4"
+    assert capsys.readouterr().out.strip().endswith(f"video: {video}")
+    from moviepy import VideoFileClip
+
+    clip = VideoFileClip(str(video))
+    assert clip.fps == 10 and clip.size == [500, 500] and clip.n_frames == 25 + 2
+    clip.close()
     assert main(["train", "ppo", "jaxmarl:NotAnEnv", "--quiet", "--run-dir", str(tmp_path / "x")]) == 2
     assert "unknown JaxMARL environment 'NotAnEnv'" in capsys.readouterr().err

@@ -146,7 +146,7 @@ class BraxEnv:
 
     def step(self, key: jax.Array, state: BraxEnvState, action: jax.Array, params: BraxParams) -> JaxTimeStep:
         """One step; an episode that ended is reset from ``key`` (see the module docstring)."""
-        ts = self.step_without_reset(state, action, params)
+        ts = self.step_without_reset(key, state, action, params)
         ended = jnp.logical_or(jnp.asarray(ts.terminated), jnp.asarray(ts.truncated))  # arrays: one agent
         reset_obs, reset_state = self.reset(key, params)
         chosen = jax.tree_util.tree_map(
@@ -157,10 +157,13 @@ class BraxEnv:
             state=BraxEnvState(brax_state=chosen, time=jnp.where(ended, 0, ts.state.time).astype(jnp.int32)),
         )
 
-    def step_without_reset(self, state: BraxEnvState, action: jax.Array, params: BraxParams) -> JaxTimeStep:
+    def step_without_reset(
+        self, key: jax.Array, state: BraxEnvState, action: jax.Array, params: BraxParams
+    ) -> JaxTimeStep:
         """One step that keeps the state it reaches, even when the episode ends there (``step``
-        resets it): what a video draws. ``observation`` and ``next_observation`` are both the
-        observation reached (``(obs_size,)``); ``state.time`` counts the step."""
+        resets it from ``key``; Brax's physics takes no key, so this one is unused): what a video
+        draws. ``observation`` and ``next_observation`` are both the observation reached
+        (``(obs_size,)``); ``state.time`` counts the step."""
         action = jnp.clip(jnp.asarray(action, jnp.float32), self._low, self._high)
         stepped = self.env.step(state.brax_state, action)
         time = state.time + 1

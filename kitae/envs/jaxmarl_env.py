@@ -188,6 +188,7 @@ class JaxMARLEnv:
                 )
         self.observation_space = obs_spaces[self.agents[0]]
         self.action_space = act_spaces[self.agents[0]]
+        self._visualizer: Any = None
 
     # -- the JaxEnv protocol --------------------------------------------------------------------
 
@@ -223,13 +224,25 @@ class JaxMARLEnv:
             ``truncated`` all False.
         """
         step_key, reset_key = jax.random.split(key)
-        obs_step, state_step, rewards, dones, _ = self.env.step_env(step_key, state, self._actions(action))
+        ts, over = self._advance(step_key, state, action)
         obs_reset, state_reset = self.env.reset(reset_key)
-        over = jnp.asarray(dones["__all__"], bool)
-        new_state = jax.tree_util.tree_map(lambda r, s: jax.lax.select(over, r, s), state_reset, state_step)
-        final_obs = self._observations(obs_step)
+        new_state = jax.tree_util.tree_map(lambda r, s: jax.lax.select(over, r, s), state_reset, ts.state)
         first_obs = self._observations(obs_reset)
-        observation = {a: jax.lax.select(over, first_obs[a], final_obs[a]) for a in self.agents}
+        observation = {a: jax.lax.select(over, first_obs[a], ts.next_observation[a]) for a in self.agents}
+        return ts._replace(observation=observation, state=new_state)
+
+    def step_without_reset(self, key: jax.Array, state: Any, action: dict, params: Any = None) -> JaxTimeStep:
+        """One step that keeps the state it reaches, even where the episode ends there (``step``
+        resets it): what a video draws. ``key`` is the step's own (``step`` splits its key into
+        this one and the reset's); ``observation`` and ``next_observation`` are both the
+        observations reached."""
+        return self._advance(key, state, action)[0]
+
+    def _advance(self, key: jax.Array, state: Any, action: dict) -> tuple[JaxTimeStep, jax.Array]:
+        """``(the step without a reset, whether the episode ended: dones["__all__"])``."""
+        obs_step, state_step, rewards, dones, _ = self.env.step_env(key, state, self._actions(action))
+        over = jnp.asarray(dones["__all__"], bool)
+        final_obs = self._observations(obs_step)
         false = jnp.zeros((), bool)
         if self.episode_end == "truncation":
             truncated = dict.fromkeys(self.agents, over)
@@ -237,14 +250,55 @@ class JaxMARLEnv:
         else:
             terminated = {a: jnp.logical_or(jnp.asarray(dones[a], bool), over) for a in self.agents}
             truncated = dict.fromkeys(self.agents, false)
-        return JaxTimeStep(
-            observation=observation,
-            state=new_state,
+        ts = JaxTimeStep(
+            observation=final_obs,
+            state=state_step,
             reward={a: jnp.asarray(rewards[a], jnp.float32) for a in self.agents},
             terminated=terminated,
             truncated=truncated,
             next_observation=final_obs,
         )
+        return ts, over
+
+    @property
+    def render_fps(self) -> float:
+        """Steps per second of simulated time (``1 / dt``; 10 for MPE): a video's frame rate."""
+        return 1.0 / float(getattr(self.env, "dt", 0.1))
+
+    def render(self, state: Any) -> np.ndarray:
+        """``(500, 500, 3)`` uint8: one MPE environment's ``state`` (not a batch) drawn by JaxMARL's
+        own ``MPEVisualizer`` (matplotlib: the entities as discs, the step, what speakers say).
+
+        Raises:
+            ValueError: for an environment other than MPE (JaxMARL's other visualizers draw
+                their own kinds of scenes).
+        """
+        if not self.filmable:
+            raise ValueError(f"JaxMARL environment {self.name!r} cannot be drawn; allowed: the MPE_* environments")
+        if self._visualizer is None:
+            from jaxmarl.environments.mpe.mpe_visualizer import MPEVisualizer
+
+            with contextlib.redirect_stdout(io.StringIO()):  # it prints "Comm active? ..." when made
+                self._visualizer = MPEVisualizer(self.env, [state])
+        self._visualizer.state_seq = [state]
+        with contextlib.redirect_stdout(io.StringIO()):
+            self._visualizer.update(0)
+        canvas = self._visualizer.fig.canvas
+        canvas.draw()
+        return np.asarray(canvas.buffer_rgba())[..., :3].copy()
+
+    @property
+    def filmable(self) -> bool:
+        """Whether ``render`` draws this environment: JaxMARL's MPE environments."""
+        return "MPE" in type(self.env).__name__
+
+    def close(self) -> None:
+        """Closes the figure ``render`` draws on (made again when ``render`` is called again)."""
+        if self._visualizer is not None:
+            import matplotlib.pyplot as plt
+
+            plt.close(self._visualizer.fig)
+        self._visualizer = None
 
     def __repr__(self) -> str:
         return f"JaxMARLEnv({self.name!r}, episode_end={self.episode_end!r})"

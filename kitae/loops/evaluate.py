@@ -111,7 +111,8 @@ def play_episode(agent: Any, env: Any, seed: int = 0, params: Any = None, frames
             ``ParallelEnv`` (stepped by ``kitae.envs.parallel.ParallelEnvCopy``, as in training;
             the return is the team's, the sum over agents), reset with ``seed``; or one JAX
             environment with ``step_without_reset`` and ``render(state)`` (a
-            ``kitae.envs.brax_env.BraxEnv``), reset from ``PRNGKey(seed)`` and stepped compiled.
+            ``kitae.envs.brax_env.BraxEnv``, a ``kitae.envs.jaxmarl_env.JaxMARLEnv``: the team's
+            return), reset from ``PRNGKey(seed)`` and stepped compiled.
         params: the acting parameters (default: ``agent.acting_params(agent.state)``).
         frames: if a list, ``env.render()``'s frame (a JAX environment's ``env.render(state)``)
             after the reset and after every step is appended to it (an environment made with
@@ -159,21 +160,25 @@ def play_episode(agent: Any, env: Any, seed: int = 0, params: Any = None, frames
 
 def _play_jax_episode(agent: Any, act: Any, params: Any, env: Any, key: jax.Array, frames: list | None) -> float:
     """``play_episode`` in one JAX environment: its reset and steps compiled, the loop in Python
-    (a video draws every state), until the episode ends (the state it ends in is kept)."""
+    (a video draws every state), until the episode ends (the state it ends in is kept). In a
+    multi-agent one (``env.agents``) every agent acts on its ``(1, ...)`` row, the return is the
+    team's and the episode ends when any agent's does (JaxMARL's agents end together)."""
     step = jax.jit(env.step_without_reset)
+    agents = getattr(env, "agents", None)
     key, reset_key = jax.random.split(key)
     observation, state = jax.jit(env.reset)(reset_key, env.default_params)
-    memory = initial_memory(agent, 1)
+    memory = initial_memory(agent, 1, agents)
     total, done = 0.0, False
     while not done:
         if frames is not None:
             frames.append(env.render(state))
-        key, act_key = jax.random.split(key)
-        actions, hidden = act(params, act_key, observation[None], memory)
-        ts = step(state, actions[0], env.default_params)
+        key, act_key, step_key = jax.random.split(key, 3)
+        rows = jax.tree_util.tree_map(lambda x: x[None], observation)
+        actions, hidden = act(params, act_key, rows, memory)
+        ts = step(step_key, state, jax.tree_util.tree_map(lambda x: x[0], actions), env.default_params)
         observation, state = ts.observation, ts.state
-        total += float(ts.reward)
-        done = bool(ts.terminated) or bool(ts.truncated)
+        total += float(sum(np.sum(r) for r in jax.tree_util.tree_leaves(ts.reward)))
+        done = any(bool(f) for f in jax.tree_util.tree_leaves((ts.terminated, ts.truncated)))
         memory = next_memory(memory, hidden, np.asarray([done]))
     if frames is not None:
         frames.append(env.render(state))

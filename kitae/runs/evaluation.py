@@ -30,24 +30,31 @@ def gymnasium_twin(env: EnvSpec) -> str | None:
 
 
 def _filmable(env: EnvSpec) -> bool:
-    """Whether ``kitae eval --video`` can film ``env``: a Gymnasium twin, a PettingZoo or a Brax id."""
+    """Whether ``kitae eval --video`` can film ``env``: a Gymnasium twin, a PettingZoo or a Brax id,
+    or a JaxMARL MPE id."""
+    if env.source == "jaxmarl":
+        return env.name.startswith("MPE_")
     return env.source in ("pettingzoo", "brax") or gymnasium_twin(env) is not None
 
 
 def _not_filmable(env: EnvSpec) -> RunError:
     return RunError(
-        f"--video: {env.id} cannot be filmed; allowed: Gymnasium, PettingZoo and Brax ids, and gymnax ids whose "
-        "environment Gymnasium has (CartPole-v1, Pendulum-v1, ...)"
+        f"--video: {env.id} cannot be filmed; allowed: Gymnasium, PettingZoo and Brax ids, JaxMARL's MPE_* ids, "
+        "and gymnax ids whose environment Gymnasium has (CartPole-v1, Pendulum-v1, ...)"
     )
 
 
 def _filming_env(env: EnvSpec, does_not_render: str) -> Any:
     """One environment of ``env`` that draws frames: PettingZoo's and Gymnasium's made with
-    ``render_mode="rgb_array"``, a ``BraxEnv`` (which draws its states)."""
+    ``render_mode="rgb_array"``, a ``BraxEnv`` or a ``JaxMARLEnv`` (which draw their states)."""
     if env.source == "brax":
         from kitae.envs.brax_env import BraxEnv
 
         return BraxEnv(env.name)
+    if env.source == "jaxmarl":
+        from kitae.envs.jaxmarl_env import JaxMARLEnv
+
+        return JaxMARLEnv(env.name)
     with warnings.catch_warnings():  # Gymnasium warns of a mode the environment does not list
         warnings.simplefilter("ignore")
         try:
@@ -65,7 +72,7 @@ def _filming_env(env: EnvSpec, does_not_render: str) -> Any:
 def _first_frame(single: Any, seed: int) -> Any:
     """The frame of a fresh episode (``None`` where the environment draws none): drawn before the
     episode is played, so that an environment that cannot draw here fails before it plays."""
-    if hasattr(single, "step_without_reset"):  # a BraxEnv
+    if hasattr(single, "step_without_reset"):  # a JAX environment: BraxEnv, JaxMARLEnv
         import jax
 
         return single.render(single.reset(jax.random.PRNGKey(seed), single.default_params)[1])
@@ -78,7 +85,8 @@ def record_video(agent: Any, env: EnvSpec, folder: Path, prefix: str, seed: int 
     which carries a recurrent agent's hidden state) as ``folder/<prefix>-episode-0.mp4``, from
     the environment's ``rgb_array`` frames at its ``render_fps``: a Gymnasium environment (a
     gymnax one through its Gymnasium twin, ``gymnasium_twin``), a PettingZoo one (the team's
-    episode) or a Brax one (its states drawn by MuJoCo, ``BraxEnv.render``). MuJoCo draws through
+    episode), a Brax one (its states drawn by MuJoCo, ``BraxEnv.render``) or a JaxMARL MPE one
+    (drawn by JaxMARL's ``MPEVisualizer``, ``JaxMARLEnv.render``). MuJoCo draws through
     OpenGL: without a display, through EGL or OSMesa (``kitae.envs.make.render_offscreen``).
     Returns the file."""
     render_offscreen()

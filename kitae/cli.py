@@ -109,7 +109,7 @@ the newest (train_cfg.keep_checkpoints). gymnax and brax environments are evalua
 Videos: gymnax runs are filmed in the Gymnasium environment of the same name (gymnax has no
 renderer: gymnax:CartPole-v1 -> CartPole-v1), Brax runs from their states, drawn by MuJoCo
 (without a display through MUJOCO_GL=egl, which kitae sets where it is unset), JaxMARL MPE runs
-drawn by JaxMARL's MPE visualizer.
+drawn by JaxMARL's MPE visualizer, EnvPool Atari runs from EnvPool's screen (a whole game).
 """
 
 EXAMPLES_PLOT = """examples:

@@ -328,7 +328,7 @@ def test_eval_reports_mean_and_std_and_records_a_video(capsys, run_copy):
     assert len(videos) == 1 and videos[0].stat().st_size > 1000
 
 
-@pytest.mark.parametrize("env_id", ["jaxmarl:coin_game", "envpool:Pong-v5"])
+@pytest.mark.parametrize("env_id", ["jaxmarl:coin_game", "envpool:CheetahRun-v1"])
 def test_a_video_of_an_environment_that_cannot_be_filmed_is_refused_by_name(env_id, tmp_path):
     from kitae.envs.make import EnvSpec
     from kitae.runs.evaluation import record_video

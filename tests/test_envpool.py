@@ -299,6 +299,37 @@ def test_bad_n_envs_video_seed_and_actions_are_refused():
         env.close()
 
 
+def test_one_envpool_environment_keeps_its_final_state_and_draws_it():
+    """``EnvPoolEnv``, what a video plays: the step that ends an episode returns its real final
+    observation (no reset in the same step), and ``render`` draws the screen."""
+    from kitae.envs.envpool_env import EnvPoolEnv
+
+    env = EnvPoolEnv("CartPole-v1")
+    vector = EnvPoolVectorEnv("CartPole-v1", 1, seed=4)
+    try:
+        obs, _ = env.reset(seed=4)
+        np.testing.assert_array_equal(obs, vector.reset(seed=4)[0][0])  # the same episode as the vector env's
+        assert env.render().shape == (400, 600, 3) and env.metadata["render_fps"] == 30
+        for _ in range(200):  # always push right: the pole falls
+            obs, reward, terminated, truncated, _ = env.step(1)
+            vec_obs, _, vec_terminated, _, infos = vector.step(np.ones(1, np.int32))
+            assert reward == 1.0 and not truncated and terminated == bool(vec_terminated[0])
+            if terminated:
+                break
+            np.testing.assert_array_equal(obs, vec_obs[0])
+        np.testing.assert_array_equal(obs, infos["final_obs"][0])  # the final observation, not a reset's
+        assert abs(obs[2]) > 0.2  # the pole's angle past CartPole's limit (12 degrees)
+    finally:
+        env.close()
+        vector.close()
+    pong = EnvPoolEnv("Pong-v5", render_mode=None)
+    assert pong.reset(seed=0)[0].shape == (84, 84, 4) and pong.render() is None
+    assert pong.metadata["render_fps"] == 15  # 60 frames per second over Atari's frame skip of 4
+    pong.close()
+    with pytest.raises(ValueError, match=r"render_mode='human' is not allowed; allowed: None or 'rgb_array'"):
+        EnvPoolEnv("CartPole-v1", render_mode="human")
+
+
 # ---------------------------------------------------------------------------------------------
 # Agents training through EnvPool
 # ---------------------------------------------------------------------------------------------
@@ -363,3 +394,20 @@ def test_kitae_train_ppo_on_envpool_pong_runs_a_few_updates_in_the_host_loop(tmp
     params = agent.state.actor_critic.params["params"]
     assert "encoder" in params and params["encoder"]["Conv_0"]["kernel"].shape == (8, 8, 4, 32)
     assert json.loads((tmp_path / "pong" / "summary.json").read_text())["sps"] > 0
+
+    # --video films a whole game in EnvPool itself (the agent reads its preprocessed frames), from
+    # the screen: the reset's frame and one per agent step, at 60 / frame_skip frames per second
+    from moviepy import VideoFileClip
+
+    from kitae.envs.envpool_env import EnvPoolEnv
+    from kitae.loops.evaluate import play_episode
+    from kitae.runs import eval_run
+
+    filmed = eval_run(tmp_path / "pong", episodes=1, video=True, seed=1)
+    frames: list = []
+    score = play_episode(agent, EnvPoolEnv("Pong-v5", env_kwargs=evaluation_kwargs("Pong-v5")), seed=1, frames=frames)
+    assert -21 <= score <= 21 and score == int(score) and len(frames) > 21  # a whole game, raw points
+    assert frames[0].shape == (210, 160, 3) and frames[0].dtype == np.uint8
+    clip = VideoFileClip(filmed["video"])
+    assert clip.fps == 15 and clip.size == [160, 210] and clip.n_frames == len(frames)
+    clip.close()

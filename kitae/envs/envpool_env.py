@@ -136,6 +136,7 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
         num_threads: EnvPool's worker threads (0: one per environment, up to the CPU count).
         env_kwargs: EnvPool options of the task (``envpool.make_spec(name).config``); for Atari
             they go over ``ATARI_DEFAULTS``.
+        render_mode: ``None`` or ``"rgb_array"``: the pool draws frames (``EnvPoolEnv.render``).
     """
 
     metadata = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": []}
@@ -149,6 +150,7 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
         channels_last: bool = True,
         num_threads: int = 0,
         env_kwargs: dict[str, Any] | None = None,
+        render_mode: str | None = None,
     ) -> None:
         check_positive_int("num_envs", num_envs)
         if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
@@ -162,6 +164,9 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
         self.num_envs = num_envs
         self.env_kwargs = {**default_kwargs(name), **env_kwargs}
         self.num_threads = num_threads
+        if render_mode not in (None, "rgb_array"):
+            raise ValueError(f"render_mode={render_mode!r} is not allowed; allowed: None or 'rgb_array'")
+        self.render_mode = render_mode
         self._seed = int(seed)
         self._used = False
         self._pool = self._make_pool(self._seed)
@@ -196,6 +201,7 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
                 seed=seed % limit,
                 num_threads=self.num_threads,
                 **self.env_kwargs,
+                **({"render_mode": self.render_mode} if self.render_mode else {}),
             )
             _ = pool.observation_space, pool.action_space  # made (and cached) here, where the warning is off
         return pool
@@ -259,6 +265,73 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
             self._pool = None
 
 
+class EnvPoolEnv(gym.Env):
+    """One EnvPool environment as a Gymnasium ``Env`` that draws its frames: what ``kitae eval
+    --video`` plays (``kitae.loops.evaluate.play_episode``) for EnvPool's Atari ids.
+
+    Observations are laid out as ``EnvPoolVectorEnv``'s (Atari: ``(84, 84, stack)`` uint8), so an
+    agent trained on the vector environment acts on them. A step that ends the episode keeps the
+    state it reached (the pool is stepped directly, without the vector environment's reset in the
+    same step), so ``render()`` draws the last frame; call ``reset`` to start the next episode.
+
+    Args:
+        name: EnvPool task id (``"Pong-v5"``).
+        env_kwargs: EnvPool options, over ``ATARI_DEFAULTS`` for Atari (``evaluation_kwargs``:
+            whole games, raw scores).
+        render_mode: ``"rgb_array"`` (``render()`` returns the screen, ``(210, 160, 3)`` uint8
+            for Atari) or ``None``.
+
+    Attributes:
+        metadata: ``render_modes`` and ``render_fps``: Atari's 60 frames per second over its
+            ``frame_skip`` (one frame per agent step, at the game's speed); 30 otherwise.
+    """
+
+    def __init__(
+        self, name: str, *, env_kwargs: dict[str, Any] | None = None, render_mode: str | None = "rgb_array"
+    ) -> None:
+        self._vector = EnvPoolVectorEnv(name, 1, env_kwargs=env_kwargs, render_mode=render_mode)
+        self.render_mode = render_mode
+        self.observation_space = self._vector.single_observation_space
+        self.action_space = self._vector.single_action_space
+        frame_skip = int(self._vector.env_kwargs.get("frame_skip", 0)) if is_atari(name) else 0
+        self.metadata = {"render_modes": ["rgb_array"], "render_fps": 60 / frame_skip if frame_skip else 30}
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        """A new episode (the pool made again with ``seed`` where it is given): ``(obs, info)``."""
+        super().reset(seed=seed)
+        obs, infos = self._vector.reset(seed=seed, options=options)
+        return obs[0], _first(infos)
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        """``(obs, reward, terminated, truncated, info)`` of one step; the state is kept where the
+        episode ends (EnvPool resets a finished environment at the step after)."""
+        self._vector._used = True
+        actions = np.asarray(action, dtype=self._vector._action_dtype)[None]
+        obs, reward, terminated, truncated, infos = self._vector._pool.step(actions)
+        return (
+            self._vector._layout(obs)[0],
+            float(np.asarray(reward)[0]),
+            bool(np.asarray(terminated)[0]),
+            bool(np.asarray(truncated)[0]),
+            _first(infos),
+        )
+
+    def render(self) -> np.ndarray | None:
+        """The environment's screen, ``(H, W, 3)`` uint8, or ``None`` without ``render_mode``."""
+        if self.render_mode is None:
+            return None
+        return np.asarray(self._vector._pool.render())[0]
+
+    def close(self) -> None:
+        """Closes the pool."""
+        self._vector.close()
+
+
+def _first(infos: Any) -> dict:
+    """EnvPool's batched infos, the first environment's values."""
+    return {key: np.asarray(value)[0] for key, value in dict(infos).items() if np.ndim(value) >= 1}
+
+
 def make_envpool_env(
     name: str, n_envs: int, *, seed: int = 0, env_kwargs: dict[str, Any] | None = None, channels_last: bool = True
 ) -> EnvPoolVectorEnv:
@@ -270,6 +343,7 @@ def make_envpool_env(
 __all__ = [
     "ATARI_DEFAULTS",
     "ATARI_EVALUATION",
+    "EnvPoolEnv",
     "EnvPoolVectorEnv",
     "check_envpool_id",
     "default_kwargs",

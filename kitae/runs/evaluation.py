@@ -34,13 +34,26 @@ def _filmable(env: EnvSpec) -> bool:
     or a JaxMARL MPE id."""
     if env.source == "jaxmarl":
         return env.name.startswith("MPE_")
-    return env.source in ("pettingzoo", "brax") or gymnasium_twin(env) is not None
+    return env.source in ("pettingzoo", "brax") or _envpool_atari(env) or gymnasium_twin(env) is not None
+
+
+def _envpool_atari(env: EnvSpec) -> bool:
+    """An EnvPool Atari id: filmed in EnvPool itself (the agent reads EnvPool's preprocessed frames)."""
+    if env.source != "envpool":
+        return False
+    from kitae.envs.envpool_env import check_envpool_id, is_atari
+
+    try:
+        check_envpool_id(env.name)
+    except ValueError:
+        return False
+    return is_atari(env.name)
 
 
 def _not_filmable(env: EnvSpec) -> RunError:
     return RunError(
         f"--video: {env.id} cannot be filmed; allowed: Gymnasium, PettingZoo and Brax ids, JaxMARL's MPE_* ids, "
-        "and gymnax ids whose environment Gymnasium has (CartPole-v1, Pendulum-v1, ...)"
+        "EnvPool's Atari ids, and gymnax and EnvPool ids whose environment Gymnasium has (CartPole-v1, ...)"
     )
 
 
@@ -55,6 +68,10 @@ def _filming_env(env: EnvSpec, does_not_render: str) -> Any:
         from kitae.envs.jaxmarl_env import JaxMARLEnv
 
         return JaxMARLEnv(env.name)
+    if _envpool_atari(env):  # whole games with raw scores, as kitae eval plays them
+        from kitae.envs.envpool_env import EnvPoolEnv, evaluation_kwargs
+
+        return EnvPoolEnv(env.name, env_kwargs=evaluation_kwargs(env.name))
     with warnings.catch_warnings():  # Gymnasium warns of a mode the environment does not list
         warnings.simplefilter("ignore")
         try:
@@ -85,8 +102,9 @@ def record_video(agent: Any, env: EnvSpec, folder: Path, prefix: str, seed: int 
     which carries a recurrent agent's hidden state) as ``folder/<prefix>-episode-0.mp4``, from
     the environment's ``rgb_array`` frames at its ``render_fps``: a Gymnasium environment (a
     gymnax one through its Gymnasium twin, ``gymnasium_twin``), a PettingZoo one (the team's
-    episode), a Brax one (its states drawn by MuJoCo, ``BraxEnv.render``) or a JaxMARL MPE one
-    (drawn by JaxMARL's ``MPEVisualizer``, ``JaxMARLEnv.render``). MuJoCo draws through
+    episode), a Brax one (its states drawn by MuJoCo, ``BraxEnv.render``), a JaxMARL MPE one
+    (drawn by JaxMARL's ``MPEVisualizer``, ``JaxMARLEnv.render``) or an EnvPool Atari one (its
+    screen, ``EnvPoolEnv``; a whole game, as ``kitae eval`` plays it). MuJoCo draws through
     OpenGL: without a display, through EGL or OSMesa (``kitae.envs.make.render_offscreen``).
     Returns the file."""
     render_offscreen()

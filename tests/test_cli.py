@@ -249,6 +249,45 @@ def test_presets_and_overrides_resolve_in_order(tmp_path):
     assert Path(file).exists()
 
 
+def test_lunar_lander_trains_with_rl_zoos_settings_from_its_presets(capsys, tmp_path):
+    """LunarLander-v3 (Box2D, the box2d extra): rl-zoo's tuned PPO and DQN settings, resolved from
+    the presets and trained for a few hundred steps (what they learn: benchmarks/bench_lunar.py)."""
+    pytest.importorskip("Box2D", reason="the box2d extra is not installed")
+    from kitae.algos.collections.dqn import DQNParams
+    from kitae.algos.collections.ppo import PPOParams
+    from kitae.runs.presets import resolve
+
+    ppo = resolve("ppo", PPOParams, EnvSpec.parse("LunarLander-v3"))
+    assert ppo["n_envs"] == 16 and ppo["n_env_steps"] == 1_000_000 and ppo["algo_params"]["gamma"] == 0.999
+    assert ppo["update_cfg"] == {"learning_rate": 3e-4, "max_grad_norm": 0.5, "max_buffer_size": 1024,
+                                 "batch_size": 64, "n_epochs": 4}  # fmt: skip
+    dqn = resolve("dqn", DQNParams, EnvSpec.parse("LunarLander-v3"))
+    assert dqn["algo_params"]["target_update_interval"] == 250 and dqn["update_cfg"]["learning_rate"] == 6.3e-4
+    run_dir = tmp_path / "lunar"
+    assert main(["train", "dqn", "LunarLander-v3", "--steps", "300", "--run-dir", str(run_dir), "--quiet"]) == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 300 and summary["env"] == "gymnasium:LunarLander-v3"
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert config["algo_params"]["hidden"] == [256, 256] and config["update_cfg"]["batch_size"] == 128
+
+
+def test_an_environment_whose_package_is_missing_fails_in_one_line(capsys, tmp_path):
+    """Gymnasium's LunarLander without Box2D printed gymnasium's DependencyNotInstalled as a
+    traceback; an environment that needs a missing package is now one line naming it."""
+    import gymnasium as gym
+
+    class NeedsAPackage(gym.Env):
+        def __init__(self):
+            raise gym.error.DependencyNotInstalled("Box2D is not installed, you can install it by run ...")
+
+    gym.register("KitaeTestNeedsAPackage-v0", entry_point=NeedsAPackage)
+    code = main(["train", "ppo", "KitaeTestNeedsAPackage-v0", "--steps", "64", "--run-dir", str(tmp_path / "r")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err and not (tmp_path / "r").exists()
+    assert err.startswith("kitae: error: gymnasium:KitaeTestNeedsAPackage-v0 needs a package that is not installed")
+    assert "pip install 'kitae[box2d]'" in err and "Box2D is not installed" in err
+
+
 def test_steps_override_a_config_files_train_cfg_budget(tmp_path):
     """--steps (merged after the file) wins over a file's train_cfg.n_env_steps; a file that gives
     the budget twice, differently, is refused."""

@@ -184,11 +184,15 @@ def _gymnasium_thunk(
     def thunk() -> gym.Env:
         if (capture_video and index == 0) or str(env_kwargs.get("render_mode")).startswith(OFFSCREEN_MODES):
             render_offscreen()  # in the process that makes the environment (a worker, with async)
-        if capture_video and index == 0:
-            env = gym.make(name, render_mode="rgb_array", **env_kwargs)
-            env = gym.wrappers.RecordVideo(env, str(video_dir), disable_logger=True)
-        else:
-            env = gym.make(name, **env_kwargs)
+        try:
+            if capture_video and index == 0:
+                env = gym.make(name, render_mode="rgb_array", **env_kwargs)
+                env = gym.wrappers.RecordVideo(env, str(video_dir), disable_logger=True)
+            else:
+                env = gym.make(name, **env_kwargs)
+        except gym.error.DependencyNotInstalled as error:  # Box2D, MuJoCo, ALE...: an ImportError to the runs layer
+            hint = " (kitae's box2d extra: pip install 'kitae[box2d]')" if "Box2D" in str(error) else ""
+            raise ImportError(f"gymnasium:{name} needs a package that is not installed{hint}: {error}") from None
         return env if wrap is None else wrap(env)
 
     return thunk

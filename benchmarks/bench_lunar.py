@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import ROOT, curve_figures, kitae_train  # noqa: E402
+from common import ROOT, curve_figures, kitae_train
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGETS = {"ppo": 200.0, "dqn": 100.0}

@@ -106,10 +106,11 @@ Acts with the deterministic policy (agent.select_action) of the newest checkpoin
 --checkpoint) and writes eval_return into summary.json. A run trained with --set
 train_cfg.eval_episodes=N evaluated each checkpoint as it was saved and keeps the best one beside
 the newest (train_cfg.keep_checkpoints). gymnax and brax environments are evaluated in JAX (all episodes vmapped).
-Videos: gymnax runs are filmed in the Gymnasium environment of the same name (gymnax has no
-renderer: gymnax:CartPole-v1 -> CartPole-v1), Brax runs from their states, drawn by MuJoCo
-(without a display through MUJOCO_GL=egl, which kitae sets where it is unset), JaxMARL MPE runs
-drawn by JaxMARL's MPE visualizer, EnvPool Atari runs from EnvPool's screen (a whole game).
+Videos: gymnax runs are filmed in the Gymnasium environment of the same name where there is one
+(gymnax:CartPole-v1 -> CartPole-v1), else drawn by gymnax's visualizer (MinAtar...); Brax runs
+from their states, drawn by MuJoCo (without a display through MUJOCO_GL=egl, which kitae sets
+where it is unset); JaxMARL MPE runs drawn by JaxMARL's MPE visualizer; EnvPool Atari runs from
+EnvPool's screen (a whole game).
 """
 
 EXAMPLES_PLOT = """examples:

@@ -367,7 +367,30 @@ def test_eval_reports_mean_and_std_and_records_a_video(capsys, run_copy):
     assert len(videos) == 1 and videos[0].stat().st_size > 1000
 
 
-@pytest.mark.parametrize("env_id", ["jaxmarl:coin_game", "envpool:CheetahRun-v1"])
+def test_a_minatar_run_is_filmed_by_gymnaxs_visualizer(capsys, tmp_path):
+    """gymnax ids without a Gymnasium twin were refused; those gymnax's visualizer draws (MinAtar,
+    Catch, the mazes...) are filmed from their states: the reset's frame and one per step."""
+    from moviepy import VideoFileClip
+
+    from kitae.envs.jax_env import GymnaxEnv
+    from kitae.loops.evaluate import play_episode
+    from kitae.runs.load import load_agent
+
+    run_dir = tmp_path / "breakout"
+    assert main(["train", "ppo", "gymnax:Breakout-MinAtar", "--steps", "256", "--run-dir", str(run_dir), "--quiet",
+                 "--set", "update_cfg.max_buffer_size=16", "--set", "update_cfg.batch_size=32"]) == 0  # fmt: skip
+    capsys.readouterr()
+    assert main(["eval", str(run_dir), "--episodes", "1", "--video", "--seed", "3"]) == 0
+    video = run_dir / "videos" / "eval-step256-episode-0.mp4"
+    assert capsys.readouterr().out.strip().endswith(f"video: {video}")
+    frames: list = []
+    play_episode(load_agent(run_dir), GymnaxEnv("Breakout-MinAtar"), seed=3, frames=frames)
+    clip = VideoFileClip(str(video))
+    assert clip.fps == 10 and clip.size == [600, 500] and clip.n_frames == len(frames) >= 2
+    clip.close()
+
+
+@pytest.mark.parametrize("env_id", ["jaxmarl:coin_game", "envpool:CheetahRun-v1", "gymnax:SimpleBandit-bsuite"])
 def test_a_video_of_an_environment_that_cannot_be_filmed_is_refused_by_name(env_id, tmp_path):
     from kitae.envs.make import EnvSpec
     from kitae.runs.evaluation import record_video

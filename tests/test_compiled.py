@@ -66,6 +66,42 @@ def test_gymnax_adapter_terminates_without_truncation():
     assert abs(float(ts.next_observation[2])) > 0.2 or abs(float(ts.next_observation[0])) > 2.4
 
 
+def test_a_gymnax_step_without_reset_keeps_the_state_the_episode_ends_in():
+    """What a video draws: ``step``'s fields from the same key, the reached state where it resets."""
+    env = GymnaxEnv("CartPole-v1")
+    params = env.default_params.replace(max_steps_in_episode=5)
+    _, state = env.reset(jax.random.PRNGKey(0), params)
+    step, without = jax.jit(env.step), jax.jit(env.step_without_reset)
+    for t in range(1, 6):
+        ts, kept = (
+            step(jax.random.PRNGKey(t), state, jnp.int32(t % 2), params),
+            without(jax.random.PRNGKey(t), state, jnp.int32(t % 2), params),
+        )
+        for field in ("reward", "terminated", "truncated", "next_observation"):
+            np.testing.assert_array_equal(getattr(ts, field), getattr(kept, field))
+        np.testing.assert_array_equal(kept.observation, kept.next_observation)
+        assert int(kept.state.time) == t
+        state = ts.state
+    assert bool(kept.truncated) and int(ts.state.time) == 0  # step reset; the kept state is the last one
+
+
+def test_a_minatar_state_is_drawn_by_gymnaxs_visualizer_and_others_are_refused():
+    env = GymnaxEnv("Breakout-MinAtar")
+    _, state = env.reset(jax.random.PRNGKey(0), env.default_params)
+    moved = env.step_without_reset(jax.random.PRNGKey(1), state, jnp.int32(1), env.default_params).state
+    try:
+        first, second = env.render(state), env.render(moved)
+    finally:
+        env.close()
+    assert first.shape == second.shape == (500, 600, 3) and first.dtype == np.uint8
+    assert first.std() > 5 and not np.array_equal(first, second)  # a drawing; the title's step moved
+    assert env.filmable and env.render_fps == 10.0 and GymnaxEnv("CartPole-v1").render_fps == 20.0
+    bandit = GymnaxEnv("SimpleBandit-bsuite")
+    assert not bandit.filmable
+    with pytest.raises(ValueError, match="'SimpleBandit-bsuite' cannot be drawn; allowed: Acrobot-v1"):
+        bandit.render(None)
+
+
 def test_make_jax_env_rejects_unknown_ids():
     with pytest.raises(ValueError, match="unknown gymnax environment"):
         make_jax_env("gymnax:NotAnEnv-v0", 2)

@@ -130,6 +130,7 @@ class GymnaxEnv:
             gymnax_space_to_gym_space(self.env.observation_space(self.default_params))
         )
         self.action_space = gymnax_space_to_gym_space(self.env.action_space(self.default_params))
+        self._visualizer: Any = None
 
     def reset(self, key: jax.Array, params: Any) -> tuple[Any, Any]:
         return self.env.reset(key, params)
@@ -145,8 +146,81 @@ class GymnaxEnv:
             next_observation=info["final_observation"],
         )
 
+    def step_without_reset(self, key: jax.Array, state: Any, action: Any, params: Any) -> JaxTimeStep:
+        """One step that keeps the state it reaches, even where the episode ends there (``step``
+        resets it): what a video draws. The physics gets the key ``step`` gives it (the first of
+        ``split(key)``); ``observation`` and ``next_observation`` are both the observation reached."""
+        step_key, _ = jax.random.split(key)
+        obs, new_state, reward, terminated, _ = self.env.step_env(step_key, state, action, params)
+        truncated = self.env.is_truncated(new_state, params)
+        return JaxTimeStep(
+            observation=obs,
+            state=new_state,
+            reward=jnp.asarray(reward, jnp.float32),
+            terminated=jnp.asarray(terminated, bool),
+            truncated=jnp.logical_and(jnp.asarray(truncated, bool), jnp.logical_not(terminated)),
+            next_observation=obs,
+        )
+
+    @property
+    def filmable(self) -> bool:
+        """Whether ``render`` draws this environment: gymnax's visualizer knows it (``GYMNAX_DRAWN``)."""
+        return self.name in GYMNAX_DRAWN
+
+    @property
+    def render_fps(self) -> float:
+        """The frame rate of gymnax's own animations: 20 for classic control, 10 for the others."""
+        return 20.0 if self.name in GYMNAX_CLASSIC else 10.0
+
+    def render(self, state: Any) -> np.ndarray:
+        """``(500, 600, 3)`` uint8: one environment's ``state`` (not a batch) drawn by gymnax's own
+        ``Visualizer`` (matplotlib; MinAtar's channels as colours, a maze, ...), titled with the
+        number of states drawn since ``close``.
+
+        Raises:
+            ValueError: for an environment gymnax's visualizer does not draw.
+        """
+        if not self.filmable:
+            raise ValueError(f"gymnax environment {self.name!r} cannot be drawn; allowed: {', '.join(GYMNAX_DRAWN)}")
+        if self._visualizer is None:
+            from gymnax.visualize import Visualizer
+
+            self._visualizer = Visualizer(self.env, self.default_params, [state])
+            self._visualizer.init()
+        else:
+            self._visualizer.state_seq.append(state)
+        self._visualizer.update(len(self._visualizer.state_seq) - 1)
+        canvas = self._visualizer.fig.canvas
+        canvas.draw()
+        return np.asarray(canvas.buffer_rgba())[..., :3].copy()
+
+    def close(self) -> None:
+        """Closes the figure ``render`` draws on (made again when ``render`` is called again)."""
+        if self._visualizer is not None:
+            import matplotlib.pyplot as plt
+
+            plt.close(self._visualizer.fig)
+        self._visualizer = None
+
     def __repr__(self) -> str:
         return f"GymnaxEnv({self.name!r})"
+
+
+GYMNAX_CLASSIC = ("Acrobot-v1", "CartPole-v1", "Pendulum-v1", "MountainCar-v0", "MountainCarContinuous-v0")
+GYMNAX_DRAWN = (
+    *GYMNAX_CLASSIC,
+    "Catch-bsuite",
+    "Asterix-MinAtar",
+    "Breakout-MinAtar",
+    "Freeway-MinAtar",
+    "Seaquest-MinAtar",
+    "SpaceInvaders-MinAtar",
+    "Pong-misc",
+    "PointRobot-misc",
+    "MetaMaze-misc",
+    "FourRooms-misc",
+)
+"""The gymnax ids whose states ``gymnax.visualize.Visualizer`` draws (its own lists, gymnax 1.0.1)."""
 
 
 def _float32_box(space: gym.Space) -> gym.Space:

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from kitae.envs.jax_env import GYMNAX_DRAWN
 from kitae.envs.make import EnvSpec, render_offscreen
 from kitae.loops.evaluate import play_episode
 from kitae.runs.errors import RunError
@@ -34,6 +35,8 @@ def _filmable(env: EnvSpec) -> bool:
     or a JaxMARL MPE id."""
     if env.source == "jaxmarl":
         return env.name.startswith("MPE_")
+    if env.source == "gymnax" and env.name in GYMNAX_DRAWN:
+        return True
     return env.source in ("pettingzoo", "brax") or _envpool_atari(env) or gymnasium_twin(env) is not None
 
 
@@ -53,7 +56,8 @@ def _envpool_atari(env: EnvSpec) -> bool:
 def _not_filmable(env: EnvSpec) -> RunError:
     return RunError(
         f"--video: {env.id} cannot be filmed; allowed: Gymnasium, PettingZoo and Brax ids, JaxMARL's MPE_* ids, "
-        "EnvPool's Atari ids, and gymnax and EnvPool ids whose environment Gymnasium has (CartPole-v1, ...)"
+        "EnvPool's Atari ids, gymnax ids that gymnax's visualizer draws (MinAtar, Catch-bsuite, the mazes...), "
+        "and EnvPool ids whose environment Gymnasium has (CartPole-v1, ...)"
     )
 
 
@@ -68,6 +72,10 @@ def _filming_env(env: EnvSpec, does_not_render: str) -> Any:
         from kitae.envs.jaxmarl_env import JaxMARLEnv
 
         return JaxMARLEnv(env.name)
+    if env.source == "gymnax" and gymnasium_twin(env) is None:  # GYMNAX_DRAWN: gymnax's visualizer
+        from kitae.envs.jax_env import GymnaxEnv
+
+        return GymnaxEnv(env.name)
     if _envpool_atari(env):  # whole games with raw scores, as kitae eval plays them
         from kitae.envs.envpool_env import EnvPoolEnv, evaluation_kwargs
 
@@ -89,7 +97,7 @@ def _filming_env(env: EnvSpec, does_not_render: str) -> Any:
 def _first_frame(single: Any, seed: int) -> Any:
     """The frame of a fresh episode (``None`` where the environment draws none): drawn before the
     episode is played, so that an environment that cannot draw here fails before it plays."""
-    if hasattr(single, "step_without_reset"):  # a JAX environment: BraxEnv, JaxMARLEnv
+    if hasattr(single, "step_without_reset"):  # a JAX environment: BraxEnv, JaxMARLEnv, GymnaxEnv
         import jax
 
         return single.render(single.reset(jax.random.PRNGKey(seed), single.default_params)[1])
@@ -103,7 +111,8 @@ def record_video(agent: Any, env: EnvSpec, folder: Path, prefix: str, seed: int 
     the environment's ``rgb_array`` frames at its ``render_fps``: a Gymnasium environment (a
     gymnax one through its Gymnasium twin, ``gymnasium_twin``), a PettingZoo one (the team's
     episode), a Brax one (its states drawn by MuJoCo, ``BraxEnv.render``), a JaxMARL MPE one
-    (drawn by JaxMARL's ``MPEVisualizer``, ``JaxMARLEnv.render``) or an EnvPool Atari one (its
+    (drawn by JaxMARL's ``MPEVisualizer``, ``JaxMARLEnv.render``), a gymnax one without a twin
+    that gymnax's ``Visualizer`` draws (``GymnaxEnv.render``: MinAtar, ...) or an EnvPool Atari one (its
     screen, ``EnvPoolEnv``; a whole game, as ``kitae eval`` plays it). MuJoCo draws through
     OpenGL: without a display, through EGL or OSMesa (``kitae.envs.make.render_offscreen``).
     Returns the file."""

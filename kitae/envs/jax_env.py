@@ -137,14 +137,7 @@ class GymnaxEnv:
 
     def step(self, key: jax.Array, state: Any, action: Any, params: Any) -> JaxTimeStep:
         obs, new_state, reward, terminated, truncated, info = self.env.step(key, state, action, params)
-        return JaxTimeStep(
-            observation=obs,
-            state=new_state,
-            reward=jnp.asarray(reward, jnp.float32),
-            terminated=jnp.asarray(terminated, bool),
-            truncated=jnp.logical_and(jnp.asarray(truncated, bool), jnp.logical_not(terminated)),
-            next_observation=info["final_observation"],
-        )
+        return _gymnax_timestep(obs, new_state, reward, terminated, truncated, info["final_observation"])
 
     def step_without_reset(self, key: jax.Array, state: Any, action: Any, params: Any) -> JaxTimeStep:
         """One step that keeps the state it reaches, even where the episode ends there (``step``
@@ -152,15 +145,7 @@ class GymnaxEnv:
         ``split(key)``); ``observation`` and ``next_observation`` are both the observation reached."""
         step_key, _ = jax.random.split(key)
         obs, new_state, reward, terminated, _ = self.env.step_env(step_key, state, action, params)
-        truncated = self.env.is_truncated(new_state, params)
-        return JaxTimeStep(
-            observation=obs,
-            state=new_state,
-            reward=jnp.asarray(reward, jnp.float32),
-            terminated=jnp.asarray(terminated, bool),
-            truncated=jnp.logical_and(jnp.asarray(truncated, bool), jnp.logical_not(terminated)),
-            next_observation=obs,
-        )
+        return _gymnax_timestep(obs, new_state, reward, terminated, self.env.is_truncated(new_state, params), obs)
 
     @property
     def filmable(self) -> bool:
@@ -204,6 +189,21 @@ class GymnaxEnv:
 
     def __repr__(self) -> str:
         return f"GymnaxEnv({self.name!r})"
+
+
+def _gymnax_timestep(
+    obs: Any, state: Any, reward: Any, terminated: Any, truncated: Any, next_observation: Any
+) -> JaxTimeStep:
+    """gymnax's step values as a ``JaxTimeStep``: a float32 reward, and a step that both terminates
+    and reaches the time limit counted as a termination only."""
+    return JaxTimeStep(
+        observation=obs,
+        state=state,
+        reward=jnp.asarray(reward, jnp.float32),
+        terminated=jnp.asarray(terminated, bool),
+        truncated=jnp.logical_and(jnp.asarray(truncated, bool), jnp.logical_not(terminated)),
+        next_observation=next_observation,
+    )
 
 
 GYMNAX_CLASSIC = ("Acrobot-v1", "CartPole-v1", "Pendulum-v1", "MountainCar-v0", "MountainCarContinuous-v0")

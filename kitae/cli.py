@@ -48,6 +48,7 @@ EXAMPLES_TRAIN = """examples:
   kitae train sac Pendulum-v1 --set update_cfg.learning_rate=1e-3 --set algo_params.gamma=0.98
   kitae train ppo --set train_cfg.save_frequency=50000 --run-dir runs/ppo   # checkpoint every 50k steps
   kitae train ppo --set train_cfg.save_frequency=50000 --set train_cfg.eval_episodes=10  # and evaluate each
+  kitae train ppo Corridor-v0 --import my_envs  # your own Gymnasium id, registered by my_envs.py
 
 Checkpoints go to RUN_DIR/checkpoints/<step>/ every train_cfg.save_frequency steps (-1: only at
 the end), at the end, and on Ctrl-C / SIGTERM, which stop the run cleanly; kitae resume goes on.
@@ -143,6 +144,53 @@ def _add_shared_run_flags(parser: argparse.ArgumentParser, unit: str) -> None:
     parser.add_argument("--n-envs", type=_positive_int, help="number of environments")
     parser.add_argument("--config", help="a YAML file, as for kitae train")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="as for kitae train")
+    _add_import_flag(parser)
+
+
+def _add_import_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import this Python module (or .py file) first, e.g. one that registers your own Gymnasium "
+        "environments (gymnasium.register); modules are found from the current directory too (repeatable)",
+    )
+
+
+def import_modules(names: list[str]) -> None:
+    """Imports each module of ``--import`` (rl-zoo's ``--gym-packages``): what registers a user's
+    own environments before their id is resolved. A name is a module (``my_envs``,
+    ``package.envs``), looked for from the current directory first, as ``python -m`` does (the
+    ``kitae`` script's own directory is ``.venv/bin``), or a ``.py`` file (its folder goes on
+    ``sys.path``, which Ray workers of a local runtime get too).
+
+    Raises:
+        RunError: naming the module, for one that is missing or fails while it is imported.
+    """
+    import importlib
+
+    from kitae.runs import RunError
+
+    if names and os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    for name in names:
+        if name.endswith(".py"):  # a file: its folder on sys.path, the module by its stem
+            path = Path(name).resolve()
+            if not path.is_file():
+                raise RunError(f"--import {name}: no such file")
+            if str(path.parent) not in sys.path:
+                sys.path.insert(0, str(path.parent))
+            name = path.stem
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as error:
+            missing_itself = error.name == name.split(".")[0]  # not a module the user's module imports
+            where = f" (looked for in {os.getcwd()} and the installed packages)" if missing_itself else ""
+            raise RunError(f"--import {name}: {error}{where}") from None
+        except Exception as error:  # the user's module raised: say which, in one line
+            raise RunError(f"--import {name} failed: {type(error).__name__}: {error}") from None
 
 
 def _version() -> str:
@@ -225,6 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.add_argument("--run-dir", help="where to write the run (default runs/<algo>-<env>-s<seed>-<time>)")
     train.add_argument("--quiet", action="store_true", help="no progress bar (for scripts and CI)")
+    _add_import_flag(train)
 
     sweep = sub.add_parser(
         "sweep",
@@ -297,6 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--steps", type=_positive_int, help="the run's new TOTAL of environment steps (default: its n_env_steps)"
     )
     resume.add_argument("--quiet", action="store_true", help="no progress bar (for scripts and CI)")
+    _add_import_flag(resume)
 
     evaluate = sub.add_parser(
         "eval",
@@ -321,6 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="which checkpoint: the best-evaluated one of a run trained with train_cfg.eval_episodes, or a step "
         "(default: the newest)",
     )
+    _add_import_flag(evaluate)
 
     plot = sub.add_parser(
         "plot",
@@ -556,6 +607,7 @@ def main(argv: list[str] | None = None) -> int:
         warnings.simplefilter("always", CheckpointWarning)
         warnings.showwarning = _warnings_in_one_line(warnings.showwarning)
         try:
+            import_modules(getattr(args, "imports", []))
             return commands[args.command](args)
         except RunDiverged as error:  # summary.json and the last finite checkpoint are written
             print(f"kitae: {error}".replace("\n", " "), file=sys.stderr)

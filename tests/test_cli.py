@@ -288,6 +288,59 @@ def test_an_environment_whose_package_is_missing_fails_in_one_line(capsys, tmp_p
     assert "pip install 'kitae[box2d]'" in err and "Box2D is not installed" in err
 
 
+CORRIDOR = """
+import gymnasium as gym
+import numpy as np
+
+
+class Corridor(gym.Env):
+    observation_space = gym.spaces.Box(0.0, 1.0, (4,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.position = 0
+        return np.eye(4, dtype=np.float32)[self.position], {}
+
+    def step(self, action):
+        self.position = max(0, min(3, self.position + (1 if action == 1 else -1)))
+        done = self.position == 3
+        return np.eye(4, dtype=np.float32)[self.position], float(done), done, False, {}
+
+
+gym.register("KitaeTestCorridor-v0", entry_point=Corridor, max_episode_steps=20)
+"""
+
+
+def test_import_registers_a_users_own_environment_for_every_command(capsys, tmp_path):
+    """``--import MODULE`` (rl-zoo's ``--gym-packages``): a module or ``.py`` file that registers the
+    user's Gymnasium environments, imported before the id is resolved; the ``kitae`` script finds
+    a module in the current directory, as ``python -m`` does."""
+    (tmp_path / "kitae_test_corridor.py").write_text(CORRIDOR)
+    run_dir = tmp_path / "corridor"
+    train = ["train", "ppo", "KitaeTestCorridor-v0", "--steps", "512", "--run-dir", str(run_dir), "--quiet"]
+    assert main(train) == 2  # not registered yet: the message says how
+    err = capsys.readouterr().err
+    assert "unknown Gymnasium environment 'KitaeTestCorridor-v0'" in err and "kitae's --import MODULE" in err
+    assert main([*train, "--import", str(tmp_path / "kitae_test_corridor.py")]) == 0
+    assert json.loads((run_dir / "summary.json").read_text())["env"] == "gymnasium:KitaeTestCorridor-v0"
+    kitae = Path(sys.executable).parent / "kitae"  # the console script: .venv/bin first on its sys.path
+    done = subprocess.run([str(kitae), "eval", str(run_dir), "--episodes", "2", "--import", "kitae_test_corridor"],
+                          capture_output=True, text=True, timeout=240)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "gymnasium:KitaeTestCorridor-v0: return" in done.stdout
+    (tmp_path / "kitae_test_raises.py").write_text("raise RuntimeError('broken on purpose')\n")
+    capsys.readouterr()
+    for name, message in [
+        ("kitae_test_missing", "--import kitae_test_missing: No module named 'kitae_test_missing' (looked for in"),
+        ("missing.py", "--import missing.py: no such file"),
+        ("kitae_test_raises", "--import kitae_test_raises failed: RuntimeError: broken on purpose"),
+    ]:
+        assert main(["eval", str(run_dir), "--import", name]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"kitae: error: {message}") and err.count("\n") == 1, err
+
+
 def test_steps_override_a_config_files_train_cfg_budget(tmp_path):
     """--steps (merged after the file) wins over a file's train_cfg.n_env_steps; a file that gives
     the budget twice, differently, is refused."""

@@ -295,7 +295,10 @@ def make_vec_env(
         return make_envpool_env(name, n_envs, seed=seed, env_kwargs=env_kwargs)
     if name not in gym.registry:
         hint = closest_names(name, gym.registry)
-        raise ValueError(f"unknown Gymnasium environment {name!r}{hint} (gymnasium.pprint_registry() lists the ids)")
+        raise ValueError(
+            f"unknown Gymnasium environment {name!r}{hint} (gymnasium.pprint_registry() lists the ids; an id your "
+            "own module registers needs that module imported first: kitae's --import MODULE)"
+        )
     check_positive_int("frame_stack", frame_stack)
     wrappers = tuple(wrappers)
     for wrapper in wrappers:

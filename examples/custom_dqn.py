@@ -3,7 +3,9 @@
 Run: ``.venv/bin/python examples/custom_dqn.py [N_ENV_STEPS]`` (default 100_000). It trains on
 ``CartPole-v1`` with 16 environments, writes the run directory ``runs/example-dqn`` (TensorBoard
 logs, checkpoints, ...), prints the mean return of the first and last ten episodes and loads the
-trained agent back from the directory.
+trained agent back from the directory. Its module also registers the agent as the command-line
+algorithm ``custom_dqn`` (``kitae train custom_dqn CartPole-v1 --import examples/custom_dqn.py ...``,
+docs/custom_agents.md).
 """
 
 import sys
@@ -18,6 +20,7 @@ import jax.numpy as jnp
 import optax
 
 import kitae.config as cfg
+from kitae.algos.collections import register_algorithm
 from kitae.base import OffPolicyAgent
 from kitae.buffer import Experience
 from kitae.modules.modules import init_params
@@ -170,6 +173,11 @@ class DQN(OffPolicyAgent):
             exploration=self.algo_params.exploration,
         )
         return action, zeros
+
+
+# The command line trains it too: kitae train custom_dqn CartPole-v1 --import examples/custom_dqn.py
+# --set algo_params.exploration=0.1 --set algo_params.gamma=0.99 --set algo_params.skip_steps=1
+register_algorithm("custom_dqn", DQN, DQNParams)
 
 
 if __name__ == "__main__":

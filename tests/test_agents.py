@@ -209,7 +209,8 @@ def test_a_dqn_shaped_agent_learns_cartpole():
 
 @pytest.mark.slow
 def test_the_guide_example_runs_as_written(tmp_path):
-    """examples/custom_dqn.py is the custom-agent guide verbatim (plus flax's import)."""
+    """examples/custom_dqn.py is the custom-agent guide verbatim (plus flax's import and its
+    registration as a command-line algorithm)."""
     result = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "custom_dqn.py"), "30000"],
         cwd=tmp_path,

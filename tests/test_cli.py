@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -341,6 +342,75 @@ def test_import_registers_a_users_own_environment_for_every_command(capsys, tmp_
         assert err.startswith(f"kitae: error: {message}") and err.count("\n") == 1, err
 
 
+def test_the_guides_agent_registered_trains_resumes_and_evaluates_from_the_command_line(capsys, tmp_path):
+    """``register_algorithm`` in the module ``--import`` names makes a custom agent a ``kitae train``
+    algorithm: its params class's defaults, ``--set`` for the rest, and ``kitae resume`` and ``eval``
+    rebuild it from the run's config.yaml (they refused a custom agent's run before)."""
+    from kitae.algos.collections import BUILT_IN, get_algorithm
+
+    example = str(Path(__file__).resolve().parents[1] / "examples" / "custom_dqn.py")
+    run_dir = tmp_path / "guide"
+    sets = [
+        "--set",
+        "algo_params.exploration=0.1",
+        "--set",
+        "algo_params.gamma=0.99",
+        "--set",
+        "algo_params.skip_steps=1",
+    ]
+    train = [
+        "train",
+        "custom_dqn",
+        "CartPole-v1",
+        "--steps",
+        "600",
+        "--n-envs",
+        "4",
+        "--run-dir",
+        str(run_dir),
+        "--quiet",
+    ]
+    assert main([*train, "--import", example]) == 2  # a field without a default must be given
+    assert "DQNParams is missing the field algo_params.exploration" in capsys.readouterr().err
+    assert main([*train, *sets, "--import", example, "--set", "train_cfg.save_frequency=300"]) == 0
+    agent_cls, params_cls = get_algorithm("custom_dqn")
+    assert agent_cls.__module__ == "custom_dqn" and "custom_dqn" not in BUILT_IN
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert config["algo_params_class"] == "custom_dqn:DQNParams" and config["algo_params"]["exploration"] == 0.1
+    capsys.readouterr()
+    assert main(["eval", str(run_dir), "--episodes", "2", "--import", example]) == 0
+    assert "gymnasium:CartPole-v1: return" in capsys.readouterr().out
+    assert main(["resume", str(run_dir), "--steps", "1000", "--quiet", "--import", example]) == 0
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 1000
+
+
+def test_register_algorithm_refuses_what_it_cannot_register():
+    from dataclasses import dataclass
+
+    from kitae.algos.collections import register_algorithm
+    from kitae.algos.collections.dqn import DQN, DQNParams
+
+    @dataclass
+    class OtherParams:
+        gamma: float = 0.99
+
+    for args, message in [
+        (("My-Agent", DQN, DQNParams), "name='My-Agent' is not allowed; allowed: lower-case letters"),
+        (("dqn", DQN, DQNParams), "name='dqn' is kitae's own algorithm"),
+        (
+            ("mine", dict, DQNParams),
+            "agent_cls=<class 'dict'> is not allowed; allowed: a subclass of kitae.base.BaseAgent",
+        ),
+        (("mine", DQN, dict), "params_cls=<class 'dict'> is not allowed; allowed: a dataclass"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            register_algorithm(*args)
+    register_algorithm("kitae_test_mine", DQN, OtherParams)
+    register_algorithm("kitae_test_mine", DQN, OtherParams)  # the same pair again: nothing changes
+    with pytest.raises(ValueError, match="name='kitae_test_mine' is registered already, for kitae.algos"):
+        register_algorithm("kitae_test_mine", DQN, DQNParams)
+
+
 def test_steps_override_a_config_files_train_cfg_budget(tmp_path):
     """--steps (merged after the file) wins over a file's train_cfg.n_env_steps; a file that gives
     the budget twice, differently, is refused."""
@@ -576,7 +646,7 @@ def test_a_runs_config_yaml_trains_the_same_run_again(capsys, trained_run, tmp_p
     custom.write_text(
         config.read_text().replace("algo_params_class: PPOParams", "algo_params_class: my_agents:PPOParams")
     )
-    _bad(capsys, ["train", "ppo", "gymnax:CartPole-v1", "--config", str(custom)], "custom agent's run", "from Python")
+    _bad(capsys, ["train", "ppo", "gymnax:CartPole-v1", "--config", str(custom)], "custom agent's run", "--import")
 
 
 def test_resume_of_a_finished_run_says_so_and_changes_nothing(capsys, run_copy):

@@ -103,8 +103,9 @@ def _from_run_config(data: dict, path: Path, params_cls: type | None) -> dict:
     if params_cls is not None and kind != cfg.params_class_name(params_cls):
         if ":" in str(kind):  # params_class_name of a class outside kitae
             raise ValueError(
-                f"{str(path)!r} is the config of a custom agent's run (algo_params_class {kind}); kitae train "
-                "trains kitae's algorithms: train that agent from Python (YourAgent(...).train(env))"
+                f"{str(path)!r} is the config of a custom agent's run (algo_params_class {kind}), not of "
+                f"{params_cls.__name__}: give that agent's name, registered with "
+                "kitae.algos.collections.register_algorithm in a module given to --import"
             )
         raise ValueError(
             f"{str(path)!r} is the config of a run with algo_params_class {kind}; it cannot configure "

@@ -215,9 +215,9 @@ def resolve_run_dir(
         kind = run_config_names(run_dir)[0]
         if kind is not None and algorithm_of_params_name(kind) is None:
             raise RunError(
-                f"{str(run_dir)!r} was trained by a custom agent (its algo_params_class {kind!r} is none of "
-                "kitae's algorithms); rebuild it in Python with YourAgent.unserialize(run_dir), its params class "
-                "registered with kitae.config.register_algo_params"
+                f"{str(run_dir)!r} was trained by a custom agent (its algo_params_class {kind!r} is no registered "
+                "algorithm's); give --import MODULE, where MODULE calls kitae.algos.collections.register_algorithm"
+                "(NAME, YourAgent, YourParams), or rebuild it in Python with YourAgent.unserialize(run_dir)"
             )
     config = read_run_config(run_dir)  # refuses a config.yaml without algo_params_class
     algo = algorithm_name(config)

@@ -4,7 +4,9 @@ four factories.
 
 ``ALGORITHMS`` maps a name (what ``kitae train`` takes) to the agent class; ``get_algorithm(name)``
 returns the agent class and its params class; ``algorithm_name(config)`` the name of a config's
-algorithm. Importing this package imports the four modules, which registers their params classes
+algorithm. ``register_algorithm(name, agent_cls, params_cls)`` adds a user's own agent under a new
+name, so the command line trains, resumes and evaluates it too (``kitae ... --import MODULE``).
+Importing this package imports the algorithms' modules, which registers their params classes
 (``kitae.config.register_algo_params``), so a saved ``config.yaml`` of any of them loads.
 """
 
@@ -24,7 +26,7 @@ from kitae.algos.collections.sac import SAC, SACParams
 from kitae.algos.collections.td3 import TD3, TD3Params
 from kitae.config import params_class_name
 
-__all__ = ["ALGORITHMS", "get_algorithm", "algorithm_name"]
+__all__ = ["ALGORITHMS", "get_algorithm", "algorithm_name", "register_algorithm"]
 
 ALGORITHMS: dict[str, tuple[type, type]] = {
     "a2c": (A2C, A2CParams),
@@ -37,11 +39,55 @@ ALGORITHMS: dict[str, tuple[type, type]] = {
     "sac": (SAC, SACParams),
     "td3": (TD3, TD3Params),
 }
-"""``{name: (agent class, params class)}``."""
+"""``{name: (agent class, params class)}``: the built-in algorithms, then those ``register_algorithm`` adds."""
+
+BUILT_IN = tuple(ALGORITHMS)
+"""The names of kitae's own algorithms (a registered one cannot take them)."""
+
+
+def register_algorithm(name: str, agent_cls: type, params_cls: type) -> None:
+    """Makes a custom agent an algorithm of the command line, under ``name``: ``kitae train NAME
+    ENV --import MODULE`` (MODULE: where this call is made) trains it with its params class's
+    defaults (there is no preset file: ``--config`` and ``--set`` give the rest), and ``kitae
+    resume``, ``eval``, ``sweep`` and ``tune`` rebuild it from a run's ``config.yaml``, whose
+    ``algo_params_class`` names ``params_cls``. Registers ``params_cls`` with
+    ``kitae.config.register_algo_params`` too. Registering the same pair again does nothing.
+
+    Args:
+        name: lower-case letters, digits and ``_``, starting with a letter; not a built-in's.
+        agent_cls: the agent class (a ``kitae.base.BaseAgent``, made as ``agent_cls(run_name,
+            config, run_dir=...)`` or ``agent_cls(run_name, config)``).
+        params_cls: its ``algo_params`` dataclass.
+
+    Raises:
+        ValueError: naming what is wrong: the name, a built-in's name or one taken by another
+            pair, a class that is not an agent, params that are not a dataclass.
+    """
+    import dataclasses
+    import re
+
+    from kitae.base import BaseAgent
+    from kitae.config import register_algo_params
+
+    if not isinstance(name, str) or not re.fullmatch(r"[a-z][a-z0-9_]*", name):
+        raise ValueError(
+            f"name={name!r} is not allowed; allowed: lower-case letters, digits and _, starting with a letter"
+        )
+    if not (isinstance(agent_cls, type) and issubclass(agent_cls, BaseAgent)):
+        raise ValueError(f"agent_cls={agent_cls!r} is not allowed; allowed: a subclass of kitae.base.BaseAgent")
+    if not (isinstance(params_cls, type) and dataclasses.is_dataclass(params_cls)):
+        raise ValueError(f"params_cls={params_cls!r} is not allowed; allowed: a dataclass (the agent's algo_params)")
+    if name in BUILT_IN:
+        raise ValueError(f"name={name!r} is kitae's own algorithm; allowed: another name")
+    if name in ALGORITHMS and ALGORITHMS[name] != (agent_cls, params_cls):
+        taken = ALGORITHMS[name][0]
+        raise ValueError(f"name={name!r} is registered already, for {taken.__module__}.{taken.__qualname__}")
+    register_algo_params(params_cls)
+    ALGORITHMS[name] = (agent_cls, params_cls)
 
 
 def get_algorithm(name: str) -> tuple[type, type]:
-    """``(agent class, params class)`` of a built-in algorithm (case-insensitive name).
+    """``(agent class, params class)`` of an algorithm, built-in or registered (case-insensitive name).
 
     Raises:
         ValueError: for an unknown name, listing the known ones.
@@ -53,7 +99,7 @@ def get_algorithm(name: str) -> tuple[type, type]:
 
 
 def algorithm_name(config: Any) -> str | None:
-    """The built-in algorithm whose params class ``config.algo_params`` is, or ``None``."""
+    """The algorithm (built-in or registered) whose params class ``config.algo_params`` is, or ``None``."""
     for name, (_, params_cls) in ALGORITHMS.items():
         if type(config.algo_params) is params_cls:
             return name
@@ -61,7 +107,7 @@ def algorithm_name(config: Any) -> str | None:
 
 
 def algorithm_of_params_name(name: str) -> str | None:
-    """The built-in algorithm whose params class ``config.yaml`` names ``name`` (its
+    """The algorithm (built-in or registered) whose params class ``config.yaml`` names ``name`` (its
     ``algo_params_class``, ``kitae.config.params_class_name``), or ``None``."""
     for algo, (_, params_cls) in ALGORITHMS.items():
         if params_class_name(params_cls) == name:

@@ -181,7 +181,7 @@ class BraxEnv:
     @property
     def render_fps(self) -> float:
         """Steps per second of simulated time (``1 / dt``): the frame rate of a video of it."""
-        return 1.0 / float(self.env.dt)
+        return round(1.0 / float(self.env.dt), 3)  # dt is a float32: 1 / 0.05 gives 20.000001
 
     def render(self, state: BraxEnvState, width: int = 320, height: int = 240) -> np.ndarray:
         """``(height, width, 3)`` uint8: ``state`` (one environment's, not a batch) drawn by MuJoCo

@@ -263,7 +263,7 @@ class JaxMARLEnv:
     @property
     def render_fps(self) -> float:
         """Steps per second of simulated time (``1 / dt``; 10 for MPE): a video's frame rate."""
-        return 1.0 / float(getattr(self.env, "dt", 0.1))
+        return round(1.0 / float(getattr(self.env, "dt", 0.1)), 3)
 
     def render(self, state: Any) -> np.ndarray:
         """``(500, 500, 3)`` uint8: one MPE environment's ``state`` (not a batch) drawn by JaxMARL's

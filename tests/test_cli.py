@@ -86,6 +86,13 @@ def test_unknown_environment(capsys):
     _bad(capsys, ["train", "ppo", "NotAnEnv-v0", "--steps", "100"], "NotAnEnv-v0")
     _bad(capsys, ["train", "ppo", "gymnax:NotAnEnv-v0", "--steps", "100"], "unknown gymnax environment")
     _bad(capsys, ["train", "ppo", "atari:Pong-v5"], "unknown environment source 'atari'")
+    # Gymnasium's Atari ids (ale-py is not installed): the EnvPool id that trains the game
+    _bad(
+        capsys,
+        ["train", "ppo", "ALE/Pong-v5"],
+        "'ALE/Pong-v5'; Atari games train through EnvPool here: envpool:Pong-v5",
+    )
+    _bad(capsys, ["train", "dqn", "BreakoutNoFrameskip-v4"], "through EnvPool here: envpool:Breakout-v5")
     # a near miss names the id meant
     _bad(
         capsys, ["train", "ppo", "CartPol-v1"], "unknown Gymnasium environment 'CartPol-v1'; did you mean 'CartPole-v1'"

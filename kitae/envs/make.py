@@ -173,6 +173,17 @@ def offscreen_gl() -> str | None:
     return None
 
 
+def _atari_hint(name: str) -> str:
+    """For a Gymnasium Atari id (``ALE/Pong-v5``, ``PongNoFrameskip-v4``; ale-py is not a kitae
+    dependency): the EnvPool id that trains the game here, with Atari's usual preprocessing."""
+    import re
+
+    match = re.fullmatch(r"(?:ALE/)?([A-Z][A-Za-z]*?)(?:NoFrameskip)?-v[0-9]+", name)
+    if match is None or not (name.startswith("ALE/") or "NoFrameskip" in name):
+        return ""
+    return f"; Atari games train through EnvPool here: envpool:{match.group(1)}-v5 (pip install 'kitae[envpool]')"
+
+
 def _gymnasium_thunk(
     name: str,
     index: int,
@@ -294,7 +305,7 @@ def make_vec_env(
 
         return make_envpool_env(name, n_envs, seed=seed, env_kwargs=env_kwargs)
     if name not in gym.registry:
-        hint = closest_names(name, gym.registry)
+        hint = _atari_hint(name) or closest_names(name, gym.registry)
         raise ValueError(
             f"unknown Gymnasium environment {name!r}{hint} (gymnasium.pprint_registry() lists the ids; an id your "
             "own module registers needs that module imported first: kitae's --import MODULE)"

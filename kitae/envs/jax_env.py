@@ -8,7 +8,10 @@ and ``truncated`` are kept apart. ``VecJaxEnv`` vmaps an environment over ``n_en
 
 Any object with these methods and a ``observation_space`` / ``action_space`` (Gymnasium spaces of
 ONE environment) and ``default_params`` trains in kitae's compiled loop; ``GymnaxEnv`` adapts
-gymnax 1.x, ``kitae.envs.brax_env`` Brax and ``kitae.envs.jaxmarl_env`` JaxMARL.
+gymnax 1.x, ``kitae.envs.brax_env`` Brax and ``kitae.envs.jaxmarl_env`` JaxMARL. The three adapters
+also have ``step_without_reset(key, state, action, params)`` (the state an episode ends in kept)
+and ``render(state)`` (an RGB frame), with which ``kitae eval --video`` plays and films one of them
+(``kitae.loops.evaluate.play_episode``); training needs neither.
 ``kitae.envs.make.make_jax_env("gymnax:CartPole-v1", n_envs)`` builds one from an id.
 """
 

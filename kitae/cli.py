@@ -40,6 +40,10 @@ import warnings
 from pathlib import Path
 from typing import NoReturn
 
+ALGORITHM_NAMES = ("a2c", "ddpg", "dqn", "mpo", "ppo", "ppo_lstm", "rnd_ppo", "sac", "td3")
+"""kitae's own algorithms, as ``--help`` lists them without importing them (a test pins it to
+``kitae.algos.collections.BUILT_IN``)."""
+
 EXAMPLES_TRAIN = """examples:
   kitae train                                   # PPO on gymnax:CartPole-v1, compiled, well under a minute
   kitae train dqn CartPole-v1 --steps 50000     # DQN on Gymnasium's CartPole in the host loop
@@ -233,7 +237,12 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXAMPLES_TRAIN,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    train.add_argument("algo", nargs="?", default="ppo", help="dqn, ppo, sac or td3 (default: ppo)")
+    train.add_argument(
+        "algo",
+        nargs="?",
+        default="ppo",
+        help=f"{', '.join(ALGORITHM_NAMES)}, or a name an --import module registers (default: ppo)",
+    )
     train.add_argument(
         "env",
         nargs="?",

@@ -391,6 +391,17 @@ def test_the_guides_agent_registered_trains_resumes_and_evaluates_from_the_comma
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == 1000
 
 
+def test_the_help_lists_kitaes_own_algorithms(capsys):
+    from kitae.algos.collections import BUILT_IN
+    from kitae.cli import ALGORITHM_NAMES
+
+    assert ALGORITHM_NAMES == BUILT_IN
+    assert main(["train", "--help"]) == 0
+    assert "a2c, ddpg, dqn, mpo, ppo, ppo_lstm, rnd_ppo, sac, td3, or a name an --import" in " ".join(
+        capsys.readouterr().out.split()
+    )
+
+
 def test_register_algorithm_refuses_what_it_cannot_register():
     from dataclasses import dataclass
 

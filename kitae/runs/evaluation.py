@@ -31,8 +31,8 @@ def gymnasium_twin(env: EnvSpec) -> str | None:
 
 
 def _filmable(env: EnvSpec) -> bool:
-    """Whether ``kitae eval --video`` can film ``env``: a Gymnasium twin, a PettingZoo or a Brax id,
-    or a JaxMARL MPE id."""
+    """Whether ``kitae eval --video`` can film ``env``: an id with a Gymnasium twin, a PettingZoo
+    or Brax id, a JaxMARL MPE id, a gymnax id gymnax's visualizer draws, an EnvPool Atari id."""
     if env.source == "jaxmarl":
         return env.name.startswith("MPE_")
     if env.source == "gymnax" and env.name in GYMNAX_DRAWN:
@@ -63,7 +63,8 @@ def _not_filmable(env: EnvSpec) -> RunError:
 
 def _filming_env(env: EnvSpec, does_not_render: str) -> Any:
     """One environment of ``env`` that draws frames: PettingZoo's and Gymnasium's made with
-    ``render_mode="rgb_array"``, a ``BraxEnv`` or a ``JaxMARLEnv`` (which draw their states)."""
+    ``render_mode="rgb_array"``, an ``EnvPoolEnv``, or a ``BraxEnv``, ``JaxMARLEnv`` or
+    ``GymnaxEnv`` (which draw their states)."""
     if env.source == "brax":
         from kitae.envs.brax_env import BraxEnv
 
@@ -100,7 +101,9 @@ def _first_frame(single: Any, seed: int) -> Any:
     if hasattr(single, "step_without_reset"):  # a JAX environment: BraxEnv, JaxMARLEnv, GymnaxEnv
         import jax
 
-        return single.render(single.reset(jax.random.PRNGKey(seed), single.default_params)[1])
+        frame = single.render(single.reset(jax.random.PRNGKey(seed), single.default_params)[1])
+        single.close()  # frees only the drawing: the episode's frames start afresh (gymnax counts them)
+        return frame
     single.reset(seed=seed)
     return single.render()
 
@@ -128,10 +131,14 @@ def record_video(agent: Any, env: EnvSpec, folder: Path, prefix: str, seed: int 
                 warnings.simplefilter("ignore")
                 first = _first_frame(single, seed)
         except Exception as error:  # OpenGL's, MuJoCo's, pygame's errors: no common base class
-            backend = os.environ.get("MUJOCO_GL", "unset")
+            hint = ""
+            if env.source == "brax" or "mujoco" in type(error).__module__ or "OpenGL" in str(error):
+                hint = (
+                    f" (MUJOCO_GL={os.environ.get('MUJOCO_GL', 'unset')}; without a display MuJoCo draws with "
+                    "MUJOCO_GL=egl or osmesa and their system library)"
+                )
             raise RunError(
-                f"--video: {env.id} could not draw a frame here (MUJOCO_GL={backend}; without a display MuJoCo "
-                f"draws with MUJOCO_GL=egl or osmesa and their system library): {type(error).__name__}: {error}"
+                f"--video: {env.id} could not draw a frame here{hint}: {type(error).__name__}: {error}"
             ) from None
         if first is None:
             raise RunError(f"{does_not_render}: its render() returned no frame")

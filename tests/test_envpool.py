@@ -399,15 +399,10 @@ def test_kitae_train_ppo_on_envpool_pong_runs_a_few_updates_in_the_host_loop(tmp
     # the screen: the reset's frame and one per agent step, at 60 / frame_skip frames per second
     from moviepy import VideoFileClip
 
-    from kitae.envs.envpool_env import EnvPoolEnv
-    from kitae.loops.evaluate import play_episode
     from kitae.runs import eval_run
 
     filmed = eval_run(tmp_path / "pong", episodes=1, video=True, seed=1)
-    frames: list = []
-    score = play_episode(agent, EnvPoolEnv("Pong-v5", env_kwargs=evaluation_kwargs("Pong-v5")), seed=1, frames=frames)
-    assert -21 <= score <= 21 and score == int(score) and len(frames) > 21  # a whole game, raw points
-    assert frames[0].shape == (210, 160, 3) and frames[0].dtype == np.uint8
+    assert -21 <= filmed["mean"][0] <= 21 and filmed["mean"][0] == int(filmed["mean"][0])  # a whole game, raw points
     clip = VideoFileClip(filmed["video"])
-    assert clip.fps == 15 and clip.size == [160, 210] and clip.n_frames == len(frames)
+    assert clip.fps == 15 and clip.size == [160, 210] and clip.n_frames > 21 * 10  # a game of 21 points at least
     clip.close()

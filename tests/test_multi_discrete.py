@@ -207,3 +207,47 @@ def test_the_functional_agents_act_and_update_in_a_multi_discrete_space(name):
         np.array_equal(a, b) for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(new_params))
     )
     env.close()
+
+
+def test_agents_sharing_parameters_act_in_a_multi_discrete_parallel_env():
+    """PettingZoo's Parallel API with MultiDiscrete actions: each agent's component actions reach
+    the environment as one row of ints, and the buffer holds what each agent sent, copy by copy."""
+    import functools
+
+    import kitae.config as cfg
+    from kitae.algos.collections.ppo import PPO, PPOParams
+    from kitae.envs.parallel import SyncVecParallelEnv
+    from kitae.loops.train import vectorized_train
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    try:
+        from _parallel_envs import CountParallelEnv
+    finally:
+        sys.path.pop(0)
+
+    class MultiDiscreteCount(CountParallelEnv):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self._action_space = gym.spaces.MultiDiscrete([3, 2])
+
+    env = SyncVecParallelEnv([functools.partial(MultiDiscreteCount, limit=4)] * 3)
+    config = cfg.AlgoConfig(
+        seed=0,
+        algo_params=PPOParams(),
+        update_cfg=cfg.UpdateConfig(max_buffer_size=10, batch_size=6),
+        train_cfg=cfg.TrainConfig(),
+        env_cfg=cfg.EnvConfig("md", env.single_observation_space, env.single_action_space, n_envs=3, n_agents=2),
+    )
+    agent = PPO("md", config)
+    stats = vectorized_train(0, agent, env, 30, agent.algo_type)  # one rollout of 10 vector steps, one update
+    assert agent.n_updates == 1 and stats.agent_episode_returns == {"a0": [4.0] * 6, "a1": [8.0] * 6}
+    rows = agent.buffer._rows
+    for i, copy in enumerate(env.copies):
+        for name in ("a0", "a1"):
+            sent = np.stack([actions[name] for actions in copy.env.actions])
+            assert sent.shape == (10, 2) and sent.dtype.kind == "i"
+            assert ((sent >= 0) & (sent < [3, 2])).all()
+            np.testing.assert_array_equal(rows.action[name][:10, i], sent)
+    sent = np.concatenate([np.stack([a[n] for a in c.env.actions]) for c in env.copies for n in ("a0", "a1")])
+    assert len({tuple(row) for row in sent}) > 3  # both components vary
+    assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree_util.tree_leaves(agent.state))

@@ -43,7 +43,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import yaml  # noqa: E402
-from common import curve_figures, first_step_above, kitae_train  # noqa: E402
+from common import first_step_above, kitae_train, seed_figures  # noqa: E402
 
 from kitae.algos.collections.ppo import PPOParams  # noqa: E402
 from kitae.envs.make import EnvSpec  # noqa: E402
@@ -85,18 +85,7 @@ def run_case(
     for seed in seeds:
         run_dir = tmp / f"{algo}-{env_id.replace(':', '_')}-{seed}-{len(extra)}"
         summary = kitae_train([algo, env_id, "--seed", str(seed), *extra], run_dir)
-        curve = curve_figures(run_dir, seed, threshold)
-        runs.append(
-            {
-                "seed": seed,
-                "final_return": summary["final_return"],
-                "first_step_at_target": curve[f"first_step_at_{threshold:g}"],
-                "max_running_mean": curve["max_running_mean"],
-                "steps": summary["steps"],
-                "compile_seconds": summary["compile_seconds"],
-                "train_seconds": summary["train_seconds"],
-            }
-        )
+        runs.append(seed_figures(seed, summary, run_dir, threshold))
         if goal is not None:
             runs[-1]["first_step_above_goal"] = first_step_above(run_dir, seed, goal)
         print(json.dumps({"algo": algo, "env": env_id, **runs[-1]}), flush=True)

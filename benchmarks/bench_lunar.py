@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import ROOT, curve_figures, kitae_train
+from common import ROOT, kitae_train, seed_figures
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGETS = {"ppo": 200.0, "dqn": 100.0}
@@ -53,18 +53,11 @@ def run_algo(algo: str, seeds: list[int], tmp: Path) -> dict:
     for seed in seeds:
         run_dir = tmp / f"{algo}-{seed}"
         summary = kitae_train([algo, ENV, "--seed", str(seed)], run_dir)
-        curve = curve_figures(run_dir, seed, threshold)
         runs.append(
             {
-                "seed": seed,
-                "final_return": summary["final_return"],
-                "first_step_at_target": curve[f"first_step_at_{threshold:g}"],
-                "max_running_mean": curve["max_running_mean"],
+                **seed_figures(seed, summary, run_dir, threshold),
                 **evaluate(run_dir),
-                "steps": summary["steps"],
                 "sps": summary["sps"],
-                "compile_seconds": summary["compile_seconds"],
-                "train_seconds": summary["train_seconds"],
                 "state_fingerprint": summary["state_fingerprint"],
             }
         )

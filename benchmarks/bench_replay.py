@@ -43,7 +43,7 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import curve_figures, kitae_train  # noqa: E402
+from common import kitae_train, seed_figures  # noqa: E402
 
 PER = ("--set", "replay.prioritized=true", "--set", "replay.n_step=3")
 PLAIN = ("--set", "replay.n_step=1")  # the CartPole preset's replay is 3-step since issue 10's re-run
@@ -54,18 +54,7 @@ def _learning_runs(algo: str, env_id: str, seeds: list[int], extra: tuple[str, .
     for seed in seeds:
         run_dir = tmp / f"{algo}-{env_id}-{seed}-{abs(hash(extra))}"
         summary = kitae_train([algo, env_id, "--seed", str(seed), *extra], run_dir)
-        curve = curve_figures(run_dir, seed, threshold)
-        runs.append(
-            {
-                "seed": seed,
-                "final_return": summary["final_return"],
-                "first_step_at_target": curve[f"first_step_at_{threshold:g}"],
-                "max_running_mean": curve["max_running_mean"],
-                "steps": summary["steps"],
-                "train_seconds": summary["train_seconds"],
-                "run_dir": run_dir,
-            }
-        )
+        runs.append({**seed_figures(seed, summary, run_dir, threshold), "run_dir": run_dir})
         print(json.dumps({k: v for k, v in runs[-1].items() if k != "run_dir"}), flush=True)
     return runs
 

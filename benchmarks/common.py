@@ -169,6 +169,22 @@ def curve_figures(run_dir: Path, seed: int, threshold: float = 475.0) -> dict:
     return {f"first_step_at_{threshold:g}": first, "max_running_mean": max((m for _, m in means), default=None)}
 
 
+def seed_figures(seed: int, summary: dict, run_dir: Path, threshold: float) -> dict:
+    """One seed's learning figures, from its ``summary.json`` (``summary``) and ``metrics.jsonl``:
+    the final return, the first step where the running mean of 10 episodes reached ``threshold``,
+    the best running mean, the steps, and the compile and training seconds."""
+    curve = curve_figures(run_dir, seed, threshold)
+    return {
+        "seed": seed,
+        "final_return": summary["final_return"],
+        "first_step_at_target": curve[f"first_step_at_{threshold:g}"],
+        "max_running_mean": curve["max_running_mean"],
+        "steps": summary["steps"],
+        "compile_seconds": summary["compile_seconds"],
+        "train_seconds": summary["train_seconds"],
+    }
+
+
 def first_step_above(run_dir: Path, seed: int, threshold: float) -> int | None:
     """The step of the first ``metrics.jsonl`` row whose ``episodic_return`` is above
     ``threshold`` (``None``: none). A row holds the mean return of the episodes that ended at its

@@ -257,9 +257,9 @@ def test_presets_and_overrides_resolve_in_order(tmp_path):
     assert Path(file).exists()
 
 
-def test_lunar_lander_trains_with_rl_zoos_settings_from_its_presets(capsys, tmp_path):
+def test_rl_zoos_lunar_lander_and_acrobot_presets_resolve_and_lunar_lander_trains(capsys, tmp_path):
     """LunarLander-v3 (Box2D, the box2d extra): rl-zoo's tuned PPO and DQN settings, resolved from
-    the presets and trained for a few hundred steps (what they learn: benchmarks/bench_lunar.py)."""
+    the presets and trained for a few hundred steps (what they learn: benchmarks/bench_zoo.py)."""
     pytest.importorskip("Box2D", reason="the box2d extra is not installed")
     from kitae.algos.collections.dqn import DQNParams
     from kitae.algos.collections.ppo import PPOParams
@@ -271,6 +271,11 @@ def test_lunar_lander_trains_with_rl_zoos_settings_from_its_presets(capsys, tmp_
                                  "batch_size": 64, "n_epochs": 4}  # fmt: skip
     dqn = resolve("dqn", DQNParams, EnvSpec.parse("LunarLander-v3"))
     assert dqn["algo_params"]["target_update_interval"] == 250 and dqn["update_cfg"]["learning_rate"] == 6.3e-4
+    for env_id in ("Acrobot-v1", "gymnax:Acrobot-v1"):  # rl-zoo's Acrobot settings, in both loops
+        acrobot = resolve("ppo", PPOParams, EnvSpec.parse(env_id))
+        assert acrobot["n_envs"] == 16 and acrobot["algo_params"]["gae_lambda"] == 0.94
+        assert acrobot["algo_params"]["normalize_observations"] and acrobot["update_cfg"]["max_buffer_size"] == 256
+        assert resolve("dqn", DQNParams, EnvSpec.parse(env_id))["update_cfg"]["batch_size"] == 128
     run_dir = tmp_path / "lunar"
     assert main(["train", "dqn", "LunarLander-v3", "--steps", "300", "--run-dir", str(run_dir), "--quiet"]) == 0
     summary = json.loads((run_dir / "summary.json").read_text())

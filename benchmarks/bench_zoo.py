@@ -1,0 +1,100 @@
+"""rl-zoo's tuned presets from the command line, whole processes: LunarLander-v3 and Acrobot-v1.
+
+The presets (``kitae/presets/ppo.yaml`` and ``dqn.yaml``, the environment's section) are rl-zoo's
+tuned settings for the environment. Each seed is ``kitae train ALGO ENV --seed S`` (the preset's
+steps) followed by ``kitae eval RUN --episodes 20`` (the deterministic policy of the last
+checkpoint, environments seeded 0-19).
+
+Targets, on every seed, the mean of the last 10 training episodes (``final``):
+
+| env | algo | steps | target | rl-zoo reports (deterministic evaluation, the -v2/-v1 env) |
+| --- | --- | --- | --- | --- |
+| LunarLander-v3 | PPO | 1 M | >= 200 (solved) | 242 +- 31 |
+| LunarLander-v3 | DQN | 100k | >= 100 | 154 +- 66 |
+| Acrobot-v1 | PPO | 1 M | >= -100 | -73.5 +- 18 |
+| Acrobot-v1 | DQN | 100k | >= -100 | -76.6 +- 11 |
+
+(LunarLander ran as ``benchmarks/bench_lunar.py`` before this script took its cases: the same code.)
+
+Run::
+
+    .venv/bin/python benchmarks/bench_zoo.py ENV [--only ppo|dqn] [--seeds 0 1 2]
+
+LunarLander needs the box2d extra (``make install`` has it). Results:
+``benchmarks/results/zoo-ENV.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import ROOT, kitae_train, seed_figures
+
+RESULTS = Path(__file__).resolve().parent / "results"
+TARGETS = {
+    "LunarLander-v3": {"ppo": 200.0, "dqn": 100.0},
+    "Acrobot-v1": {"ppo": -100.0, "dqn": -100.0},
+}
+
+
+def evaluate(run_dir: Path, episodes: int = 20) -> dict:
+    """``kitae eval RUN --episodes N``: the deterministic policy's mean and spread."""
+    command = [sys.executable, "-m", "kitae.cli", "eval", str(run_dir), "--episodes", str(episodes)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"kitae eval {run_dir} failed ({done.returncode}): {done.stderr[-2000:]}")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return {"eval_return": summary["eval_return"], "eval_return_std": summary["eval_return_std"]}
+
+
+def run_algo(env: str, algo: str, seeds: list[int], tmp: Path) -> dict:
+    threshold = TARGETS[env][algo]
+    runs = []
+    for seed in seeds:
+        run_dir = tmp / f"{algo}-{seed}"
+        summary = kitae_train([algo, env, "--seed", str(seed)], run_dir)
+        runs.append(
+            {
+                **seed_figures(seed, summary, run_dir, threshold),
+                **evaluate(run_dir),
+                "sps": summary["sps"],
+                "state_fingerprint": summary["state_fingerprint"],
+            }
+        )
+        print(json.dumps({"algo": algo, **runs[-1]}), flush=True)
+    return {
+        "command": f"kitae train {algo} {env} --seed S; kitae eval RUN --episodes 20",
+        "target": f"final return (mean of the last 10 training episodes) >= {threshold:g} on every seed",
+        "runs": runs,
+        "met": all(r["final_return"] >= threshold for r in runs),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("env", choices=sorted(TARGETS))
+    parser.add_argument("--only", choices=["dqn", "ppo"], action="append")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    args = parser.parse_args()
+    path = RESULTS / f"zoo-{args.env}.json"
+    with tempfile.TemporaryDirectory(prefix="kitae-zoo-") as tmp:
+        for algo in args.only or sorted(TARGETS[args.env]):
+            case = {**run_algo(args.env, algo, args.seeds, Path(tmp)), "machine": platform.processor() or "cpu"}
+            # read again just before writing: --only ppo and --only dqn may run side by side
+            report = json.loads(path.read_text()) if path.exists() else {}
+            report[algo] = case
+            RESULTS.mkdir(exist_ok=True)
+            path.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps({algo: case["met"] for algo, case in json.loads(path.read_text()).items()}))
+
+
+if __name__ == "__main__":
+    main()

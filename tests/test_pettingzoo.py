@@ -234,6 +234,28 @@ def test_subproc_env_fn_that_fails_shuts_every_worker_down():
     assert not [p for p in multiprocessing.active_children() if p.name.startswith("kitae-parallel-env")]
 
 
+def test_an_unguarded_script_is_told_to_guard_its_entry_point(tmp_path):
+    """A script that makes its environments at import time: each spawned worker imports it again,
+    cannot start processes while bootstrapping, and exits 1 before it can report anything; the
+    parent's error names the likely cause and the fix."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(TESTS)!r})
+        from _parallel_envs import CountParallelEnv
+        from kitae.envs.subproc import SubProcVecParallelEnv
+
+        SubProcVecParallelEnv([CountParallelEnv])
+        """)
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert "worker 0" in last and "died while making its environment, exit code 1" in last, done.stderr
+    assert 'guard its entry point with `if __name__ == "__main__":`' in last, done.stderr
+
+
 def test_workers_exit_when_the_parent_is_killed(tmp_path):
     script = tmp_path / "parent.py"
     script.write_text(

@@ -38,6 +38,7 @@ from kitae.envs.parallel import ParallelEnvCopy, UnsupportedParallelEnv, VecPara
 __all__ = ["SubProcVecParallelEnv", "START_METHODS"]
 
 START_METHODS = ("spawn", "forkserver")
+MAKING = "making its environment"  # what a worker does first, named in errors
 """Start methods allowed for the workers: never ``"fork"``, which copies a parent whose JAX threads
 may hold locks."""
 
@@ -179,7 +180,7 @@ class SubProcVecParallelEnv(VecParallelEnv):
                 child_end.close()  # only the worker holds its end: its death closes the pipe
                 self._conns.append(parent_end)
                 self.processes.append(process)
-            descriptions = [self._receive(index, "making its environment") for index in range(len(env_fns))]
+            descriptions = [self._receive(index, MAKING) for index in range(len(env_fns))]
             self._init_layout(len(env_fns), descriptions)
         except BaseException:
             self._finalizer()
@@ -196,9 +197,19 @@ class SubProcVecParallelEnv(VecParallelEnv):
     def _dead(self, index: int, during: str) -> RuntimeError:
         process = self.processes[index]
         process.join(1.0)  # reap it, so its exit code is known
+        hint = ""
+        if during == MAKING and process.exitcode == 1:
+            # The usual cause: a script that makes the environments at import time, unguarded. A
+            # spawned worker imports the main module again before it runs, makes the environments
+            # there, and multiprocessing refuses to start processes from a bootstrapping one: the
+            # worker exits 1 before its pipe carries anything, so the reason is only on its stderr.
+            hint = (
+                "; if your script makes this environment at import time, guard its entry point with "
+                "`if __name__ == \"__main__\":` (workers are started with 'spawn' and import the main module again)"
+            )
         return self._fail(
             f"SubProcVecParallelEnv: worker {index} (pid {process.pid}) died while {during}, "
-            f"{_describe_exit(process.exitcode)}; the other workers were shut down"
+            f"{_describe_exit(process.exitcode)}; the other workers were shut down{hint}"
         )
 
     def _send(self, index: int, message: tuple, during: str) -> None:

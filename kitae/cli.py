@@ -52,6 +52,7 @@ EXAMPLES_TRAIN = """examples:
   kitae train sac Pendulum-v1 --set update_cfg.learning_rate=1e-3 --set algo_params.gamma=0.98
   kitae train ppo --set train_cfg.save_frequency=50000 --run-dir runs/ppo   # checkpoint every 50k steps
   kitae train ppo --set train_cfg.save_frequency=50000 --set train_cfg.eval_episodes=10  # and evaluate each
+  kitae train ppo CartPole-v1 --set train_cfg.stop_return=475  # stop once the last 10 episodes reach 475
   kitae train ppo Corridor-v0 --import my_envs  # your own Gymnasium id, registered by my_envs.py
 
 Checkpoints go to RUN_DIR/checkpoints/<step>/ every train_cfg.save_frequency steps (-1: only at
@@ -515,8 +516,8 @@ def _report(summary: dict, quiet: bool) -> int:
     # None (or NaN): no training episode ended in the run
     final_text = ", ".join("- (no episode ended)" if v is None or v != v else f"{v:.1f}" for v in finals)
     print(
-        f"{summary['algo']} on {summary['env']}: {summary['steps']:,} steps, final return {final_text}, "
-        f"{_evaluation_text(summary)}"
+        f"{summary['algo']} on {summary['env']}: {summary['steps']:,} steps{_early_text(summary)}, "
+        f"final return {final_text}, {_evaluation_text(summary)}"
         f"{summary['sps']:,.0f} steps/s, compile {summary['compile_seconds']:.1f} s, "
         f"wall {summary['wall_seconds']:.1f} s -> {summary['run_dir']}"
     )
@@ -526,6 +527,21 @@ def _report(summary: dict, quiet: bool) -> int:
         line = {k: summary[k] for k in ("run_dir", "final_return", "sps", "state_fingerprint")}
         print(json.dumps(json_safe(line), allow_nan=False))
     return 0
+
+
+def _early_text(summary: dict) -> str:
+    """``" (stopped at step 41,984: every seed reached train_cfg.stop_return=475.0)"`` for a run
+    that ended before its last step, one entry per seed (or seeds trained together); else ``""``."""
+    parts = []
+    for entry in summary.get("stopped_early", []):
+        listed = ", ".join(map(str, entry["seeds"]))
+        seeds = "" if len(summary.get("seeds", [])) < 2 else f"seed{'s' * (len(entry['seeds']) > 1)} {listed} "
+        if entry["by"] == "train_cfg.stop_return":
+            reached = f"reached train_cfg.stop_return={entry['target']:g}"
+        else:
+            reached = "stopped by a callback"
+        parts.append(f"{seeds}at step {entry['step']:,}: {reached}")
+    return f" (stopped early, {'; '.join(parts)})" if parts else ""
 
 
 def _evaluation_text(summary: dict) -> str:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from collections.abc import Callable
@@ -332,6 +333,12 @@ class TrainConfig:
             --checkpoint best``); 0 (the default) evaluates nothing.
         keep_checkpoints: keep the newest this many checkpoints (>= 1; older ones are deleted as
             new ones are saved, except the best-evaluated one), or -1 to keep every one.
+        stop_return: stop training, with a checkpoint, once every seed's return has reached this
+            (a finite float), or ``None`` (the default) to train all ``n_env_steps``. The return
+            is the mean of the seed's last 10 training episodes (the ``final_return`` of
+            ``summary.json``; checked after every host step, or every compiled segment), or with
+            ``eval_episodes`` its latest evaluation (checked at each checkpoint), as
+            Stable-Baselines3's ``StopTrainingOnRewardThreshold`` does with its ``EvalCallback``.
     """
 
     n_env_steps: int = 100_000
@@ -339,6 +346,7 @@ class TrainConfig:
     log_frequency: int = 1_000
     eval_episodes: int = 0
     keep_checkpoints: int = 3
+    stop_return: float | None = None
 
     def __post_init__(self) -> None:
         validate_types(self, "train_cfg.")
@@ -363,6 +371,12 @@ class TrainConfig:
             "train_cfg.keep_checkpoints",
             self.keep_checkpoints,
             "-1 (keep every one) or an int >= 1",
+        )
+        _require(
+            self.stop_return is None or math.isfinite(self.stop_return),
+            "train_cfg.stop_return",
+            self.stop_return,
+            "null (train every step) or a finite float",
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -16,7 +16,9 @@ When the hooks are called:
 - ``on_progress(progress)`` about twice a second (host loop) or after each segment (compiled);
 - ``on_checkpoint(payload)`` when a checkpoint is due (``kitae.schedule``), when the run is
   stopped, and at the end;
-- ``should_stop()`` after every step (host) or segment (compiled): ``True`` stops the run there;
+- ``should_stop()`` after every step (host) or segment (compiled): ``True`` stops the run there,
+  with a checkpoint (``RunResult.stopped``; ``kitae.runs`` then ends it as a finished run, unless
+  Ctrl-C or SIGTERM asked for the stop);
 - ``on_end(result)`` once, with the ``RunResult``.
 """
 

@@ -7,7 +7,33 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["Episodes", "RunResult", "Divergence", "concat_episodes"]
+__all__ = ["Episodes", "RunResult", "Divergence", "concat_episodes", "recent_return", "RECENT_EPISODES"]
+
+# How many of a seed's latest training episodes its "final return" (summary.json, the command's
+# line, ``RunResult.final_return``) and ``train_cfg.stop_return`` average over.
+RECENT_EPISODES = 10
+
+
+def recent_return(returns: Any, counts: Any, last: int = RECENT_EPISODES) -> tuple[float, int]:
+    """Mean return of (about) the latest ``last`` episodes, from rows that each stand for
+    ``counts[i]`` episodes of mean return ``returns[i]`` (the compiled loop reports one row per
+    iteration): rows are taken whole from the end until they hold ``last`` episodes.
+
+    Args:
+        returns: ``(n,)`` each row's mean return, oldest first.
+        counts: ``(n,)`` how many episodes each row stands for.
+        last: episodes to average over (>= 1).
+
+    Returns:
+        ``(mean, episodes)``: the mean (nan if no episode) and how many episodes it is over (at
+        least ``last`` unless fewer finished, possibly more when a row holds several).
+    """
+    total, count = 0.0, 0
+    for ret, n in zip(reversed(list(returns)), reversed(list(counts))):
+        total, count = total + float(ret) * int(n), count + int(n)
+        if count >= last:
+            break
+    return (total / count if count else float("nan")), count
 
 
 class Episodes(NamedTuple):
@@ -175,18 +201,14 @@ class RunResult:
         agents = self.episodes[0].agent_returns
         return {} if agents is None else {a: v.tolist() for a, v in agents.items()}
 
-    def final_return(self, seed_index: int = 0, last: int = 10) -> float:
+    def final_return(self, seed_index: int = 0, last: int = RECENT_EPISODES) -> float:
         """Mean return of (about) the last ``last`` finished episodes of one seed: rows are taken
-        whole from the end until they hold ``last`` episodes (nan if none finished)."""
+        whole from the end until they hold ``last`` episodes (nan if none finished;
+        ``recent_return``)."""
         e = self.episodes[seed_index]
-        total, count = 0.0, 0
-        for ret, n in zip(e.return_[::-1], e.count[::-1]):
-            total, count = total + float(ret) * int(n), count + int(n)
-            if count >= last:
-                break
-        return total / count if count else float("nan")
+        return recent_return(e.return_, e.count, last)[0]
 
-    def mean_return(self, last: int = 10) -> float:
+    def mean_return(self, last: int = RECENT_EPISODES) -> float:
         """``final_return(0, last)``: the first seed's mean return of its last ``last`` episodes."""
         return self.final_return(0, last)
 

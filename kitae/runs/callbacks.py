@@ -16,12 +16,20 @@ import jax
 import numpy as np
 
 from kitae.loops.callbacks import Callback, Progress
-from kitae.loops.result import Episodes
+from kitae.loops.result import RECENT_EPISODES, Episodes, recent_return
 from kitae.loops.state import Payload
 from kitae.runs.checkpoints import Checkpointer
 from kitae.runs.rundir import MetricsFile
 
-__all__ = ["MetricsLogger", "CheckpointSaver", "ImportWhileTraining", "PeriodicEvaluation", "checkpoint_callbacks"]
+__all__ = [
+    "MetricsLogger",
+    "CheckpointSaver",
+    "ImportWhileTraining",
+    "PeriodicEvaluation",
+    "StopAtReturn",
+    "checkpoint_callbacks",
+    "stop_at_return",
+]
 
 
 class MetricsLogger(Callback):
@@ -107,6 +115,7 @@ class PeriodicEvaluation(Callback):
         self.agent, self.executor, self.env, self.episodes = agent, executor, env, episodes
         self.metrics, self.writer, self.seeds, self.stopping = metrics, writer, seeds, stopping
         self._evaluated: tuple[Payload, list[float]] | None = None  # the last payload and its means
+        self.latest: list[float] | None = None  # each seed's mean return at the latest evaluation
 
     def checkpoint_meta(self, payload: Payload) -> dict | None:
         """``{"eval_return": mean}`` (a list, one per seed, for seeds trained together) for the
@@ -139,6 +148,7 @@ class PeriodicEvaluation(Callback):
                 self.writer.add_scalar("eval/episodic_return", mean, step)
                 self.writer.add_scalar("eval/episodic_return_std", std, step)
         self._evaluated = (payload, means)
+        self.latest = means
 
 
 def checkpoint_callbacks(
@@ -169,6 +179,75 @@ def checkpoint_callbacks(
     )
     saver = CheckpointSaver(checkpointer, evaluation)
     return saver, [*([evaluation] if evaluation is not None else []), saver]
+
+
+class StopAtReturn(Callback):
+    """``train_cfg.stop_return``: stops the run once every seed's return has reached ``target``.
+
+    The return is each seed's mean over its last ``RECENT_EPISODES`` training episodes (the
+    summary's ``final_return``; a seed with fewer finished episodes has not reached it), or, with
+    an ``evaluation``, each seed's mean return at the latest evaluation (the checkpoints' ``kitae
+    eval``). The executor then saves a checkpoint and ends the run as a finished one.
+
+    Args:
+        target: the return to reach.
+        n_seeds: seeds trained together (the ``seed_index`` of ``Episodes``).
+        evaluation: the run's ``PeriodicEvaluation``, placed before this callback, or ``None``.
+
+    Attributes:
+        reached: once stopped, ``{"step": environment step, "returns": [each seed's return]}``.
+    """
+
+    def __init__(self, target: float, n_seeds: int, evaluation: PeriodicEvaluation | None = None) -> None:
+        self.target, self.evaluation = float(target), evaluation
+        self.recent: list[tuple[list[float], list[int]]] = [([], []) for _ in range(n_seeds)]
+        self.step = 0
+        self.changed = False  # something new to look at since the last should_stop
+        self.reached: dict | None = None
+
+    def on_episodes(self, episodes: Episodes) -> None:
+        self.step = max(self.step, int(np.max(episodes.step, initial=0)))
+        if self.evaluation is not None:
+            return
+        returns, counts = self.recent[episodes.seed_index]
+        returns.extend(episodes.return_.tolist())
+        counts.extend(episodes.count.tolist())
+        while len(counts) > 1 and sum(counts[1:]) >= RECENT_EPISODES:  # only the rows the mean reads
+            del returns[0], counts[0]
+        self.changed = True
+
+    def on_checkpoint(self, payload: Payload) -> None:
+        if self.evaluation is not None and self.evaluation.latest is not None:
+            self.step = max(self.step, int(np.max(np.asarray(payload.state.env_step))))
+            self.changed = True
+
+    def returns(self) -> list[float | None]:
+        """Each seed's return as this callback judges it, ``None`` where there is none yet."""
+        if self.evaluation is not None:
+            latest = self.evaluation.latest
+            return [None] * len(self.recent) if latest is None else list(latest)
+        means = [recent_return(r, c) for r, c in self.recent]
+        return [mean if count >= RECENT_EPISODES else None for mean, count in means]
+
+    def should_stop(self) -> bool:
+        if self.reached is not None:
+            return True
+        if not self.changed:  # called after every host step: look only when something changed
+            return False
+        self.changed = False
+        returns = self.returns()
+        if all(r is not None and r >= self.target for r in returns):
+            self.reached = {"step": self.step, "returns": returns}
+        return self.reached is not None
+
+
+def stop_at_return(train_cfg: Any, n_seeds: int, saver: CheckpointSaver) -> list[StopAtReturn]:
+    """The run's ``StopAtReturn`` when its ``train_cfg.stop_return`` is set (judged by the
+    evaluation ``saver`` records, if the run evaluates), placed after ``checkpoint_callbacks``'s
+    callbacks; else none."""
+    if train_cfg.stop_return is None:
+        return []
+    return [StopAtReturn(train_cfg.stop_return, n_seeds, saver.evaluation)]
 
 
 class ImportWhileTraining(Callback):

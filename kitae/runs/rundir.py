@@ -25,6 +25,7 @@ import numpy as np
 import yaml
 
 from kitae.config import AlgoConfig
+from kitae.loops.result import RECENT_EPISODES, recent_return
 from kitae.runs.errors import RunError
 
 
@@ -245,19 +246,11 @@ def clear_before_training(run_dir: Path) -> None:
     (run_dir / "metrics.jsonl").unlink(missing_ok=True)
 
 
-def final_return_from_rows(rows: list[dict], seed: int, last: int = 10) -> float:
+def final_return_from_rows(rows: list[dict], seed: int, last: int = RECENT_EPISODES) -> float:
     """Mean return of (about) the last ``last`` training episodes of ``seed`` in metrics rows
-    (each row stands for ``episodes`` episodes, 1 if absent; rows are taken whole from the end
-    until ``last`` episodes)."""
-    total, count = 0.0, 0
-    for row in reversed(rows):
-        if row.get("seed", seed) != seed or row.get("episodic_return") is None:
-            continue
-        n = int(row.get("episodes", 1))
-        total, count = total + float(row["episodic_return"]) * n, count + n
-        if count >= last:
-            break
-    return total / count if count else float("nan")
+    (each row stands for ``episodes`` episodes, 1 if absent; ``kitae.loops.result.recent_return``)."""
+    own = [row for row in rows if row.get("seed", seed) == seed and row.get("episodic_return") is not None]
+    return recent_return([row["episodic_return"] for row in own], [row.get("episodes", 1) for row in own], last)[0]
 
 
 def truncate_metrics(path: Path, keep_until: dict[Any, int]) -> None:

@@ -31,7 +31,7 @@ from kitae.envs.make import EnvSpec
 from kitae.loops.callbacks import WriterLogger
 from kitae.loops.result import RunResult
 from kitae.loops.state import LoopState, apply_loop_state, pick_seed
-from kitae.runs.callbacks import ImportWhileTraining, MetricsLogger, checkpoint_callbacks
+from kitae.runs.callbacks import ImportWhileTraining, MetricsLogger, StopAtReturn, checkpoint_callbacks, stop_at_return
 from kitae.runs.checkpoints import CHECKPOINT_MODULES, Checkpointer, CheckpointError
 from kitae.runs.errors import RunDiverged, RunError
 from kitae.runs.load import checkpoint_dirs, restore_error, restore_payload, run_seeds
@@ -64,6 +64,7 @@ __all__ = [
     "Plan",
     "execute",
     "train_plans",
+    "stopped_early",
 ]
 
 
@@ -122,6 +123,7 @@ def execute(
     fingerprints: list[str] = []
     stopped: dict | None = None
     divergences: list[dict] = []
+    early: list[dict] = []
     steps = 0
     try:
         with tensorboard_writer(run_dir, purge_step) as writer, stop_on_signals() as stop:
@@ -162,6 +164,7 @@ def execute(
                     plan_seeds,
                     stop,
                 )
+                target = stop_at_return(run.config.train_cfg, len(plan_seeds), saver)
                 try:
                     result = run.executor.run(
                         agent,
@@ -172,6 +175,7 @@ def execute(
                         callbacks=[
                             MetricsLogger(metrics, plan_seeds),
                             *saving,
+                            *target,
                             bar,
                             stop,
                             *extra,
@@ -188,18 +192,20 @@ def execute(
                 steps = result.env_steps
                 diverged = run_divergences(result, run_dir, saver.last)
                 divergences.extend(diverged)
-                if result.stopped and not diverged:
+                if result.stopped and not diverged and stop():  # Ctrl-C, SIGTERM: not finished
                     stopped = _stopped(run_dir, saver.last, result.env_steps, stop)
                     break
+                if result.stopped and not diverged:  # train_cfg.stop_return, or a callback of the caller's
+                    early.append(stopped_early(plan_seeds, result, target))
     finally:
         metrics.close()
     rows = read_metrics(run_dir / "metrics.jsonl")
     plot_run(run, rows)
     if stopped is not None:
         return stopped, results
-    summary = write_run_summary(
-        run, results, rows, fingerprints, divergences, steps, time.perf_counter() - clock, extra_summary
-    )
+    keys = {**({"stopped_early": early} if early else {}), **(extra_summary or {})}
+    wall = time.perf_counter() - clock
+    summary = write_run_summary(run, results, rows, fingerprints, divergences, steps, wall, keys)
     if divergences:
         raise RunDiverged("; ".join(describe_divergence(d, several=bool(run.seeds)) for d in divergences))
     return {**summary, "run_dir": str(run_dir)}, results
@@ -213,6 +219,24 @@ def plot_run(run: ResolvedRun, rows: list[dict]) -> None:
         title=run.run_dir.name,
         evaluations={label: evaluations_from_metrics(rows)},
     )
+
+
+def stopped_early(seeds: list[int], result: RunResult, target: list[StopAtReturn]) -> dict:
+    """``summary.json``'s ``stopped_early`` entry of a run (or one host seed) that a callback
+    ended before its last step: ``seeds``, ``step`` (where it stopped) and with
+    ``train_cfg.stop_return`` the ``target``, the step where the seeds' returns reached it
+    (``reached_at``) and those ``returns``; else ``"by": "callback"`` (a callback of the caller's)."""
+    reached = target[0].reached if target else None
+    entry: dict[str, Any] = {"seeds": seeds, "step": result.env_steps}
+    if reached is None:
+        return {**entry, "by": "callback"}
+    return {
+        **entry,
+        "by": "train_cfg.stop_return",
+        "target": target[0].target,
+        "reached_at": reached["step"],  # before "step" when seeds trained together reached it apart
+        "returns": reached["returns"],
+    }
 
 
 def _stopped(run_dir: Path, checkpoint: Path | None, steps: int, stop: StopRequest) -> dict:

@@ -52,7 +52,7 @@ from kitae.loops.callbacks import Callback, RunInfo, WriterLogger
 from kitae.loops.compiled import CompiledExecutor
 from kitae.loops.result import Episodes, RunResult
 from kitae.loops.state import Payload, pick_seed
-from kitae.runs.callbacks import ImportWhileTraining, MetricsLogger, checkpoint_callbacks
+from kitae.runs.callbacks import ImportWhileTraining, MetricsLogger, checkpoint_callbacks, stop_at_return
 from kitae.runs.checkpoints import CHECKPOINT_MODULES, Checkpointer
 from kitae.runs.errors import RunDiverged, RunError
 from kitae.runs.load import checkpoint_dirs
@@ -63,7 +63,7 @@ from kitae.runs.progress import ProgressBar
 from kitae.runs.ray_tasks import check_workers, in_ray_tasks
 from kitae.runs.resolve import ResolvedRun, RunSpec, resolve_train
 from kitae.runs.rundir import SWEEP_PLAN, MetricsFile, claim_new_run_dir, read_metrics, state_fingerprint, write_config
-from kitae.runs.session import execute, plot_run, resume_run, train_plans
+from kitae.runs.session import execute, plot_run, resume_run, stopped_early, train_plans
 from kitae.runs.signals import stop_on_signals
 from kitae.runs.summary import run_divergences, write_run_summary
 from kitae.runs.sweep_report import combination_name, counted, format_table, write_sweep
@@ -174,6 +174,13 @@ class _Split(Callback):
         for cb in callbacks:
             cb.on_losses(step, losses, index)
 
+    def should_stop(self) -> bool:
+        """When every combination's callbacks would stop (``train_cfg.stop_return``): the
+        combinations share one program."""
+        # every combination's StopAtReturn looks (and records its returns), not only up to a "no"
+        stops = [any(cb.should_stop() for cb in callbacks) for callbacks in self.children]
+        return all(stops)
+
     def on_checkpoint(self, payload: Payload) -> None:
         k = len(self.seeds)
         for c, callbacks in enumerate(self.children):
@@ -223,7 +230,7 @@ def _compiled_sweep(
     executor = CompiledExecutor()
     with contextlib.ExitStack() as stack:
         stop = stack.enter_context(stop_on_signals())
-        children, savers = [], []
+        children, savers, targets = [], [], []
         for _, combo in combos:
             stack.enter_context(in_use_by_this_process(combo.run_dir))
             metrics = MetricsFile(combo.run_dir / "metrics.jsonl")
@@ -244,7 +251,9 @@ def _compiled_sweep(
                 agent_of, run.executor, run.env, episodes, metrics, writer, seeds, stop,
             )  # fmt: skip
             savers.append(saver)
-            children.append([MetricsLogger(metrics, seeds), *saving, WriterLogger(writer)])
+            target = stop_at_return(combo.config.train_cfg, len(seeds), saver)
+            targets.append(target)
+            children.append([MetricsLogger(metrics, seeds), *saving, *target, WriterLogger(writer)])
         bar = ProgressBar(f"sweep {len(combos)} x {len(seeds)} {type(agent).__name__} {run.env.id}", quiet)
         if not quiet:
             sizes = f"{counted(len(combos), 'combination')} x {counted(len(seeds), 'seed')}"
@@ -257,9 +266,9 @@ def _compiled_sweep(
         finally:
             bar.close()
         shares = [_share(result, c, seeds) for c in range(len(combos))]
-        if result.stopped:
+        if result.stopped and stop():  # Ctrl-C, SIGTERM (else every combination reached train_cfg.stop_return)
             return None, {"stopped": True, "signal": stop.name, "signum": stop.signal, "steps": result.env_steps}
-        for (_, combo), share, saver in zip(combos, shares, savers):
+        for (_, combo), share, saver, target in zip(combos, shares, savers, targets):
             divergences = run_divergences(share, combo.run_dir, saver.last)
             share_rows = (
                 read_metrics(combo.run_dir / "metrics.jsonl") if (combo.run_dir / "metrics.jsonl").exists() else []
@@ -274,7 +283,11 @@ def _compiled_sweep(
                 divergences,
                 share.env_steps,
                 time.perf_counter() - clock,
-                {"sweep": str(run.run_dir), **({"resumed_from": first_step} if first_step else {})},
+                {
+                    "sweep": str(run.run_dir),
+                    **({"resumed_from": first_step} if first_step else {}),
+                    **({"stopped_early": [stopped_early(seeds, share, target)]} if result.stopped else {}),
+                },
             )
     return shares, None
 

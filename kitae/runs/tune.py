@@ -420,6 +420,11 @@ def tune_run(spec: TuneSpec) -> dict:
             with_values(run.config, {key: high})
         if run.config.distributed is not None:
             raise RunError("kitae tune does not train distributed runs; drop --set distributed.*")
+        if run.config.train_cfg.stop_return is not None:  # pruning and scores compare trials at equal steps
+            raise RunError(
+                f"train_cfg.stop_return={run.config.train_cfg.stop_return:g} is not allowed in kitae tune: its trials "
+                "are compared at the same number of steps; drop it here (kitae train takes it)"
+            )
         compiled = isinstance(run.executor, CompiledExecutor)
         instead = "whose trials train --batch at a time in one program already"
         check_workers(spec.workers, spec.address, compiled, run.env.id, "trials", instead)

@@ -53,6 +53,7 @@ EXAMPLES_TRAIN = """examples:
   kitae train ppo --set train_cfg.save_frequency=50000 --run-dir runs/ppo   # checkpoint every 50k steps
   kitae train ppo --set train_cfg.save_frequency=50000 --set train_cfg.eval_episodes=10  # and evaluate each
   kitae train ppo CartPole-v1 --set train_cfg.stop_return=475  # stop once the last 10 episodes reach 475
+  kitae train ppo LunarLander-v3 --set env_kwargs.continuous=true  # an argument of the environment
   kitae train ppo Corridor-v0 --import my_envs  # your own Gymnasium id, registered by my_envs.py
 
 Checkpoints go to RUN_DIR/checkpoints/<step>/ every train_cfg.save_frequency steps (-1: only at

@@ -75,6 +75,9 @@ def _coerce(field_path: str, value: Any, tp: Any) -> Any:
     elif tp is tuple or origin is tuple:  # YAML has no tuples: a loaded list becomes a tuple again
         if isinstance(value, (list, tuple)):
             return tuple(value)
+    elif origin is dict:  # the keys and values are the field's own checks
+        if isinstance(value, dict):
+            return value
     elif tp is bool:
         if isinstance(value, bool):
             return value
@@ -221,6 +224,17 @@ class AlgoParams:
     dataclass works as ``AlgoConfig.algo_params``."""
 
 
+def _plain(value: Any) -> bool:
+    """Whether ``value`` is plain YAML data: a scalar, or a list or str-keyed dict of such."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    if isinstance(value, list):
+        return all(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    return False
+
+
 @dataclasses.dataclass
 class EnvConfig:
     """What the agent trains on.
@@ -232,6 +246,11 @@ class EnvConfig:
         n_envs: number of environments stepped together (>= 1).
         n_agents: number of agents per environment (>= 1); more than one turns on the
             parallel (multi-agent, shared-parameter) mode.
+        env_kwargs: keyword arguments the environments are made with (the source's constructor:
+            ``gymnasium.make``, a PettingZoo module's ``parallel_env``, EnvPool's options,
+            ``gymnax.make``, ``BraxEnv``, JaxMARL's ``make``): names to plain values (bool, int,
+            float, str, null, or lists and dicts of these), so that ``config.yaml`` holds them and
+            every environment of the run (training, evaluation, video, Ray workers) is made alike.
     """
 
     task_name: str
@@ -239,11 +258,25 @@ class EnvConfig:
     action_space: gym.Space
     n_envs: int = 1
     n_agents: int = 1
+    env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         validate_types(self, "env_cfg.")
         _require(self.n_envs >= 1, "env_cfg.n_envs", self.n_envs, "an int >= 1")
         _require(self.n_agents >= 1, "env_cfg.n_agents", self.n_agents, "an int >= 1")
+        for name, value in self.env_kwargs.items():
+            _require(
+                isinstance(name, str) and name.isidentifier(),
+                "env_cfg.env_kwargs",
+                name,
+                "keyword names (Python identifiers)",
+            )
+            _require(
+                _plain(value),
+                f"env_cfg.env_kwargs.{name}",
+                value,
+                "a bool, int, float, str or null, or a list or dict of these (what config.yaml holds)",
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -252,6 +285,7 @@ class EnvConfig:
             "action_space": space_to_dict(self.action_space),
             "n_envs": self.n_envs,
             "n_agents": self.n_agents,
+            **({"env_kwargs": copy.deepcopy(self.env_kwargs)} if self.env_kwargs else {}),
         }
 
     @classmethod

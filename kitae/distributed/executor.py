@@ -246,7 +246,8 @@ class _Run:
 
     def _new_collector(self, w: int) -> Any:
         n_envs, workers = self.agent.config.env_cfg.n_envs, self.cfg.workers
-        return self.remote_collector.remote(self.factory, self.spec.id, n_envs // workers, w, workers)
+        # the spec, not its id: its env_kwargs travel with it (the run's env_cfg.env_kwargs)
+        return self.remote_collector.remote(self.factory, self.spec, n_envs // workers, w, workers)
 
     def _count_restart(self, what: str, error: BaseException) -> None:
         self.restarts += 1

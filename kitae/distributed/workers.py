@@ -55,12 +55,14 @@ class CollectionWorker:
 
     Args:
         agent_factory: builds the agent (picklable).
-        env_id: the environment id (``EnvSpec``'s text).
+        env_id: the environment: an ``EnvSpec`` (with the run's ``env_kwargs``) or its id.
         n_envs: this worker's environments (its shard of the run's ``n_envs``).
         index: the worker's index in ``[0, n_workers)``; ``n_workers``: how many collect.
     """
 
-    def __init__(self, agent_factory: Callable[[], Any], env_id: str, n_envs: int, index: int, n_workers: int) -> None:
+    def __init__(
+        self, agent_factory: Callable[[], Any], env_id: str | EnvSpec, n_envs: int, index: int, n_workers: int
+    ) -> None:
         use_compilation_cache()  # a worker started again finds its programs compiled
         self.agent = agent_factory()
         self.index, self.n_envs, self.n_workers = index, n_envs, n_workers

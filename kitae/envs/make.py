@@ -47,15 +47,29 @@ def parse_env_id(env_id: str) -> tuple[str, str]:
 
 @dataclasses.dataclass(frozen=True)
 class EnvSpec:
-    """An environment id, read once.
+    """An environment id, read once, and the keyword arguments its environments are made with.
 
     Attributes:
         source: one of ``SOURCES``.
         name: the id within its source, e.g. ``"CartPole-v1"``.
+        kwargs: ``((name, value), ...)``: keyword arguments of the environment's constructor
+            (``EnvConfig.env_kwargs``: ``gymnasium.make``'s, a PettingZoo module's
+            ``parallel_env``'s, EnvPool's options, ``gymnax.make``'s, ``BraxEnv``'s, JaxMARL's),
+            given to every environment made from this spec; sorted, so that equal specs are equal.
     """
 
     source: str
     name: str
+    kwargs: tuple[tuple[str, Any], ...] = ()
+
+    def with_kwargs(self, kwargs: dict[str, Any] | None) -> EnvSpec:
+        """This spec with ``kwargs`` (``EnvConfig.env_kwargs``) in place of its own."""
+        return dataclasses.replace(self, kwargs=tuple(sorted((kwargs or {}).items())))
+
+    @property
+    def env_kwargs(self) -> dict[str, Any]:
+        """``kwargs`` as a dict."""
+        return dict(self.kwargs)
 
     @classmethod
     def parse(cls, env_id: str | EnvSpec) -> EnvSpec:
@@ -82,13 +96,13 @@ class EnvSpec:
         return self.id
 
 
-def make_env(spec: str | EnvSpec, n_envs: int, **env_kwargs: Any) -> Any:
-    """``n_envs`` copies of the environment ``spec`` names: ``make_jax_env`` for JAX sources,
-    ``make_vec_env`` for the others (keyword arguments go to them)."""
+def make_env(spec: str | EnvSpec, n_envs: int) -> Any:
+    """``n_envs`` copies of the environment ``spec`` names, made with its ``kwargs``:
+    ``make_jax_env`` for JAX sources, ``make_vec_env`` for the others."""
     spec = EnvSpec.parse(spec)
     if spec.is_jax:
-        return make_jax_env(spec, n_envs, **env_kwargs)
-    return make_vec_env(spec.id, n_envs, **env_kwargs)
+        return make_jax_env(spec, n_envs)
+    return make_vec_env(spec, n_envs)
 
 
 def make_jax_env(env_id: str | EnvSpec, n_envs: int, **env_kwargs: Any) -> Any:
@@ -99,7 +113,8 @@ def make_jax_env(env_id: str | EnvSpec, n_envs: int, **env_kwargs: Any) -> Any:
     ``"gymnax:BitFlipping-v0"`` kitae's bit flipping (``kitae.envs.goals``, ``n_bits`` in ``env_kwargs``);
     ``"brax:inverted_pendulum"`` builds a ``kitae.envs.brax_env.BraxEnv`` (``env_kwargs``:
     ``backend``, ``episode_length`` and the Brax environment's own arguments);
-    ``"jaxmarl:MPE_simple_spread_v3"`` a ``kitae.envs.jaxmarl_env.VecJaxMARLEnv``.
+    ``"jaxmarl:MPE_simple_spread_v3"`` a ``kitae.envs.jaxmarl_env.VecJaxMARLEnv``. ``env_kwargs``
+    go over those of an ``EnvSpec`` ``env_id``.
 
     Raises:
         ValueError: for an id whose source is not a JAX source.
@@ -108,6 +123,7 @@ def make_jax_env(env_id: str | EnvSpec, n_envs: int, **env_kwargs: Any) -> Any:
     from kitae.envs.jax_env import GymnaxEnv, VecJaxEnv
 
     spec = EnvSpec.parse(env_id)
+    env_kwargs = {**spec.env_kwargs, **env_kwargs}
     if spec.source == "gymnax" and spec.name == memory.NAME:  # kitae's CartPole without velocities
         return VecJaxEnv(memory.gymnax_cartpole_no_velocity(**env_kwargs), n_envs)
     if spec.source == "gymnax" and spec.name == goals.NAME:  # kitae's bit flipping, in JAX
@@ -259,7 +275,7 @@ def make_vec_env(
             ``"async"`` (one process per environment).
         env_kwargs: keyword arguments for ``gymnasium.make`` (for PettingZoo, for the module's
             ``parallel_env``, e.g. ``{"continuous_actions": True}``; for ``envpool:`` ids, EnvPool
-            options, ``envpool.make_spec(ID).config``).
+            options, ``envpool.make_spec(ID).config``), over those of an ``EnvSpec`` ``env_id``.
         wrappers: callables ``env -> env`` applied in order to each sub-environment, e.g.
             ``[kitae.envs.wrappers.ActionMaskObservation]`` for ``Taxi-v4``'s action masks.
         frame_stack: stack this many frames per observation, channels-last
@@ -275,6 +291,7 @@ def make_vec_env(
     """
     spec = EnvSpec.parse(env_id)
     source, name = spec.source, spec.name
+    env_kwargs = {**spec.env_kwargs, **(env_kwargs or {})}
     if source not in HOST_SOURCES:
         raise ValueError(
             f"make_vec_env builds host-loop environments ({', '.join(HOST_SOURCES)}); {spec.id!r} comes from "

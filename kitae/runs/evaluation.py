@@ -65,32 +65,38 @@ def _filming_env(env: EnvSpec, does_not_render: str) -> Any:
     """One environment of ``env`` that draws frames: PettingZoo's and Gymnasium's made with
     ``render_mode="rgb_array"``, an ``EnvPoolEnv``, or a ``BraxEnv``, ``JaxMARLEnv`` or
     ``GymnaxEnv`` (which draw their states)."""
+    kwargs = env.env_kwargs  # the run's env_cfg.env_kwargs
     if env.source == "brax":
         from kitae.envs.brax_env import BraxEnv
 
-        return BraxEnv(env.name)
+        return BraxEnv(env.name, **kwargs)
     if env.source == "jaxmarl":
         from kitae.envs.jaxmarl_env import JaxMARLEnv
 
-        return JaxMARLEnv(env.name)
+        return JaxMARLEnv(env.name, **kwargs)
     if env.source == "gymnax" and gymnasium_twin(env) is None:  # GYMNAX_DRAWN: gymnax's visualizer
         from kitae.envs.jax_env import GymnaxEnv
 
-        return GymnaxEnv(env.name)
+        return GymnaxEnv(env.name, **kwargs)
     if _envpool_atari(env):  # whole games with raw scores, as kitae eval plays them
         from kitae.envs.envpool_env import EnvPoolEnv, evaluation_kwargs
 
-        return EnvPoolEnv(env.name, env_kwargs=evaluation_kwargs(env.name))
+        return EnvPoolEnv(env.name, env_kwargs={**kwargs, **evaluation_kwargs(env.name)})
+    if kwargs and env.source not in ("gymnasium", "pettingzoo"):  # gymnax's or EnvPool's arguments, not the twin's
+        raise RunError(
+            f"--video: {env.id} is filmed through its Gymnasium twin {gymnasium_twin(env)}, which does not take "
+            f"the run's env_cfg.env_kwargs ({', '.join(sorted(kwargs))}); allowed: a run without them"
+        )
     with warnings.catch_warnings():  # Gymnasium warns of a mode the environment does not list
         warnings.simplefilter("ignore")
         try:
             if env.source == "pettingzoo":
                 from kitae.envs.pettingzoo_envs import parallel_env_maker
 
-                return parallel_env_maker(env.name)(render_mode="rgb_array")
+                return parallel_env_maker(env.name)(render_mode="rgb_array", **kwargs)
             import gymnasium as gym
 
-            return gym.make(str(gymnasium_twin(env)), render_mode="rgb_array")
+            return gym.make(str(gymnasium_twin(env)), render_mode="rgb_array", **kwargs)
         except TypeError as error:  # a constructor without render_mode
             raise RunError(f"{does_not_render}: {error}") from None
 

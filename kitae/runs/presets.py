@@ -24,7 +24,18 @@ import kitae.config as cfg
 from kitae.envs.make import EnvSpec
 
 PRESETS_DIR = Path(__file__).resolve().parents[1] / "presets"
-SECTION_KEYS = ("n_envs", "n_env_steps", "algo_params", "update_cfg", "train_cfg", "seed", "distributed", "replay")
+SECTION_KEYS = (
+    "n_envs",
+    "n_env_steps",
+    "env_kwargs",
+    "algo_params",
+    "update_cfg",
+    "train_cfg",
+    "seed",
+    "distributed",
+    "replay",
+)
+ENV_KWARGS_KEY = "env_kwargs.NAME"  # how --set's list of keys names the environment's arguments
 
 
 def _check_section(section: Any, where: str, params_cls: type | None = None) -> dict:
@@ -114,6 +125,8 @@ def _from_run_config(data: dict, path: Path, params_cls: type | None) -> dict:
     env_cfg = data.pop("env_cfg", None) or {}
     if isinstance(env_cfg, dict) and "n_envs" in env_cfg:
         data.setdefault("n_envs", env_cfg["n_envs"])
+    if isinstance(env_cfg, dict) and env_cfg.get("env_kwargs"):  # how the run made its environments
+        data.setdefault("env_kwargs", env_cfg["env_kwargs"])
     if data.get("distributed") is None:
         data.pop("distributed", None)
     return data
@@ -150,9 +163,11 @@ def parse_sets(items: list[str], params_cls: type) -> dict:
         key = key.strip()
         if not sep or not key:
             raise ValueError(f"--set {item!r} is not KEY=VALUE")
-        if key not in allowed:
+        section, _, name = key.partition(".")
+        if key not in allowed and not (section == "env_kwargs" and name.isidentifier()):
             raise ValueError(
-                f"unknown --set key {key!r}{did_you_mean(key, allowed)}; allowed keys: {', '.join(sorted(allowed))}"
+                f"unknown --set key {key!r}{did_you_mean(key, allowed)}; allowed keys: "
+                f"{', '.join(sorted(allowed | {ENV_KWARGS_KEY}))}"
             )
         path = key.split(".")
         node = out
@@ -232,6 +247,7 @@ def build_config(params_cls: type, env_spec: EnvSpec, env: Any, resolved: dict) 
             n_envs=env.num_envs,
             # PettingZoo vector envs (num_agents) and multi-agent JAX envs (n_agents) say how many
             n_agents=getattr(env, "num_agents", getattr(env, "n_agents", 1)),
+            env_kwargs=resolved.get("env_kwargs") or {},
         ),
         distributed=cfg.DistributedConfig.from_dict(layout) if layout else None,
         replay=cfg.ReplayConfig.from_dict(resolved.get("replay") or {}),
@@ -262,7 +278,7 @@ def resolve(
 
     Returns:
         A mapping with ``seed``, ``n_envs``, ``n_env_steps``, ``algo_params``, ``update_cfg``,
-        ``train_cfg`` and possibly ``distributed``.
+        ``train_cfg`` and possibly ``env_kwargs`` and ``distributed``.
     """
     resolved: dict[str, Any] = {
         "seed": 0,

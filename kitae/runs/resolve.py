@@ -30,6 +30,7 @@ __all__ = [
     "resolve_run_dir",
     "resolve_agent",
     "make_run_env",
+    "run_env_spec",
     "executor_of",
     "preset_agent",
 ]
@@ -129,6 +130,16 @@ class ResolvedRun:
             return agent
 
 
+def run_env_spec(config: AlgoConfig) -> EnvSpec:
+    """The environment a config trains on: its ``env_cfg.task_name``, made with its
+    ``env_cfg.env_kwargs``.
+
+    Raises:
+        ValueError: for a task name that is not an environment id.
+    """
+    return EnvSpec.parse(config.env_cfg.task_name).with_kwargs(config.env_cfg.env_kwargs)
+
+
 def make_run_env(env: EnvSpec, n_envs: int) -> Any:
     """The environments of a run (``kitae.envs.make.make_env``); a missing optional extra is a
     ``RunError``. EnvPool ids warn once that they train in the host loop."""
@@ -171,6 +182,10 @@ def resolve_train(spec: RunSpec) -> tuple[ResolvedRun, Any]:
             "distributed": spec.distributed(),
         },
     )
+    env_kwargs = values.get("env_kwargs") or {}
+    if not isinstance(env_kwargs, dict):
+        raise RunError(f"env_kwargs={env_kwargs!r} is not allowed; allowed: a mapping of keyword arguments")
+    env_spec = env_spec.with_kwargs(env_kwargs)
     env = make_run_env(env_spec, values["n_envs"])
     try:
         config = build_config(params_cls, env_spec, env, values)
@@ -193,7 +208,7 @@ def resolve_train(spec: RunSpec) -> tuple[ResolvedRun, Any]:
 def resolve_agent(agent: Any, env: Any) -> ResolvedRun:
     """The run of an agent trained from Python (``agent.train(env)``): its class, its config, its
     ``run_dir`` and the executor of ``env``."""
-    env_spec = EnvSpec.parse(agent.config.env_cfg.task_name)
+    env_spec = run_env_spec(agent.config)
     algo = algorithm_name(agent.config) or type(agent).__name__.lower()
     executor = executor_of(agent.config, env)
     return ResolvedRun(algo, type(agent), env_spec, agent.config, None, Path(agent.run_dir), executor)
@@ -225,7 +240,7 @@ def resolve_run_dir(
         assert algo is not None  # its params class is a built-in's: checked above
         agent_cls = ALGORITHMS[algo][0]
     try:
-        env_spec = EnvSpec.parse(config.env_cfg.task_name)
+        env_spec = run_env_spec(config)
     except ValueError as error:
         raise RunError(f"config.yaml in {str(run_dir)!r}: {error}") from None
     run = ResolvedRun(

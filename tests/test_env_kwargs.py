@@ -96,3 +96,18 @@ def test_a_run_evaluates_resumes_and_trains_again_with_its_arguments(tmp_path):
                  "--quiet"]) == 0  # fmt: skip
     summaries = [json.loads((d / "summary.json").read_text()) for d in (first, again)]
     assert summaries[0]["state_fingerprint"] == summaries[1]["state_fingerprint"]
+
+
+def test_the_best_config_of_a_search_keeps_the_arguments(tmp_path):
+    from kitae.runs.presets import load_config_file
+    from kitae.runs.tune import best_config_yaml
+
+    agent, env = preset_agent("ppo", "gymnax:Catch-bsuite", sets=["env_kwargs.rows=6", "env_kwargs.columns=4"])
+    (tmp_path / "best.yaml").write_text(best_config_yaml(agent.config, 3, 1.0))
+    assert load_config_file(tmp_path / "best.yaml")["env_kwargs"] == {"rows": 6, "columns": 4}
+
+
+def test_specs_with_list_arguments_are_equal_and_hashable():
+    first, second = (EnvSpec.parse("FrozenLake-v1").with_kwargs({"desc": ["SF", "FG"]}) for _ in range(2))
+    assert first == second and {first: 1}[second] == 1
+    assert first != EnvSpec.parse("FrozenLake-v1")

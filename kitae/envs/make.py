@@ -71,6 +71,9 @@ class EnvSpec:
         """``kwargs`` as a dict."""
         return dict(self.kwargs)
 
+    def __hash__(self) -> int:  # a value may be a list (plain YAML data): hashed by its text
+        return hash((self.source, self.name, repr(self.kwargs)))
+
     @classmethod
     def parse(cls, env_id: str | EnvSpec) -> EnvSpec:
         """``EnvSpec.parse("gymnax:CartPole-v1")``; an ``EnvSpec`` is returned as it is.

@@ -240,6 +240,8 @@ def _open_study(study_dir: Path, run: ResolvedRun, space: Space, seeds: int) -> 
             "space": {k: list(v) for k, v in space.items()}}  # fmt: skip
     if run.config.train_cfg.eval_episodes:  # another score: a search that evaluates is another search
         spec["eval_episodes"] = run.config.train_cfg.eval_episodes
+    if run.env.kwargs:  # another environment: another search (studies without them keep their spec)
+        spec["env_kwargs"] = run.env.env_kwargs
     recorded = study.user_attrs.get("spec")
     if recorded is None:
         study.set_user_attr("spec", spec)
@@ -521,6 +523,7 @@ def best_config_yaml(config: AlgoConfig, number: int, value: float, score: str =
         "seed": data["seed"],
         "n_envs": config.env_cfg.n_envs,
         "n_env_steps": config.train_cfg.n_env_steps,
+        **({"env_kwargs": config.env_cfg.env_kwargs} if config.env_cfg.env_kwargs else {}),
         "algo_params": data["algo_params"],
         "update_cfg": data["update_cfg"],
         "train_cfg": {k: v for k, v in data["train_cfg"].items() if k != "n_env_steps"},

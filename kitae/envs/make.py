@@ -18,6 +18,7 @@ import gymnasium as gym
 from gymnasium.vector import AutoresetMode
 
 from kitae.envs import goals, memory
+from kitae.envs.wrappers import tuple_as_dict
 from kitae.validation import check_positive_int, closest_names
 
 SOURCES = ("gymnasium", "gymnax", "envpool", "pettingzoo", "brax", "jaxmarl")
@@ -223,7 +224,7 @@ def _gymnasium_thunk(
         except gym.error.DependencyNotInstalled as error:  # Box2D, MuJoCo, ALE...: an ImportError to the runs layer
             hint = " (kitae's box2d extra: pip install 'kitae[box2d]')" if "Box2D" in str(error) else ""
             raise ImportError(f"gymnasium:{name} needs a package that is not installed{hint}: {error}") from None
-        return env if wrap is None else wrap(env)
+        return tuple_as_dict(env if wrap is None else wrap(env))  # Tuple observations read as Dict ones
 
     return thunk
 

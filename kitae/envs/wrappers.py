@@ -5,9 +5,12 @@
   PettingZoo classic convention that every kitae algorithm reads, ``kitae.action_masks``).
 * ``frame_stack(env, n_frames)``: Gymnasium's ``FrameStackObservation`` with the frames laid out
   CHANNELS-LAST, as kitae's CNN encoders expect: ``(H, W, C)`` frames become ``(H, W, n * C)``.
+* ``tuple_as_dict(env)``: a ``Tuple`` observation space (``Blackjack-v1``'s) read as a ``Dict``
+  keyed ``"0"``, ``"1"``, ... (zero-padded, so that sorted keys keep the tuple's order), which
+  every kitae algorithm encodes (one encoder per entry, concatenated).
 
-Both are applied per sub-environment; ``kitae.envs.make.make_vec_env`` takes them as
-``wrappers=[ActionMaskObservation]`` and ``frame_stack=4``.
+All are applied per sub-environment; ``kitae.envs.make.make_vec_env`` takes the first two as
+``wrappers=[ActionMaskObservation]`` and ``frame_stack=4``, and applies ``tuple_as_dict`` itself.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import numpy as np
 from kitae.action_masks import ACTION_MASK_KEY
 from kitae.validation import check_positive_int
 
-__all__ = ["ActionMaskObservation", "frame_stack"]
+__all__ = ["ActionMaskObservation", "frame_stack", "tuple_as_dict"]
 
 
 class ActionMaskObservation(gym.Wrapper):
@@ -136,3 +139,46 @@ def frame_stack(env: gym.Env, n_frames: int) -> gym.Env:
     # Gymnasium types Box's dtype as a scalar type; it takes any np.dtype (it calls np.dtype(dtype))
     new_space = gym.spaces.Box(low, high, low.shape, space.dtype)  # type: ignore[arg-type]
     return gym.wrappers.TransformObservation(stacked, to_layout, new_space)
+
+
+def _dict_space(space: gym.Space) -> gym.Space:
+    """``space`` with every ``Tuple`` in it (nested too) a ``Dict`` keyed by the padded index."""
+    if isinstance(space, gym.spaces.Tuple):
+        width = len(str(len(space.spaces) - 1))
+        return gym.spaces.Dict({f"{i:0{width}d}": _dict_space(s) for i, s in enumerate(space.spaces)})
+    if isinstance(space, gym.spaces.Dict):
+        return gym.spaces.Dict({k: _dict_space(s) for k, s in space.spaces.items()})
+    return space
+
+
+def _dict_observation(space: gym.Space, observation: Any) -> Any:
+    """``observation`` of ``space`` laid out as ``_dict_space(space)`` says."""
+    if isinstance(space, gym.spaces.Tuple):
+        width = len(str(len(space.spaces) - 1))
+        return {f"{i:0{width}d}": _dict_observation(s, o) for i, (s, o) in enumerate(zip(space.spaces, observation))}
+    if isinstance(space, gym.spaces.Dict):
+        return {k: _dict_observation(s, observation[k]) for k, s in space.spaces.items()}
+    return observation
+
+
+def _has_tuple(space: gym.Space) -> bool:
+    if isinstance(space, gym.spaces.Tuple):
+        return True
+    return isinstance(space, gym.spaces.Dict) and any(_has_tuple(s) for s in space.spaces.values())
+
+
+def tuple_as_dict(env: gym.Env) -> gym.Env:
+    """``env`` with its ``Tuple`` observations (and those nested in a ``Dict``) as ``Dict`` ones:
+    ``Tuple(Discrete(32), Discrete(11), Discrete(2))`` becomes ``Dict("0": Discrete(32), "1":
+    Discrete(11), "2": Discrete(2))``, an observation ``(14, 10, 0)`` becomes ``{"0": 14, "1": 10,
+    "2": 0}``; ten or more entries are keyed ``"00"``, ``"01"``, ... ``env`` itself when its space
+    holds no ``Tuple``.
+
+    Why a ``Dict``: kitae's encoders, buffers and checkpoints read observations as arrays or dicts
+    of arrays (``kitae.modules.encoders.DictEncoder``: one encoder per key); a tuple read as a dict
+    of its entries gets the same networks a tuple encoder would build, without a second path.
+    """
+    space = env.observation_space
+    if not _has_tuple(space):
+        return env
+    return gym.wrappers.TransformObservation(env, lambda obs: _dict_observation(space, obs), _dict_space(space))

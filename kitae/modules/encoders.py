@@ -340,6 +340,12 @@ def encoder_factory(
             )
         encoders = tuple(encoder_factory(observation_space.spaces[k], hidden=(), activation=activation) for k in keys)
         return DictEncoder(keys=tuple(keys), encoders=encoders, head=MLP(hidden=hidden, activation=activation))
+    if isinstance(observation_space, gym.spaces.Tuple):
+        raise ValueError(
+            f"Unsupported observation space {observation_space}: a Tuple is read as a Dict of its entries; make "
+            "the environments with kitae.envs.make.make_vec_env (which does) or wrap each one with "
+            f"kitae.envs.wrappers.tuple_as_dict; {_accepted()}."
+        )
     raise ValueError(f"Unsupported observation space {observation_space}; {_accepted()}.")
 
 

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from kitae.cli import main
+from kitae.envs.make import EnvSpec
 from kitae.loops.result import Episodes
 from kitae.runs.errors import RunError
 from kitae.runs.rundir import read_run_config
@@ -184,7 +185,7 @@ def test_a_trial_killed_before_its_values_were_chosen_is_failed_and_not_asked_ag
     never trained, so reopening fails it without enqueueing a half-fixed trial; a trial with all
     its values is failed and asked again with them."""
     space = {LR: (1e-4, 3e-3, True), "algo_params.clip_coef": (0.1, 0.3, False)}
-    run = SimpleNamespace(algo="ppo", env=SimpleNamespace(id="gymnax:CartPole-v1"), total=4096,
+    run = SimpleNamespace(algo="ppo", env=EnvSpec.parse("gymnax:CartPole-v1"), total=4096,
                           config=SimpleNamespace(seed=0, train_cfg=SimpleNamespace(eval_episodes=0)))  # fmt: skip
     study = _open_study(tmp_path, run, space, 1)
     float_ = optuna.distributions.FloatDistribution
@@ -203,7 +204,7 @@ def test_a_search_started_again_draws_new_values(tmp_path):
     values are not those the first start drew (a sampler seeded as before would ask the finished
     trials' values again, and TPE's random start would repeat itself)."""
     space = {LR: (1e-4, 3e-3, True)}
-    run = SimpleNamespace(algo="ppo", env=SimpleNamespace(id="gymnax:CartPole-v1"), total=4096,
+    run = SimpleNamespace(algo="ppo", env=EnvSpec.parse("gymnax:CartPole-v1"), total=4096,
                           config=SimpleNamespace(seed=0, train_cfg=SimpleNamespace(eval_episodes=0)))  # fmt: skip
     distributions = {LR: optuna.distributions.FloatDistribution(1e-4, 3e-3, log=True)}
     study = _open_study(tmp_path, run, space, 1)
@@ -215,6 +216,16 @@ def test_a_search_started_again_draws_new_values(tmp_path):
     (tmp_path / "other").mkdir()
     fresh = _open_study(tmp_path / "other", run, space, 1).ask(distributions).params[LR]
     assert fresh == first[0]  # a new study still starts from the run's seed
+
+
+def test_a_search_of_other_environment_arguments_is_another_search(tmp_path):
+    space = {LR: (1e-4, 3e-3, True)}
+    config = SimpleNamespace(seed=0, train_cfg=SimpleNamespace(eval_episodes=0))
+    catch = EnvSpec.parse("gymnax:Catch-bsuite")
+    _open_study(tmp_path, SimpleNamespace(algo="ppo", env=catch.with_kwargs({"rows": 6}), total=4096, config=config),
+                space, 1)  # fmt: skip
+    with pytest.raises(RunError, match=r"holds a study of another search \(env_kwargs differ"):
+        _open_study(tmp_path, SimpleNamespace(algo="ppo", env=catch, total=4096, config=config), space, 1)
 
 
 def test_diverging_trials_are_pruned_in_the_host_loop(tmp_path, capsys):

@@ -127,6 +127,11 @@ def test_a_compiled_sweep_stops_when_every_combination_has_reached_it(tmp_path, 
         (early,) = summary["stopped_early"]
         assert summary["steps"] == early["step"] < 500_000 and early["reached_at"] <= early["step"]
         assert min(early["returns"]) >= 100.0
+    # the sweep's table and sweep.json say where each combination stopped
+    report = json.loads((sweep_dir / "sweep.json").read_text())
+    assert [c["stopped_early_at"] for c in report["combinations"]] == [[summary["steps"]]] * 2
+    table = (sweep_dir / "table.txt").read_text()
+    assert table.count(f"stopped early (step {summary['steps']:,})") == 2, table
 
 
 def test_kitae_tune_refuses_it_in_one_line(capsys):

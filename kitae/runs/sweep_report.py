@@ -42,6 +42,7 @@ def write_sweep(
         summary = json.loads((combo.run_dir / "summary.json").read_text())
         finals = np.asarray(summary["final_return"], float).reshape(-1)
         diverged = sorted({d["seed"] for d in summary.get("diverged", [])})
+        stopped = sorted({int(e["step"]) for e in summary.get("stopped_early", [])})  # train_cfg.stop_return
         entries.append(
             {
                 "values": values,
@@ -52,6 +53,7 @@ def write_sweep(
                 "min": float(np.nanmin(finals)) if np.isfinite(finals).any() else float("nan"),
                 "max": float(np.nanmax(finals)) if np.isfinite(finals).any() else float("nan"),
                 "diverged_seeds": diverged,
+                "stopped_early_at": stopped,
             }
         )
         rows = read_metrics(combo.run_dir / "metrics.jsonl") if (combo.run_dir / "metrics.jsonl").exists() else []
@@ -84,7 +86,11 @@ def format_table(report: dict) -> str:
     lines = []
     order = sorted(report["combinations"], key=lambda e: -e["mean"] if np.isfinite(e["mean"]) else np.inf)
     for e in order:
-        note = f"diverged (seeds {', '.join(map(str, e['diverged_seeds']))})" if e["diverged_seeds"] else ""
+        notes = [f"diverged (seeds {', '.join(map(str, e['diverged_seeds']))})"] if e["diverged_seeds"] else []
+        if e.get("stopped_early_at"):  # absent from a sweep.json written before the field
+            steps = ", ".join(f"{s:,}" for s in e["stopped_early_at"])
+            notes.append(f"stopped early (step{'s' * (len(e['stopped_early_at']) > 1)} {steps})")
+        note = "; ".join(notes)
         lines.append(
             [f"{e['values'][k]:g}" for k in keys]
             + [f"{e['mean']:.1f} +- {e['std']:.1f}", f"{e['min']:.1f}", f"{e['max']:.1f}", note]

@@ -212,20 +212,13 @@ class RunResult:
         """``final_return(0, last)``: the first seed's mean return of its last ``last`` episodes."""
         return self.final_return(0, last)
 
-    def final_agent_returns(self, seed_index: int = 0, last: int = 10) -> dict[str, float]:
+    def final_agent_returns(self, seed_index: int = 0, last: int = RECENT_EPISODES) -> dict[str, float]:
         """Multi-agent runs: ``{agent: mean return}`` over the same episodes as ``final_return``
-        (whose team return is their sum)."""
+        (whose team return is their sum; ``recent_return`` per agent)."""
         e = self.episodes[seed_index]
         if e.agent_returns is None:
             raise ValueError("final_agent_returns is for multi-agent runs; this run has a single agent")
-        totals, count = dict.fromkeys(e.agent_returns, 0.0), 0
-        for i in range(len(e) - 1, -1, -1):
-            count += int(e.count[i])
-            for agent in totals:
-                totals[agent] += float(e.agent_returns[agent][i]) * int(e.count[i])
-            if count >= last:
-                break
-        return {agent: (total / count if count else float("nan")) for agent, total in totals.items()}
+        return {agent: recent_return(returns, e.count, last)[0] for agent, returns in e.agent_returns.items()}
 
     def episode_curve(self, seed_index: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """``(steps, returns)`` of one seed's finished episodes (rows)."""

@@ -1,7 +1,8 @@
-"""rl-zoo's tuned presets from the command line, whole processes: LunarLander-v3 and Acrobot-v1.
+"""Presets from the command line, whole processes: LunarLander-v3, Acrobot-v1 and MuJoCo.
 
 The presets (``kitae/presets/ppo.yaml`` and ``dqn.yaml``, the environment's section) are rl-zoo's
-tuned settings for the environment. Each seed is ``kitae train ALGO ENV --seed S`` (the preset's
+tuned settings for LunarLander and Acrobot, and CleanRL's ``ppo_continuous_action`` settings (the
+PPO paper's for MuJoCo) for Gymnasium's MuJoCo tasks. Each seed is ``kitae train ALGO ENV --seed S`` (the preset's
 steps) followed by ``kitae eval RUN --episodes 20`` (the deterministic policy of the last
 checkpoint, environments seeded 0-19).
 
@@ -13,6 +14,11 @@ Targets, on every seed, the mean of the last 10 training episodes (``final``):
 | LunarLander-v3 | DQN | 100k | >= 100 | 154 +- 66 |
 | Acrobot-v1 | PPO | 1 M | >= -100 | -73.5 +- 18 |
 | Acrobot-v1 | DQN | 100k | >= -100 | -76.6 +- 11 |
+| Hopper-v5 | PPO | 1 M | >= 1500 | (the PPO paper, Hopper-v1, its figure 3 at 1 M: about 2200) |
+| HalfCheetah-v5 | PPO | 1 M | >= 1000 | (the PPO paper, HalfCheetah-v1, its figure 3 at 1 M: about 1800) |
+
+(The MuJoCo targets, set before the first run: about two thirds of the PPO paper's curves, whose
+seeds spread widely on these tasks.)
 
 (LunarLander ran as ``benchmarks/bench_lunar.py`` before this script took its cases: the same code.)
 
@@ -20,7 +26,7 @@ Run::
 
     .venv/bin/python benchmarks/bench_zoo.py ENV [--only ppo|dqn] [--seeds 0 1 2]
 
-LunarLander needs the box2d extra (``make install`` has it). Results:
+LunarLander needs the box2d extra, MuJoCo the mujoco extra (``make install`` has both). Results:
 ``benchmarks/results/zoo-ENV.json``.
 """
 
@@ -42,6 +48,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 TARGETS = {
     "LunarLander-v3": {"ppo": 200.0, "dqn": 100.0},
     "Acrobot-v1": {"ppo": -100.0, "dqn": -100.0},
+    "Hopper-v5": {"ppo": 1500.0},
+    "HalfCheetah-v5": {"ppo": 1000.0},
 }
 
 
@@ -84,6 +92,9 @@ def main() -> None:
     parser.add_argument("--only", choices=["dqn", "ppo"], action="append")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     args = parser.parse_args()
+    for algo in args.only or []:
+        if algo not in TARGETS[args.env]:
+            parser.error(f"{args.env} has no {algo} case; it has: {', '.join(sorted(TARGETS[args.env]))}")
     path = RESULTS / f"zoo-{args.env}.json"
     with tempfile.TemporaryDirectory(prefix="kitae-zoo-") as tmp:
         for algo in args.only or sorted(TARGETS[args.env]):

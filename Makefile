@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c requirements.lock -e ".[dev,box2d,brax,envpool,jaxmarl,pettingzoo]"
+	$(PY) -m pip install --quiet -c requirements.lock -e ".[dev,box2d,brax,envpool,jaxmarl,mujoco,pettingzoo]"
 	touch $(STAMP)
 
 install: $(STAMP)

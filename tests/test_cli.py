@@ -284,21 +284,30 @@ def test_rl_zoos_lunar_lander_and_acrobot_presets_resolve_and_lunar_lander_train
     assert config["algo_params"]["hidden"] == [256, 256] and config["update_cfg"]["batch_size"] == 128
 
 
-def test_an_environment_whose_package_is_missing_fails_in_one_line(capsys, tmp_path):
+@pytest.mark.parametrize(
+    ("message", "extra"),
+    [
+        ("Box2D is not installed, you can install it by run ...", "box2d"),
+        ('MuJoCo is not installed, run `pip install "gymnasium[mujoco]"`', "mujoco"),  # gymnasium 1.3's words
+    ],
+)
+def test_an_environment_whose_package_is_missing_fails_in_one_line(capsys, tmp_path, message, extra):
     """Gymnasium's LunarLander without Box2D printed gymnasium's DependencyNotInstalled as a
-    traceback; an environment that needs a missing package is now one line naming it."""
+    traceback; an environment that needs a missing package is now one line naming it, and the
+    extra of kitae's that installs it."""
     import gymnasium as gym
 
     class NeedsAPackage(gym.Env):
         def __init__(self):
-            raise gym.error.DependencyNotInstalled("Box2D is not installed, you can install it by run ...")
+            raise gym.error.DependencyNotInstalled(message)
 
-    gym.register("KitaeTestNeedsAPackage-v0", entry_point=NeedsAPackage)
-    code = main(["train", "ppo", "KitaeTestNeedsAPackage-v0", "--steps", "64", "--run-dir", str(tmp_path / "r")])
+    name = f"KitaeTestNeeds{extra.capitalize()}-v0"
+    gym.register(name, entry_point=NeedsAPackage)
+    code = main(["train", "ppo", name, "--steps", "64", "--run-dir", str(tmp_path / "r")])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err and not (tmp_path / "r").exists()
-    assert err.startswith("kitae: error: gymnasium:KitaeTestNeedsAPackage-v0 needs a package that is not installed")
-    assert "pip install 'kitae[box2d]'" in err and "Box2D is not installed" in err
+    assert err.startswith(f"kitae: error: gymnasium:{name} needs a package that is not installed")
+    assert f"pip install 'kitae[{extra}]'" in err and message in err
 
 
 CORRIDOR = """

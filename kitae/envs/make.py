@@ -151,6 +151,8 @@ OFFSCREEN_MODES = ("rgb_array", "depth_array")
 """Gymnasium render modes that return frames (``rgb_array``, ``rgb_array_list``, ...): no window,
 so ``make_vec_env`` makes such environments after ``render_offscreen``. ``"human"`` opens a window
 and is left as it is."""
+EXTRA_OF_PACKAGE = {"Box2D": "box2d", "MuJoCo": "mujoco"}
+"""kitae's extra for a package named in Gymnasium's ``DependencyNotInstalled`` message."""
 
 
 def render_offscreen() -> None:
@@ -222,7 +224,8 @@ def _gymnasium_thunk(
             else:
                 env = gym.make(name, **env_kwargs)
         except gym.error.DependencyNotInstalled as error:  # Box2D, MuJoCo, ALE...: an ImportError to the runs layer
-            hint = " (kitae's box2d extra: pip install 'kitae[box2d]')" if "Box2D" in str(error) else ""
+            extra = next((e for k, e in EXTRA_OF_PACKAGE.items() if k in str(error)), None)
+            hint = f" (kitae's {extra} extra: pip install 'kitae[{extra}]')" if extra else ""
             raise ImportError(f"gymnasium:{name} needs a package that is not installed{hint}: {error}") from None
         return tuple_as_dict(env if wrap is None else wrap(env))  # Tuple observations read as Dict ones
 

@@ -42,23 +42,27 @@ CLEANRL = {
 }
 
 
-def _mujoco_sections() -> list[str]:
+def _mujoco_sections(source: str) -> list[str]:
     sections = yaml.safe_load((PRESETS_DIR / "ppo.yaml").read_text())
-    return [k for k in sections if k.startswith("gymnasium:") and k.endswith("-v5")]
+    return [k for k in sections if k.startswith(f"{source}:") and k.endswith("-v5")]
 
 
 def test_every_mujoco_task_of_gymnasium_has_the_ppo_preset_and_no_other_id_does():
-    """The preset names every MuJoCo task Gymnasium registers at v5, each an id that exists, and
-    each gets CleanRL's settings over the default section (a typo in an id would leave its task
-    on the default's CartPole-sized settings without a word)."""
+    """The preset names every MuJoCo task Gymnasium registers at v5, and EnvPool's ports of them,
+    each an id that exists, and each gets CleanRL's settings over the default section (a typo in
+    an id would leave its task on the default's CartPole-sized settings without a word)."""
     registered = sorted(
         name
         for name, spec in gym.registry.items()
         if name.endswith("-v5") and "mujoco" in str(spec.entry_point) and "/" not in name
     )
-    assert sorted(k.removeprefix("gymnasium:") for k in _mujoco_sections()) == registered
+    assert sorted(k.removeprefix("gymnasium:") for k in _mujoco_sections("gymnasium")) == registered
+    ported = [k for k in _mujoco_sections("envpool") if k.removeprefix("envpool:") in registered]  # not Atari's
+    assert sorted(k.removeprefix("envpool:") for k in ported) == registered
     assert "Hopper-v5" in registered and "HalfCheetah-v5" in registered
-    for section in _mujoco_sections():
+    envpool = pytest.importorskip("envpool")
+    assert set(registered) <= set(envpool.list_all_envs())
+    for section in _mujoco_sections("gymnasium") + ported:
         preset = load_preset("ppo", EnvSpec.parse(section))
         for key, value in CLEANRL.items():
             assert (preset[key] if not isinstance(value, dict) else {k: preset[key][k] for k in value}) == value

@@ -19,52 +19,63 @@ from kitae.runs.presets import PRESETS_DIR, load_preset
 
 pytest.importorskip("mujoco")  # the mujoco extra; make install has it
 
-CLEANRL = {
-    "n_envs": 1,
-    "n_env_steps": 1_000_000,
-    "algo_params": {
-        "gamma": 0.99,
-        "gae_lambda": 0.95,
-        "clip_coef": 0.2,
-        "clip_value_loss": True,
-        "entropy_coef": 0.0,
-        "value_coef": 0.5,
-        "normalize_observations": True,
-        "normalize_rewards": True,
+PRESETS = {
+    # CleanRL's ppo_continuous_action settings
+    "ppo": {
+        "n_envs": 1,
+        "n_env_steps": 1_000_000,
+        "algo_params": {
+            "gamma": 0.99,
+            "gae_lambda": 0.95,
+            "clip_coef": 0.2,
+            "clip_value_loss": True,
+            "entropy_coef": 0.0,
+            "value_coef": 0.5,
+            "normalize_observations": True,
+            "normalize_rewards": True,
+        },
+        "update_cfg": {
+            "learning_rate": "lin_3.0e-4",
+            "max_grad_norm": 0.5,
+            "max_buffer_size": 2048,
+            "batch_size": 64,
+            "n_epochs": 10,
+        },
     },
-    "update_cfg": {
-        "learning_rate": "lin_3.0e-4",
-        "max_grad_norm": 0.5,
-        "max_buffer_size": 2048,
-        "batch_size": 64,
-        "n_epochs": 10,
+    # rl-zoo's: SB3's defaults, learning after 10,000 random steps
+    "sac": {
+        "n_envs": 1,
+        "n_env_steps": 1_000_000,
+        "algo_params": {"gamma": 0.99, "tau": 0.005, "start_step": 10_000, "autotune": True},
+        "update_cfg": {"learning_rate": 3e-4, "max_buffer_size": 1_000_000, "batch_size": 256, "n_epochs": 1},
     },
 }
 
 
-def _mujoco_sections(source: str) -> list[str]:
-    sections = yaml.safe_load((PRESETS_DIR / "ppo.yaml").read_text())
+def _mujoco_sections(algo: str, source: str) -> list[str]:
+    sections = yaml.safe_load((PRESETS_DIR / f"{algo}.yaml").read_text())
     return [k for k in sections if k.startswith(f"{source}:") and k.endswith("-v5")]
 
 
-def test_every_mujoco_task_of_gymnasium_has_the_ppo_preset_and_no_other_id_does():
+@pytest.mark.parametrize("algo", sorted(PRESETS))
+def test_every_mujoco_task_of_gymnasium_has_the_preset_and_no_other_id_does(algo):
     """The preset names every MuJoCo task Gymnasium registers at v5, and EnvPool's ports of them,
-    each an id that exists, and each gets CleanRL's settings over the default section (a typo in
-    an id would leave its task on the default's CartPole-sized settings without a word)."""
+    each an id that exists, and each gets the preset's settings over the default section (a typo
+    in an id would leave its task on the default's settings without a word)."""
     registered = sorted(
         name
         for name, spec in gym.registry.items()
         if name.endswith("-v5") and "mujoco" in str(spec.entry_point) and "/" not in name
     )
-    assert sorted(k.removeprefix("gymnasium:") for k in _mujoco_sections("gymnasium")) == registered
-    ported = [k for k in _mujoco_sections("envpool") if k.removeprefix("envpool:") in registered]  # not Atari's
+    assert sorted(k.removeprefix("gymnasium:") for k in _mujoco_sections(algo, "gymnasium")) == registered
+    ported = [k for k in _mujoco_sections(algo, "envpool") if k.removeprefix("envpool:") in registered]  # not Atari
     assert sorted(k.removeprefix("envpool:") for k in ported) == registered
     assert "Hopper-v5" in registered and "HalfCheetah-v5" in registered
     envpool = pytest.importorskip("envpool")
     assert set(registered) <= set(envpool.list_all_envs())
-    for section in _mujoco_sections("gymnasium") + ported:
-        preset = load_preset("ppo", EnvSpec.parse(section))
-        for key, value in CLEANRL.items():
+    for section in _mujoco_sections(algo, "gymnasium") + ported:
+        preset = load_preset(algo, EnvSpec.parse(section))
+        for key, value in PRESETS[algo].items():
             assert (preset[key] if not isinstance(value, dict) else {k: preset[key][k] for k in value}) == value
 
 

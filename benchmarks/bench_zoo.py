@@ -25,7 +25,7 @@ spread widely on these tasks.)
 
 Run::
 
-    .venv/bin/python benchmarks/bench_zoo.py ENV [--only ppo|dqn|sac] [--seeds 0 1 2]
+    .venv/bin/python benchmarks/bench_zoo.py ENV [--only ppo|dqn|sac] [--seeds 0 1 2] [--jobs 2]
 
 LunarLander needs the box2d extra, MuJoCo the mujoco extra (``make install`` has both). Results:
 ``benchmarks/results/zoo-ENV.json``.
@@ -39,6 +39,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -70,21 +71,24 @@ def _budget(env: str, algo: str) -> list[str]:
     return ["--steps", str(BUDGETS[env, algo])] if (env, algo) in BUDGETS else []
 
 
-def run_algo(env: str, algo: str, seeds: list[int], tmp: Path) -> dict:
+def run_algo(env: str, algo: str, seeds: list[int], tmp: Path, jobs: int = 1) -> dict:
     threshold = TARGETS[env][algo]
-    runs = []
-    for seed in seeds:
+
+    def one_seed(seed: int) -> dict:
         run_dir = tmp / f"{algo}-{seed}"
         summary = kitae_train([algo, env, "--seed", str(seed), *_budget(env, algo)], run_dir)
-        runs.append(
-            {
-                **seed_figures(seed, summary, run_dir, threshold),
-                **evaluate(run_dir),
-                "sps": summary["sps"],
-                "state_fingerprint": summary["state_fingerprint"],
-            }
-        )
-        print(json.dumps({"algo": algo, **runs[-1]}), flush=True)
+        run = {
+            **seed_figures(seed, summary, run_dir, threshold),
+            **evaluate(run_dir),
+            "sps": summary["sps"],
+            "state_fingerprint": summary["state_fingerprint"],
+        }
+        print(json.dumps({"algo": algo, **run}), flush=True)
+        return run
+
+    # --jobs 2: two seeds at a time, each its own process (a host-loop run keeps about one core busy)
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        runs = list(pool.map(one_seed, seeds))
     return {
         "command": " ".join(["kitae train", algo, env, "--seed S", *_budget(env, algo)])
         + "; kitae eval RUN --episodes 20",
@@ -99,6 +103,7 @@ def main() -> None:
     parser.add_argument("env", choices=sorted(TARGETS))
     parser.add_argument("--only", choices=["dqn", "ppo", "sac"], action="append")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--jobs", type=int, default=1, help="seeds trained at a time (default 1)")
     args = parser.parse_args()
     for algo in args.only or []:
         if algo not in TARGETS[args.env]:
@@ -106,7 +111,10 @@ def main() -> None:
     path = RESULTS / f"zoo-{args.env}.json"
     with tempfile.TemporaryDirectory(prefix="kitae-zoo-") as tmp:
         for algo in args.only or sorted(TARGETS[args.env]):
-            case = {**run_algo(args.env, algo, args.seeds, Path(tmp)), "machine": platform.processor() or "cpu"}
+            case = {
+                **run_algo(args.env, algo, args.seeds, Path(tmp), args.jobs),
+                "machine": platform.processor() or "cpu",
+            }
             # read again just before writing: --only ppo and --only dqn may run side by side
             report = json.loads(path.read_text()) if path.exists() else {}
             report[algo] = case

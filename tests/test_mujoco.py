@@ -1,6 +1,7 @@
-"""Gymnasium's MuJoCo tasks: the PPO preset every one of them gets, and a short run on a real one.
+"""Gymnasium's MuJoCo tasks: the PPO and SAC presets every one of them gets, and a short run on a
+real one.
 
-What the preset learns is a benchmark (``benchmarks/bench_zoo.py Hopper-v5``, BENCHMARKS.md).
+What the presets learn is a benchmark (``benchmarks/bench_zoo.py Hopper-v5``, BENCHMARKS.md).
 """
 
 from __future__ import annotations

@@ -397,3 +397,76 @@ def test_init_params_builds_batch_one_zeros():
 
     variables = init_params(KEY, Recorder(), [(3,), (2, 4)])
     assert shapes(variables["params"]) == {"a": (1, 3), "b": (1, 2, 4)}
+
+
+# --------------------------------------------------------------------------------------------
+# kitae.modules.initializers.orthogonal: jax's values, QRs one matrix at a time under vmap
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(64, 64), (4, 256), (256, 3), (3, 3, 4, 8)])
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("raw_key", [False, True])
+def test_orthogonal_gives_jaxs_values_alone_vmapped_and_nested(shape, jit, raw_key):
+    from kitae.modules.initializers import orthogonal
+
+    ours, jaxs = orthogonal(0.5), jax.nn.initializers.orthogonal(0.5)
+    key = jax.random.PRNGKey(3) if raw_key else jax.random.key(3)
+    wrap = jax.jit if jit else (lambda f: f)
+
+    def both(fn):
+        return wrap(fn(ours))(key), wrap(fn(jaxs))(key)
+
+    alone = both(lambda init: lambda k: init(k, shape))
+    vmapped = both(lambda init: lambda k: jax.vmap(lambda kk: init(kk, shape))(jax.random.split(k, 3)))
+    nested = both(  # seeds x critics: the rule runs at both levels
+        lambda init: (
+            lambda k: jax.vmap(jax.vmap(lambda kk: init(kk, shape)))(
+                jax.random.split(k, 6).reshape(2, 3, *(2,) * raw_key)
+            )
+        )
+    )
+    shared = both(lambda init: lambda k: jax.vmap(lambda _: init(k, shape))(jnp.arange(2)))  # one key, unbatched
+    for mine, theirs in (alone, vmapped, nested, shared):
+        assert mine.dtype == theirs.dtype == jnp.float32
+        np.testing.assert_array_equal(mine, theirs)
+    assert alone[0].shape == shape and vmapped[0].shape == (3, *shape) and nested[0].shape == (2, 3, *shape)
+    np.testing.assert_array_equal(shared[0][0], alone[0])
+    flat = np.asarray(alone[0]).reshape(-1, shape[-1])  # orthonormal columns or rows, times the scale
+    gram = flat.T @ flat if flat.shape[0] >= flat.shape[1] else flat @ flat.T
+    np.testing.assert_allclose(gram, 0.25 * np.eye(len(gram)), atol=1e-5)
+
+
+_FOUR_VMAPPED_LAYERS = """
+import jax
+from {module} import orthogonal
+init = orthogonal()
+def layers(key):  # four independent vmapped layers: XLA runs their QRs at once
+    return [jax.vmap(lambda k: init(k, (64, 64)))(jax.random.split(k, 2)) for k in jax.random.split(key, 4)]
+program = jax.jit(layers)
+for i in range(50):
+    jax.block_until_ready(program(jax.random.key(i)))
+print("finished")
+"""
+
+
+def test_vmapped_orthogonal_layers_do_not_deadlock_xlas_thread_pool():
+    """jax's own initialiser hangs here on a 2-core machine (every try, on its first call: both
+    intra-op threads wait in batched QRs for tasks no thread is left to run); kitae's runs each
+    matrix's QR alone. In a child process, so that a hang fails this test without stopping the
+    worker."""
+    import subprocess
+    import sys
+
+    code = _FOUR_VMAPPED_LAYERS.format(module="kitae.modules.initializers")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "finished", done.stderr[-2000:]
+
+
+def test_dense_init_is_kitaes_orthogonal():
+    from kitae.modules.encoders import dense_init
+
+    key = jax.random.key(1)
+    np.testing.assert_array_equal(dense_init(None)(key, (8, 4)), jax.nn.initializers.orthogonal(2**0.5)(key, (8, 4)))
+    vmapped = jax.make_jaxpr(jax.vmap(lambda k: dense_init(1.0)(k, (8, 4))))(jax.random.split(key, 2))
+    assert "scan" in str(vmapped) or "while" in str(vmapped)  # the batch is a loop of single QRs

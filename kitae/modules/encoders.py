@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from kitae.action_masks import ACTION_MASK_KEY
+from kitae.modules import initializers
 from kitae.modules.conv import Conv
 
 Activation = str | Callable[[jax.Array], jax.Array]
@@ -76,10 +77,11 @@ def get_activation(activation: Activation) -> Callable[[jax.Array], jax.Array]:
 
 def dense_init(scale: float | None, orthogonal: bool = True):
     """Kernel initialiser: ``orthogonal(scale)`` when ``orthogonal`` (``scale=None`` -> sqrt(2)),
-    else flax's default ``lecun_normal``."""
+    else flax's default ``lecun_normal``. The orthogonal one is ``kitae.modules.initializers``'s:
+    jax's values, with QRs that cannot deadlock XLA:CPU under ``vmap``."""
     if not orthogonal:
         return nn.initializers.lecun_normal()
-    return nn.initializers.orthogonal(math.sqrt(2.0) if scale is None else scale)
+    return initializers.orthogonal(math.sqrt(2.0) if scale is None else scale)
 
 
 class MLP(nn.Module):

@@ -463,10 +463,37 @@ def test_vmapped_orthogonal_layers_do_not_deadlock_xlas_thread_pool():
     assert done.returncode == 0 and done.stdout.strip() == "finished", done.stderr[-2000:]
 
 
-def test_dense_init_is_kitaes_orthogonal():
-    from kitae.modules.encoders import dense_init
+def qr_ranks(jaxpr) -> list[int]:
+    """The operand rank of every QR decomposition in ``jaxpr`` and the jaxprs inside it: 2 for one
+    matrix, 3 for a batch of them (one batched LAPACK call)."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "qr":
+            found.append(eqn.invars[0].aval.ndim)
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (list, tuple)) else [param]:
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    found += qr_ranks(inner)
+    return found
 
-    key = jax.random.key(1)
-    np.testing.assert_array_equal(dense_init(None)(key, (8, 4)), jax.nn.initializers.orthogonal(2**0.5)(key, (8, 4)))
-    vmapped = jax.make_jaxpr(jax.vmap(lambda k: dense_init(1.0)(k, (8, 4))))(jax.random.split(key, 2))
-    assert "scan" in str(vmapped) or "while" in str(vmapped)  # the batch is a loop of single QRs
+
+def test_dense_init_and_the_recurrent_cores_batch_no_qr():
+    """Every orthogonal kernel kitae's modules make (dense layers, an LSTM's or GRU's recurrent
+    kernels) is kitae's initialiser: under vmap, no QR takes a batch (jax's takes one)."""
+    from kitae.modules.encoders import dense_init
+    from kitae.modules.recurrent import RecurrentCore, initial_hidden
+
+    keys = jax.random.split(jax.random.key(1), 2)
+    np.testing.assert_array_equal(
+        dense_init(None)(keys[0], (8, 4)), jax.nn.initializers.orthogonal(2**0.5)(keys[0], (8, 4))
+    )
+    jaxs = jax.vmap(lambda k: jax.nn.initializers.orthogonal()(k, (8, 4)))
+    assert qr_ranks(jax.make_jaxpr(jaxs)(keys).jaxpr) == [3]  # what the test looks for
+    assert qr_ranks(jax.make_jaxpr(jax.vmap(lambda k: dense_init(1.0)(k, (8, 4))))(keys).jaxpr) == [2]
+    x, reset = jnp.zeros((3, 5)), jnp.zeros(3, bool)
+    for kind in ("lstm", "gru"):
+        core = RecurrentCore(kind, 8)
+        init = jax.vmap(lambda k, core=core, kind=kind: core.init(k, initial_hidden(kind, 8, 3), x, reset))
+        ranks = qr_ranks(jax.make_jaxpr(init)(keys).jaxpr)
+        assert ranks and set(ranks) == {2}, (kind, ranks)

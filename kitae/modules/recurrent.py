@@ -37,6 +37,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from kitae.modules import initializers
+
 __all__ = ["CORES", "RecurrentCore", "initial_hidden", "reset_hidden", "run_core"]
 
 CORES = ("lstm", "gru")
@@ -84,7 +86,9 @@ class RecurrentCore(nn.Module):
     def setup(self) -> None:
         _check_kind(self.kind)
         cell = nn.OptimizedLSTMCell if self.kind == "lstm" else nn.GRUCell
-        self.cell = cell(self.features)
+        # flax's default recurrent kernel init, jax's orthogonal, as kitae's: the same values, and
+        # no batched QR under vmap (kitae.modules.initializers says why)
+        self.cell = cell(self.features, recurrent_kernel_init=initializers.orthogonal())
 
     def __call__(self, hidden: Any, x: jax.Array, reset: jax.Array) -> tuple[Any, jax.Array]:
         hidden = reset_hidden(hidden, reset)

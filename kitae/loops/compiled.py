@@ -360,12 +360,10 @@ class CompiledExecutor:
         if start is None and batched:
 
             def make() -> LoopState:
-                # one small program per seed, stacked: XLA:CPU (jaxlib 0.10.2) never finished some
-                # vmapped initial-state programs (recurrent PPO's, 3 seeds x 8 envs: every thread
-                # idle, the result never ready). The cause, found later: batched QRs (orthogonal
-                # init under vmap) deadlock its thread pool (kitae/modules/initializers.py, which
-                # kitae's networks now use); per seed, a user's network with jax's own orthogonal
-                # init is safe too. A seed's own state is the same either way
+                # one small program per seed, stacked: vmapped over seeds, jax's orthogonal init
+                # makes batched QRs, which deadlock XLA:CPU (kitae/modules/initializers.py; seen in
+                # recurrent PPO's, 3 seeds x 8 envs); so a user's own network is safe too. A seed's
+                # own state is the same either way
                 one = jit_once(fresh)
                 states = [one(seed, {k: v[i] for k, v in values.items()}) for i, seed in enumerate(seed_array)]
                 return placed(jit_once(lambda xs: jax.tree_util.tree_map(lambda *x: jnp.stack(x), *xs))(states))

@@ -12,13 +12,13 @@ has threads (two independent vmapped layers on a 2-core machine: XLA runs indepe
 concurrently), every pool thread waits for tasks that no thread is left to run, and the program
 never finishes. Seen here as a run's starting state hanging in ``block_until_ready`` with both
 ``tf_XLAEigen`` threads in ``jax::ParallelBatchMap`` under ``QrFactorization`` (a test of the
-suite stopped by its timeout; SAC on Brax once, BENCHMARKS.md). A program of four vmapped
-64 x 64 orthogonal initialisations hung on its first call in every try, and with
-``--xla_cpu_multi_thread_eigen=false`` too; one QR per matrix (unbatched, or batched by
-``lax.map``) ran 1,000 calls. No library offers an initialiser that avoids it, so
-``jax.custom_batching.custom_vmap`` gives this one its own batching rule: a ``lax.map`` over the
-batch, each step jax's initialiser on one key. Each matrix is the same LAPACK computation as in
-the batched call, so the values are the same bits (``tests/test_modules.py``).
+suite stopped by its timeout; very likely SAC on Brax once, BENCHMARKS.md). A program of four vmapped
+64 x 64 orthogonal initialisations hung in every try, ``--xla_cpu_multi_thread_eigen=false``
+included; one QR per matrix (unbatched, or batched by ``lax.map``) ran 1,000 calls. No library
+offers an initialiser that avoids it, so ``jax.custom_batching.custom_vmap`` gives this one its own
+batching rule: a ``lax.map`` over the batch, each step jax's initialiser on one key. Each matrix
+is the same LAPACK computation as in the batched call, so the values are the same bits
+(``tests/test_modules.py``).
 """
 
 from __future__ import annotations

@@ -451,10 +451,10 @@ print("finished")
 
 
 def test_vmapped_orthogonal_layers_do_not_deadlock_xlas_thread_pool():
-    """jax's own initialiser hangs here on a 2-core machine (every try, on its first call: both
-    intra-op threads wait in batched QRs for tasks no thread is left to run); kitae's runs each
-    matrix's QR alone. In a child process, so that a hang fails this test without stopping the
-    worker."""
+    """jax's own initialiser hangs here on a 2-core machine (in every try here: both intra-op
+    threads wait in batched QRs for tasks no thread is left to run; with more cores, and so more
+    pool threads, it may not); kitae's runs each matrix's QR alone. In a child process, so that a
+    hang fails this test without stopping the worker."""
     import subprocess
     import sys
 

@@ -1,9 +1,8 @@
 """Kernel initialisers whose programs cannot deadlock XLA:CPU.
 
 ``orthogonal(scale)`` is ``jax.nn.initializers.orthogonal(scale)``, value for value, with one
-difference: under ``vmap`` (twin critics, seeds or sweep combinations trained together, a
-distributed worker's copies) its QR decompositions run one matrix after another instead of as
-one batched LAPACK call.
+difference: under ``vmap`` (twin critics, or anything else that vmaps an initialisation) its QR
+decompositions run one matrix after another instead of as one batched LAPACK call.
 
 Why, and why by hand: jaxlib (0.10.2) runs a batched LAPACK call (``geqrf`` for a batch of
 matrices) by splitting the batch into tasks on XLA:CPU's intra-op thread pool and waiting for
@@ -12,8 +11,8 @@ has threads (two independent vmapped layers on a 2-core machine: XLA runs indepe
 concurrently), every pool thread waits for tasks that no thread is left to run, and the program
 never finishes. Seen here as a run's starting state hanging in ``block_until_ready`` with both
 ``tf_XLAEigen`` threads in ``jax::ParallelBatchMap`` under ``QrFactorization`` (a test of the
-suite stopped by its timeout; very likely SAC on Brax once, BENCHMARKS.md). A program of four vmapped
-64 x 64 orthogonal initialisations hung in every try, ``--xla_cpu_multi_thread_eigen=false``
+suite stopped by its timeout; very likely SAC on Brax once, BENCHMARKS.md). A program of four
+vmapped 64 x 64 orthogonal initialisations hung in every try, ``--xla_cpu_multi_thread_eigen=false``
 included; one QR per matrix (unbatched, or batched by ``lax.map``) ran 1,000 calls. No library
 offers an initialiser that avoids it, so ``jax.custom_batching.custom_vmap`` gives this one its own
 batching rule: a ``lax.map`` over the batch, each step jax's initialiser on one key. Each matrix

@@ -6,6 +6,5 @@ installs the run service that ``agent.train``, ``agent.resume``, ``agent.save`` 
 started from the command line.
 """
 
-__version__ = "0.1.0"
-
 import kitae.runs  # noqa: F401  (installs the run service of kitae.base)
+from kitae.version import __version__ as __version__

@@ -202,18 +202,10 @@ def import_modules(names: list[str]) -> None:
 def _version() -> str:
     """``kitae 0.1.0 (jax 0.10.2, jaxlib 0.10.2, Python 3.11.7)``, read from the installed packages'
     metadata (nothing imported)."""
-    from importlib import metadata
+    from kitae.runs.provenance import versions
 
-    from kitae import __version__
-
-    def version(name: str) -> str:
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            return "not installed"
-
-    deps = ", ".join(f"{name} {version(name)}" for name in ("jax", "jaxlib"))
-    return f"kitae {__version__} ({deps}, Python {sys.version.split()[0]})"
+    found = versions()
+    return f"kitae {found['kitae']} (jax {found['jax']}, jaxlib {found['jaxlib']}, Python {found['python']})"
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import re
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
+import jax
 import pytest
 import yaml
 
+import kitae
 from kitae.cli import main
 from kitae.config import AlgoConfig
 from kitae.envs.make import EnvSpec
@@ -70,6 +74,12 @@ def test_train_writes_the_run_directory(tmp_path):
     ):
         assert field in summary, field
     assert summary["algo"] == "ppo" and summary["env"] == "gymnax:CartPole-v1" and summary["steps"] >= 4096
+    # what made the run, so that fingerprints are compared only where they should agree
+    assert summary["versions"]["kitae"] == kitae.__version__ and summary["versions"]["jax"] == jax.__version__
+    assert summary["versions"]["python"] == platform.python_version()
+    assert summary["machine"]["backend"] == "cpu" and summary["machine"]["cpu"]
+    # the suite's XLA flags (tests/conftest.py), inherited by the command, with the one the command adds
+    assert "--xla_cpu_max_isa=AVX" in summary["machine"]["xla_flags"]
     config = AlgoConfig.from_yaml(run_dir / "config.yaml")
     assert config.update_cfg.learning_rate == 1e-3 and config.train_cfg.n_env_steps == 4096
     rows = read_metrics(run_dir / "metrics.jsonl")
@@ -216,12 +226,11 @@ def test_claim_new_run_dir_never_gives_one_folder_twice(tmp_path):
 
 
 def test_version(capsys):
-    import jax
-
-    import kitae
-
     assert main(["--version"]) == 0
-    assert capsys.readouterr().out.strip().startswith(f"kitae {kitae.__version__} (jax {jax.__version__}, jaxlib ")
+    assert capsys.readouterr().out.strip() == (
+        f"kitae {kitae.__version__} (jax {jax.__version__}, jaxlib {metadata.version('jaxlib')}, "
+        f"Python {platform.python_version()})"
+    )
 
 
 @pytest.mark.parametrize("command", [["train", "--help"], ["--help"]])

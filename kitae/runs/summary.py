@@ -9,6 +9,7 @@ import numpy as np
 
 from kitae.loops.result import RunResult
 from kitae.runs.load import best_evaluations
+from kitae.runs.provenance import machine, versions
 from kitae.runs.resolve import ResolvedRun
 from kitae.runs.rundir import final_return_from_rows, peak_rss_mb, write_summary
 
@@ -26,7 +27,8 @@ def write_run_summary(
     extra: dict | None = None,
 ) -> dict:
     """Writes the run directory's ``summary.json`` (``docs/runs.md``) from what trained it and
-    its ``metrics.jsonl`` rows; returns it."""
+    its ``metrics.jsonl`` rows, with the software versions and the machine that made it
+    (``kitae.runs.provenance``); returns it."""
     train_seconds = sum(r.train_seconds for r in results)
     done = sum((r.env_steps - r.start_step) * len(r.seeds) for r in results)
     seeds = run.seeds
@@ -50,6 +52,8 @@ def write_run_summary(
         **_evaluation_summary(rows, seeds or [run.config.seed], several=bool(seeds)),
         **best_evaluations(run.run_dir, seeds),
         **(extra or {}),
+        versions=versions(),
+        machine=machine(),
     )
 
 

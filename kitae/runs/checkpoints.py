@@ -15,7 +15,8 @@ temporary folder ``<step>.orbax-checkpoint-tmp-*`` and renames it when complete,
 checkpoint folder either is whole or does not exist)::
 
     checkpoints/<step>/state/   the arrays (orbax's OCDBT / zarr array format)
-    checkpoints/<step>/meta/    JSON: executor, counters, seeds, and for every array its tree path,
+    checkpoints/<step>/meta/    JSON: executor, counters, seeds, what wrote it (``made_with``:
+                                ``kitae.runs.provenance``), and for every array its tree path,
                                 shape, dtype and SHA-256
 
 Nothing is pickled: arrays in orbax's array format, everything else JSON. Restoring never
@@ -43,6 +44,7 @@ import jax
 import numpy as np
 
 from kitae.loops.state import LoopState, Payload, payload_from_agent
+from kitae.runs.provenance import made_with
 
 FORMAT = "kitae-checkpoint/2"
 
@@ -361,7 +363,7 @@ class Checkpointer:
             self.before_save()
         items, meta = payload_items(payload)
         meta.update({**self.meta, **{k: v for k, v in meta.items() if v is not None}})
-        meta.update(step=step, written_at=time.strftime("%Y-%m-%dT%H:%M:%S"), **(extra or {}))
+        meta.update(step=step, written_at=time.strftime("%Y-%m-%dT%H:%M:%S"), made_with=made_with(), **(extra or {}))
         named = {name: [_to_numpy(x) for x in leaves] for name, (paths, leaves) in items.items()}
         meta["items"] = {name: _describe(items[name][0], arrays) for name, arrays in named.items()}
         # orbax stores every non-empty array; zero-size ones are rebuilt from their shape in meta

@@ -9,6 +9,7 @@ the other and keeps one folder per seed, ``checkpoints/seed-<seed>/<step>/``.
 from __future__ import annotations
 
 import ast
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from kitae.replay.prioritized import Priorities
 from kitae.replay.sum_tree import SumTree
 from kitae.runs.checkpoints import Checkpointer, CheckpointError, CheckpointMismatch, Restored
 from kitae.runs.errors import RunError
+from kitae.runs.provenance import ProvenanceWarning, differences
 from kitae.runs.resolve import resolve_run_dir
 from kitae.runs.rundir import check_run_dir, never_trained
 
@@ -175,7 +177,14 @@ def restore_error(error: Exception, run: Any = None) -> RunError:
 
 
 def restore_payload(
-    agent: Any, env: Any, executor: Any, directory: Path, max_step: int | None = None, step: int | None = None
+    agent: Any,
+    env: Any,
+    executor: Any,
+    directory: Path,
+    max_step: int | None = None,
+    step: int | None = None,
+    *,
+    resuming: bool = False,
 ) -> tuple[Payload, Restored]:
     """Restores the newest readable checkpoint in ``directory`` (or checkpoint ``step``) for ``agent``.
 
@@ -187,6 +196,9 @@ def restore_payload(
         directory: the checkpoint folder.
         max_step: ignore checkpoints past this step.
         step: restore this checkpoint, not the newest (no falling back to another).
+        resuming: training goes on from it: a checkpoint written with other software or on another
+            kind of machine (``kitae.runs.provenance.differences``) gives a ``ProvenanceWarning``
+            that says what differs (the run goes on, but not to an uninterrupted run's bits).
 
     Returns:
         ``(payload, restored)``.
@@ -204,6 +216,14 @@ def restore_payload(
             restored = checkpointer.restore_latest(target, max_step=max_step)
         else:
             restored = checkpointer.restore(step, target(checkpointer.read_meta(step)))
+    if resuming and (found := differences(restored.meta.get("made_with"))):
+        warnings.warn(
+            f"checkpoint step {restored.step} ({restored.path}) was written with other software or on another "
+            f"kind of machine ({'; '.join(found)}): the run goes on from its state, but not to the bits an "
+            "uninterrupted run would have reached",
+            ProvenanceWarning,
+            stacklevel=2,
+        )
     return Payload(restored.items["loop_state"], restored.meta), restored
 
 

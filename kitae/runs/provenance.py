@@ -1,22 +1,44 @@
-"""What made a run: the software versions and the machine, as ``summary.json`` records them.
+"""What made a run: the software versions and the machine, as ``summary.json`` and every
+checkpoint record them.
 
 A seed and a config decide a run bit for bit only with the same software on the same kind of
 machine: XLA compiles other code for another CPU, another jaxlib or other ``XLA_FLAGS``
 (``docs/runs.md``, "Bits and thread settings"). ``summary.json`` therefore says what trained the
-run, so that two ``state_fingerprint`` values are compared only where they should agree.
+run, so that two ``state_fingerprint`` values are compared only where they should agree, and a
+checkpoint says what wrote it, so that a run resumed elsewhere (a preempted cluster job restarted
+on another kind of node) says that it goes on from the same state but not to the bits an
+uninterrupted run would have reached (``ProvenanceWarning``).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import sys
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from kitae.version import __version__
 
-__all__ = ["PACKAGES", "SIMD_ORDER", "versions", "machine", "cpu_name", "simd"]
+__all__ = [
+    "PACKAGES",
+    "SIMD_ORDER",
+    "ProvenanceWarning",
+    "versions",
+    "machine",
+    "cpu_name",
+    "simd",
+    "made_with",
+    "differences",
+]
+
+
+class ProvenanceWarning(UserWarning):
+    """A run resumes from a checkpoint written with other software or on another kind of machine:
+    it goes on from the same state, but not to the bits of an uninterrupted run."""
+
 
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "numpy", "gymnasium")
 """The packages whose versions ``versions`` reports besides kitae and Python: those that decide
@@ -27,6 +49,7 @@ def versions() -> dict[str, str]:
     """``{"kitae", "python", "jax", "jaxlib", "flax", "optax", "numpy", "gymnasium"}`` -> version,
     read from the installed packages' metadata (nothing is imported); ``"not installed"`` for a
     package that is not."""
+
     def version(name: str) -> str:
         try:
             return metadata.version(name)
@@ -91,3 +114,36 @@ def machine() -> dict[str, str]:
         "backend": jax.default_backend(),
         **({"xla_flags": flags} if flags else {}),
     }
+
+
+@functools.cache
+def made_with() -> dict[str, dict[str, str]]:
+    """``{"versions": versions(), "machine": machine()}`` of this process (computed once: XLA reads
+    ``XLA_FLAGS`` once too); what a checkpoint's metadata keeps as ``made_with``."""
+    return {"versions": versions(), "machine": machine()}
+
+
+BITS_DECIDED_BY = {"versions": (*PACKAGES, "kitae"), "machine": ("cpu", "simd", "backend", "xla_flags")}
+"""The fields of ``made_with`` that can change a run's bits. Not Python's version (the same
+fingerprints under 3.11, 3.12 and 3.13) nor the operating system's (``platform`` names the
+kernel's version)."""
+
+
+def differences(recorded: Any, current: dict[str, dict[str, str]] | None = None) -> list[str]:
+    """What differs between ``recorded`` (a checkpoint's ``made_with``) and ``current`` (default:
+    this process's) among ``BITS_DECIDED_BY``, as ``"jaxlib 0.10.1 -> 0.10.2"`` strings; ``[]``
+    when nothing does, or when ``recorded`` is not a ``made_with`` record (a checkpoint written
+    before kitae recorded it)."""
+    if not isinstance(recorded, dict):
+        return []
+    current = made_with() if current is None else current
+    found = []
+    for part, fields in BITS_DECIDED_BY.items():
+        before, now = recorded.get(part), current.get(part, {})
+        if not isinstance(before, dict):
+            continue
+        for field in fields:
+            old, new = before.get(field, ""), now.get(field, "")
+            if old != new:
+                found.append(f"{field} {old or '(none)'} -> {new or '(none)'}")
+    return found

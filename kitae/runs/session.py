@@ -393,7 +393,7 @@ def _resume_run(run_dir: Path, steps: int | None, quiet: bool) -> dict:
     try:
         if None in dirs:  # one folder: one seed, or seeds trained together in one program
             agent = run.make_agent()
-            payload, restored = restore_payload(agent, env, run.executor, dirs[None])
+            payload, restored = restore_payload(agent, env, run.executor, dirs[None], resuming=True)
             batched = payload.meta.get("seeds")
             plans.append(Plan(dirs[None], run.config.seed, seeds=batched, agent=agent, env=env, start=payload.state))
             keep = dict.fromkeys(batched or [run.config.seed], restored.step)
@@ -403,7 +403,7 @@ def _resume_run(run_dir: Path, steps: int | None, quiet: bool) -> dict:
                 agent = run.make_agent(seed)
                 directory = dirs.get(seed, run_dir / "checkpoints" / f"seed-{seed}")
                 try:
-                    payload, restored = restore_payload(agent, None, run.executor, directory)
+                    payload, restored = restore_payload(agent, None, run.executor, directory, resuming=True)
                 except CheckpointError as error:
                     if i == 0 or not str(error).startswith("no checkpoint in"):
                         raise
@@ -469,7 +469,7 @@ def resume_agent(
 def _resume_agent(agent: Any, env: Any, run: ResolvedRun, total: int, callbacks: Any, quiet: bool) -> RunResult:
     directory = run.run_dir / "checkpoints"
     try:
-        payload, restored = restore_payload(agent, env, run.executor, directory)
+        payload, restored = restore_payload(agent, env, run.executor, directory, resuming=True)
     except CheckpointError as error:
         raise restore_error(error) from None
     batched = payload.meta.get("seeds")

@@ -9,7 +9,7 @@ import numpy as np
 
 from kitae.loops.result import RunResult
 from kitae.runs.load import best_evaluations
-from kitae.runs.provenance import machine, versions
+from kitae.runs.provenance import made_with
 from kitae.runs.resolve import ResolvedRun
 from kitae.runs.rundir import final_return_from_rows, peak_rss_mb, write_summary
 
@@ -52,8 +52,7 @@ def write_run_summary(
         **_evaluation_summary(rows, seeds or [run.config.seed], several=bool(seeds)),
         **best_evaluations(run.run_dir, seeds),
         **(extra or {}),
-        versions=versions(),
-        machine=machine(),
+        **made_with(),
     )
 
 

@@ -137,7 +137,12 @@ def _go_on_compiled(
             for _, combo in combos:
                 try:
                     payload, restored = restore_payload(
-                        agent, env, run.executor, checkpoint_dirs(combo.run_dir)[None], max_step=first_step
+                        agent,
+                        env,
+                        run.executor,
+                        checkpoint_dirs(combo.run_dir)[None],
+                        max_step=first_step,
+                        resuming=True,
                     )
                 except CheckpointError as error:
                     raise restore_error(error, combo) from None

@@ -1,4 +1,5 @@
-# Two commands do all set-up on a fresh machine with python3.11 and pip:
+# Two commands do all set-up on a fresh machine with Python 3.11, 3.12 or 3.13 and pip
+# (python3.11 if there is one, else python3; PYTHON=python3.13 picks another):
 #   make run    trains the default agent
 #   make test   runs the test suite
 PYTHON ?= python3.11

@@ -242,3 +242,4 @@ def test_command_line_spreads_seeds_over_cpu_devices(tmp_path):
     assert "final return" in result.stdout and str(tmp_path / "run") in result.stdout
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["devices"] == 2 and len(summary["final_return"]) == 2
+    assert summary["machine"]["devices"] == 2  # what a resume elsewhere compares (kitae.runs.provenance)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import platform
 import re
 import warnings
@@ -28,6 +29,7 @@ from kitae.runs.provenance import (
     differences,
     machine,
     made_with,
+    sharded_over,
     simd,
     versions,
 )
@@ -70,6 +72,7 @@ def test_the_machine_records_xla_flags_only_when_set(monkeypatch):
     found = machine()
     assert found["backend"] == jax.default_backend() and found["platform"] == platform.platform()
     assert found["cpu"] == cpu_name() and found["simd"] == simd()
+    assert isinstance(found["cores"], int) and 1 <= found["cores"] <= (os.cpu_count() or 1)
     assert found["xla_flags"] == "--xla_cpu_max_isa=AVX"
     monkeypatch.delenv("XLA_FLAGS")
     assert "xla_flags" not in machine()
@@ -156,3 +159,15 @@ def test_differences_name_only_what_can_change_the_bits():
         f"cpu Intel Xeon -> {current['machine']['cpu']}",
         f"xla_flags --xla_cpu_max_isa=SSE4_2 -> {current['machine'].get('xla_flags') or '(none)'}",
     ]
+
+
+def test_seeds_trained_together_compare_the_devices_they_are_sharded_over():
+    assert [sharded_over(d, 16) for d in (1, 2, 4, 3, None)] == [1, 2, 4, 1, 1]
+    assert sharded_over(2, 1) == 1  # one seed runs on one device either way
+    current = made_with()
+    other = json.loads(json.dumps(current))
+    other["machine"]["devices"] = current["machine"]["devices"] * 2
+    assert differences(other) == [] and differences(other, seeds=1) == []
+    count = current["machine"]["devices"]
+    # 4n seeds divide by both counts: sharded over 2n devices then, over n (1 is no sharding) now
+    assert differences(other, seeds=4 * count) == [f"{4 * count} seeds sharded over {2 * count} -> {count} devices"]

@@ -216,7 +216,8 @@ def restore_payload(
             restored = checkpointer.restore_latest(target, max_step=max_step)
         else:
             restored = checkpointer.restore(step, target(checkpointer.read_meta(step)))
-    if resuming and (found := differences(restored.meta.get("made_with"))):
+    seeds = len(restored.meta.get("seeds") or [])
+    if resuming and (found := differences(restored.meta.get("made_with"), seeds=seeds)):
         warnings.warn(
             f"checkpoint step {restored.step} ({restored.path}) was written with other software or on another "
             f"kind of machine ({'; '.join(found)}): the run goes on from its state, but not to the bits an "

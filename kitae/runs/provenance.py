@@ -31,6 +31,7 @@ __all__ = [
     "cpu_name",
     "simd",
     "made_with",
+    "sharded_over",
     "differences",
 ]
 
@@ -98,26 +99,31 @@ def simd(cpuinfo: str | None = None) -> str:
     return next((name for name in SIMD_ORDER if name in flags), "")
 
 
-def machine() -> dict[str, str]:
-    """``{"platform", "cpu", "simd", "backend"}`` and, when set, ``"xla_flags"``: the operating
-    system (``platform.platform()``), the CPU's model name and widest vector extension (``simd``),
-    JAX's default backend (``cpu``, ``gpu``, ...) and the ``XLA_FLAGS`` environment variable,
-    which can change the compiled code."""
+def machine() -> dict[str, Any]:
+    """``{"platform", "cpu", "simd", "cores", "backend", "devices"}`` and, when set,
+    ``"xla_flags"``: the operating system (``platform.platform()``), the CPU's model name and widest
+    vector extension (``simd``), the cores this process may run on (an int: what speeds depend on),
+    JAX's default backend (``cpu``, ``gpu``, ...) and its device count (the ``kitae`` command makes
+    one CPU device per core: ``kitae.devices``; seeds trained together are sharded over them), and
+    the ``XLA_FLAGS`` environment variable, which can change the compiled code."""
     import jax
 
     cpuinfo = _cpuinfo(None)
     flags = os.environ.get("XLA_FLAGS", "").strip()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {
         "platform": platform.platform(),
         "cpu": cpu_name(cpuinfo),
         "simd": simd(cpuinfo),
+        "cores": cores,
         "backend": jax.default_backend(),
+        "devices": jax.device_count(),
         **({"xla_flags": flags} if flags else {}),
     }
 
 
 @functools.cache
-def made_with() -> dict[str, dict[str, str]]:
+def made_with() -> dict[str, dict[str, Any]]:
     """``{"versions": versions(), "machine": machine()}`` of this process (computed once: XLA reads
     ``XLA_FLAGS`` once too); what a checkpoint's metadata keeps as ``made_with``."""
     return {"versions": versions(), "machine": machine()}
@@ -125,19 +131,36 @@ def made_with() -> dict[str, dict[str, str]]:
 
 BITS_DECIDED_BY = {"versions": (*PACKAGES, "kitae"), "machine": ("cpu", "simd", "backend", "xla_flags")}
 """The fields of ``made_with`` that can change a run's bits. Not Python's version (the same
-fingerprints under 3.11, 3.12 and 3.13) nor the operating system's (``platform`` names the
-kernel's version)."""
+fingerprints under 3.11, 3.12 and 3.13), the operating system's (``platform`` names the kernel's
+version) nor the core count (a run's devices are part of its config and checkpoint)."""
 
 
-def differences(recorded: Any, current: dict[str, dict[str, str]] | None = None) -> list[str]:
+def sharded_over(devices: Any, seeds: int) -> int:
+    """Over how many devices the compiled loop shards ``seeds`` seeds trained together: all
+    ``devices`` when there are several and they divide ``seeds``, else 1 (``kitae.loops.compiled``)."""
+    if not isinstance(devices, int) or devices < 2 or seeds < 2:
+        return 1
+    return devices if seeds % devices == 0 else 1
+
+
+def differences(recorded: Any, current: dict[str, dict[str, Any]] | None = None, *, seeds: int = 1) -> list[str]:
     """What differs between ``recorded`` (a checkpoint's ``made_with``) and ``current`` (default:
     this process's) among ``BITS_DECIDED_BY``, as ``"jaxlib 0.10.1 -> 0.10.2"`` strings; ``[]``
     when nothing does, or when ``recorded`` is not a ``made_with`` record (a checkpoint written
-    before kitae recorded it)."""
+    before kitae recorded it). With ``seeds`` > 1 (a checkpoint of seeds trained together), also
+    the number of devices they are sharded over (``sharded_over``): rows sharded over another count
+    compute other bits. A sweep shards its combinations' rows together, so for a sweep this count
+    is a guess from one combination's seeds: a change can go unreported there."""
     if not isinstance(recorded, dict):
         return []
     current = made_with() if current is None else current
     found = []
+    before_machine, now_machine = recorded.get("machine"), current.get("machine", {})
+    if seeds > 1 and isinstance(before_machine, dict) and "devices" in before_machine:
+        old_count = sharded_over(before_machine["devices"], seeds)
+        new_count = sharded_over(now_machine.get("devices"), seeds)
+        if old_count != new_count:
+            found.append(f"{seeds} seeds sharded over {old_count} -> {new_count} devices")
     for part, fields in BITS_DECIDED_BY.items():
         before, now = recorded.get(part), current.get(part, {})
         if not isinstance(before, dict):

@@ -32,8 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -48,6 +46,7 @@ from common import first_step_above, kitae_train, seed_figures  # noqa: E402
 from kitae.algos.collections.ppo import PPOParams  # noqa: E402
 from kitae.envs.make import EnvSpec  # noqa: E402
 from kitae.runs.presets import load_preset  # noqa: E402
+from kitae.runs.provenance import made_with  # noqa: E402
 
 CASES = {
     "a2c": ("CartPole-v1", "gymnax:CartPole-v1", 475.0),
@@ -135,7 +134,7 @@ def main() -> None:
                 report["host_ppo_same_settings"] = compare_with_ppo(
                     args.algo, env_id, seeds, threshold, Path(tmp_name), report[case]
                 )
-            report[case]["machine"] = f"{platform.machine()}, {os.cpu_count()} cores"
+            report[case]["made_with"] = made_with()
             RESULTS.mkdir(exist_ok=True)
             path.write_text(json.dumps(report, indent=2))
 

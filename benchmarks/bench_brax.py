@@ -16,11 +16,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import platform
 import resource
 import sys
 import time
 from pathlib import Path
+
+from kitae.runs.provenance import made_with
 
 HERE = Path(__file__).resolve().parent
 
@@ -71,7 +72,7 @@ def run_case(algo: str, env_id: str, steps: int, threshold: float, seeds: list[i
         },
         "curves": curves,
         "command": " ".join(["python", *sys.argv]),
-        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "made_with": made_with(),
     }
     print(
         f"{algo} {env_id}: final {[round(f, 1) for f in finals]} (threshold {threshold}), "

@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from kitae.runs.provenance import made_with
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -92,7 +92,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.only or list(CASES):
             report[name] = run_case(name, args.seeds, Path(tmp))
-            report[name]["machine"] = f"{platform.machine()}, {os.cpu_count()} cores"
+            report[name]["made_with"] = made_with()
             RESULTS.mkdir(exist_ok=True)
             path.write_text(json.dumps(report, indent=2))
             print(json.dumps({name: {"final_returns": report[name]["final_returns"], "met": report[name]["met"]}}))

@@ -22,7 +22,6 @@ import argparse
 import functools
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -34,6 +33,8 @@ sys.path.insert(0, str(ROOT))
 os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
 
 import gymnasium as gym  # noqa: E402
+
+from kitae.runs.provenance import made_with  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 STEP_SECONDS = 0.002
@@ -136,7 +137,7 @@ def main() -> None:
         "ratio_vs_one_worker_median": ratios,
         "targets": {"2": 1.8, "4": 3.2},
         "met": {"2": ratios[2] >= 1.8, "4": ratios[4] >= 3.2},
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "made_with": made_with(),
         "command": "python benchmarks/bench_distributed_scaling.py " + " ".join(sys.argv[1:]),
     }
     RESULTS.mkdir(exist_ok=True)

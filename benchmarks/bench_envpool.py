@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -37,8 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 
+from kitae.runs.provenance import made_with
+
 RESULTS = Path(__file__).resolve().parent / "results"
-MACHINE = f"{platform.machine()}, {platform.python_version()}"
 
 
 def _time_steps(env, actions: np.ndarray) -> float:
@@ -81,7 +81,7 @@ def throughput(n_envs: int = 8, vector_steps: int = 20_000, repeats: int = 5) ->
         "repeats": repeats,
         "actions": "uniform random, drawn beforehand",
         "results": rows,
-        "machine": MACHINE,
+        "made_with": made_with(),
         "command": "python benchmarks/bench_envpool.py --only throughput",
     }
     (RESULTS / "envpool_throughput.json").write_text(json.dumps(result, indent=2))
@@ -148,7 +148,7 @@ def pong(n_steps: int, seed: int = 0) -> dict:
         "extrapolated_2M_seconds": full,
         "extrapolated_2M_minutes": full / 60,
         "fits_40_min": full < 40 * 60,
-        "machine": MACHINE,
+        "made_with": made_with(),
         "load_average_1_5_15min_at_end": list(os.getloadavg()),
         "command": f"python benchmarks/bench_envpool.py --only pong --pong-steps {n_steps}",
         "full_run_command": "kitae train ppo envpool:Pong-v5 --steps 2000000",

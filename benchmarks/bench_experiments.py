@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -46,6 +45,8 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from kitae.runs.provenance import made_with
 
 RESULTS = Path(__file__).resolve().parent / "results"
 KITAE = [sys.executable, "-m", "kitae.cli"]
@@ -204,7 +205,7 @@ def main() -> None:
         "host-tune": lambda: case_host_tune(args.rounds),
     }
     result = cases[args.case]()
-    result.update(machine=f"{platform.machine()}, {os.cpu_count()} cores", date=time.strftime("%Y-%m-%d"))
+    result.update(made_with=made_with(), date=time.strftime("%Y-%m-%d"))
     path = RESULTS / "experiments.json"
     data = json.loads(path.read_text()) if path.exists() else {}
     data[args.case] = result

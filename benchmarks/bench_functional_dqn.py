@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import subprocess
 import sys
 from pathlib import Path
+
+from kitae.runs.provenance import made_with
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -50,7 +50,7 @@ def main() -> None:
         "first_steps_at_475": [r["first_step_at_475"] for r in runs],
         "met": all(r["first_step_at_475"] is not None for r in runs),
         "runs": runs,
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "made_with": made_with(),
     }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"functional_dqn_{args.network}.json").write_text(json.dumps(report, indent=2))

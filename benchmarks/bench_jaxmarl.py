@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import platform
 import resource
 import time
 from collections.abc import Callable
@@ -32,6 +31,8 @@ from typing import Any
 
 import jax
 import numpy as np
+
+from kitae.runs.provenance import made_with
 
 HERE = Path(__file__).resolve().parent
 ENV_ID = "jaxmarl:MPE_simple_spread_v3"
@@ -141,8 +142,7 @@ def main() -> None:
         "env_steps_per_second_all_seeds": result.sps,
         "agent_transitions_per_second_all_seeds": result.sps * env.n_agents,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "machine": f"{platform.machine()}, {platform.python_version()}, jax {jax.__version__}, "
-        f"{jax.devices()[0].platform} x{jax.device_count()}",
+        "made_with": made_with(),
     }
     print(
         f"margin over random (sampled policy): min {row['min_margin_sampled_vs_random']:+.1f}, "

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import resource
 import time
 from pathlib import Path
@@ -24,6 +23,8 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from kitae.runs.provenance import made_with
 
 HERE = Path(__file__).resolve().parent
 ENV_ID = "gymnax:Breakout-MinAtar"
@@ -117,7 +118,7 @@ def main() -> None:
         "wall_seconds": wall,
         "sps_all_seeds": result.sps,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "machine": f"{platform.machine()}, {jax.devices()[0].platform}, {jax.device_count()} device(s)",
+        "made_with": made_with(),
         "command": f".venv/bin/python benchmarks/bench_minatar.py --steps {args.steps} --seeds "
         + " ".join(map(str, args.seeds)),
     }

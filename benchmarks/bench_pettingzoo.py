@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import resource
 import sys
 import time
@@ -52,6 +51,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kitae.envs.make import make_vec_env
+from kitae.runs.provenance import made_with
 
 ENV_ID = "pettingzoo:mpe2.simple_spread_v3"
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -213,7 +213,7 @@ def main() -> None:
         "passed": all(r["margin"] > 0 for r in runs),
         "runs": runs,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "machine": f"{platform.machine()}, {platform.python_version()}",
+        "made_with": made_with(),
         "algo_params": repr(PPOParams(**PPO_PARAMS)),
         "update_cfg": repr(update_cfg(args.n_envs, args.rollout)),
     }

@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -41,6 +39,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import curve_figures, kitae_train  # noqa: E402
+
+from kitae.runs.provenance import made_with  # noqa: E402
 
 
 def learning(name: str, argv: list[str], seeds: list[int], tmp: Path, together: bool) -> dict:
@@ -135,7 +135,7 @@ def main() -> None:
                 report[case]["met"] = all(c["max_running_mean"] < 250 for c in report[case]["curves"])
             else:
                 report[case] = speed(args.speed_steps, args.repeats, tmp)
-            report[case]["machine"] = f"{platform.machine()}, {os.cpu_count()} cores"
+            report[case]["made_with"] = made_with()
             RESULTS.mkdir(exist_ok=True)
             path.write_text(json.dumps(report, indent=2))
 

@@ -32,8 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -44,6 +42,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import kitae_train, seed_figures  # noqa: E402
+
+from kitae.runs.provenance import made_with  # noqa: E402
 
 PER = ("--set", "replay.prioritized=true", "--set", "replay.n_step=3")
 PLAIN = ("--set", "replay.n_step=1")  # the CartPole preset's replay is 3-step since issue 10's re-run
@@ -215,7 +215,7 @@ def main() -> None:
             result = case_sac(args.seeds, tmp)
         else:
             result = case_speed(args.repeats)
-    result["machine"] = f"{platform.machine()}, {os.cpu_count()} cores"
+    result["made_with"] = made_with()
     result["date"] = time.strftime("%Y-%m-%d")
     report[args.case] = result
     RESULTS.mkdir(exist_ok=True)

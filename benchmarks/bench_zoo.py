@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import subprocess
 import sys
 import tempfile
@@ -45,6 +44,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import ROOT, kitae_train, seed_figures
+
+from kitae.runs.provenance import made_with
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGETS = {
@@ -113,7 +114,7 @@ def main() -> None:
         for algo in args.only or sorted(TARGETS[args.env]):
             case = {
                 **run_algo(args.env, algo, args.seeds, Path(tmp), args.jobs),
-                "machine": platform.processor() or "cpu",
+                "made_with": made_with(),
             }
             # read again just before writing: --only ppo and --only dqn may run side by side
             report = json.loads(path.read_text()) if path.exists() else {}

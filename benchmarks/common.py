@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import resource
 import shutil
 import statistics
@@ -24,6 +23,7 @@ import numpy as np
 
 import kitae.config as cfg
 from kitae.envs.make import make_vec_env
+from kitae.runs.provenance import made_with
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -114,7 +114,7 @@ def run_learning(
         "mean_final_return": float(np.mean([r["final_return"] for r in runs])),
         "runs": runs,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "machine": f"{platform.machine()}, {platform.python_version()}",
+        "made_with": made_with(),
         "algo_params": repr(algo_params),
         "update_cfg": repr(update_cfg),
     }

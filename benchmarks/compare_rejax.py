@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -161,13 +160,16 @@ def run_case(case: str, rounds: int) -> dict:
         }
         print(json.dumps({"round": r, **row}), flush=True)
         rows.append(row)
+    # imported here, not at the top: the rejax worker runs this file and must not import kitae
+    from kitae.runs.provenance import made_with
+
     return {
         "case": case,
         "rounds": rows,
         "median_kitae_wall_seconds": statistics.median(r["kitae_wall_seconds"] for r in rows),
         "median_rejax_wall_seconds": statistics.median(r["rejax_wall_seconds"] for r in rows),
         "median_ratio": statistics.median(r["ratio"] for r in rows),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "made_with": made_with(),
         "date": time.strftime("%Y-%m-%d"),
     }
 

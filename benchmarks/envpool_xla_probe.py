@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from kitae.runs.provenance import made_with
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -101,7 +102,7 @@ def main() -> None:
         "name": "envpool_xla",
         "envpool": envpool.__version__,
         "jax": jax.__version__,
-        "machine": f"{platform.machine()}, {platform.python_version()}",
+        "made_with": made_with(),
         "trials": args.trials,
         "steps": args.steps,
         "timeout_seconds": args.timeout,

@@ -20,7 +20,7 @@ import os
 
 import jax
 
-__all__ = ["use_cpu_cores", "cpu_core_count"]
+__all__ = ["use_cpu_cores", "cpu_core_count", "shard_count"]
 
 
 def cpu_core_count() -> int:
@@ -29,6 +29,16 @@ def cpu_core_count() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
         return os.cpu_count() or 1
+
+
+def shard_count(devices: int, rows: int) -> int:
+    """Over how many of ``devices`` the compiled loop shards ``rows`` rows trained together (seeds,
+    a sweep's combinations x seeds): all of them when there are several and they divide ``rows``,
+    else 1 (no sharding). ``kitae.loops.compiled`` decides by it, and a resumed run compares it
+    with its checkpoint's (``kitae.runs.provenance.differences``)."""
+    if not isinstance(devices, int) or devices < 2 or rows < 2:
+        return 1
+    return devices if rows % devices == 0 else 1
 
 
 def use_cpu_cores(count: int | None = None) -> int:

@@ -20,6 +20,7 @@ from _agents import TinyDQN, TinyDQNParams, make_config
 
 import kitae
 from kitae.cli import main
+from kitae.devices import shard_count
 from kitae.envs.make import make_vec_env
 from kitae.runs.checkpoints import Checkpointer
 from kitae.runs.provenance import (
@@ -29,7 +30,6 @@ from kitae.runs.provenance import (
     differences,
     machine,
     made_with,
-    sharded_over,
     simd,
     versions,
 )
@@ -162,8 +162,8 @@ def test_differences_name_only_what_can_change_the_bits():
 
 
 def test_seeds_trained_together_compare_the_devices_they_are_sharded_over():
-    assert [sharded_over(d, 16) for d in (1, 2, 4, 3, None)] == [1, 2, 4, 1, 1]
-    assert sharded_over(2, 1) == 1  # one seed runs on one device either way
+    assert [shard_count(d, 16) for d in (1, 2, 4, 3)] == [1, 2, 4, 1]
+    assert shard_count(2, 1) == 1  # one seed runs on one device either way
     current = made_with()
     other = json.loads(json.dumps(current))
     other["machine"]["devices"] = current["machine"]["devices"] * 2

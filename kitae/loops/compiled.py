@@ -32,6 +32,7 @@ import numpy as np
 
 from kitae.compilation_cache import use_compilation_cache
 from kitae.compile_options import jit_once
+from kitae.devices import shard_count
 from kitae.envs.jax_env import VecJaxEnv
 from kitae.loops.callbacks import Callback, CallbackList, LossMeans, Progress, RunInfo
 from kitae.loops.program import IterationMetrics, loop_state_shape, make_loop_functions, make_variant_functions
@@ -206,8 +207,7 @@ class CompiledExecutor:
                 ``[config.seed]`` without a seed axis.
             callbacks: ``kitae.loops.callbacks.Callback`` objects.
             use_cache: enable JAX's persistent compilation cache (``kitae.compilation_cache``).
-            shard: with several devices and a number of seeds divisible by their count, shard the
-                seed axis across devices (``jax.sharding``).
+            shard: shard the seed axis across devices (``kitae.devices.shard_count``).
             segment_iterations: the longest segment, in iterations (default: a twentieth of the
                 whole run, resumed or not; at most the checkpoint period). The program holds
                 ``segment_capacity(segment_iterations)`` rows of metrics.
@@ -238,7 +238,7 @@ class CompiledExecutor:
         seed_array = jnp.asarray(seed_list if batched else seed_list[0], dtype=jnp.uint32)
         values = _variant_values(variants, seed_list, batched)
         sharding = None
-        if batched and shard and jax.device_count() > 1 and len(seed_list) % jax.device_count() == 0:
+        if batched and shard and shard_count(jax.device_count(), len(seed_list)) > 1:
             mesh = jax.sharding.Mesh(np.array(jax.devices()), ("seeds",))
             sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("seeds"))
             seed_array = jax.device_put(seed_array, sharding)

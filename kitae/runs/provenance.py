@@ -20,6 +20,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from kitae.devices import cpu_core_count, shard_count
 from kitae.version import __version__
 
 __all__ = [
@@ -31,7 +32,6 @@ __all__ = [
     "cpu_name",
     "simd",
     "made_with",
-    "sharded_over",
     "differences",
 ]
 
@@ -110,12 +110,11 @@ def machine() -> dict[str, Any]:
 
     cpuinfo = _cpuinfo(None)
     flags = os.environ.get("XLA_FLAGS", "").strip()
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {
         "platform": platform.platform(),
         "cpu": cpu_name(cpuinfo),
         "simd": simd(cpuinfo),
-        "cores": cores,
+        "cores": cpu_core_count(),
         "backend": jax.default_backend(),
         "devices": jax.device_count(),
         **({"xla_flags": flags} if flags else {}),
@@ -132,15 +131,8 @@ def made_with() -> dict[str, dict[str, Any]]:
 BITS_DECIDED_BY = {"versions": (*PACKAGES, "kitae"), "machine": ("cpu", "simd", "backend", "xla_flags")}
 """The fields of ``made_with`` that can change a run's bits. Not Python's version (the same
 fingerprints under 3.11, 3.12 and 3.13), the operating system's (``platform`` names the kernel's
-version) nor the core count (a run's devices are part of its config and checkpoint)."""
-
-
-def sharded_over(devices: Any, seeds: int) -> int:
-    """Over how many devices the compiled loop shards ``seeds`` seeds trained together: all
-    ``devices`` when there are several and they divide ``seeds``, else 1 (``kitae.loops.compiled``)."""
-    if not isinstance(devices, int) or devices < 2 or seeds < 2:
-        return 1
-    return devices if seeds % devices == 0 else 1
+version) nor the core or device counts as such: seeds trained together compare the devices they
+are sharded over (``differences``' ``seeds``), and one seed runs on one device either way."""
 
 
 def differences(recorded: Any, current: dict[str, dict[str, Any]] | None = None, *, seeds: int = 1) -> list[str]:
@@ -148,7 +140,7 @@ def differences(recorded: Any, current: dict[str, dict[str, Any]] | None = None,
     this process's) among ``BITS_DECIDED_BY``, as ``"jaxlib 0.10.1 -> 0.10.2"`` strings; ``[]``
     when nothing does, or when ``recorded`` is not a ``made_with`` record (a checkpoint written
     before kitae recorded it). With ``seeds`` > 1 (a checkpoint of seeds trained together), also
-    the number of devices they are sharded over (``sharded_over``): rows sharded over another count
+    the number of devices they are sharded over (``kitae.devices.shard_count``): rows sharded over another count
     compute other bits. A sweep shards its combinations' rows together, so for a sweep this count
     is a guess from one combination's seeds: a change can go unreported there."""
     if not isinstance(recorded, dict):
@@ -157,8 +149,8 @@ def differences(recorded: Any, current: dict[str, dict[str, Any]] | None = None,
     found = []
     before_machine, now_machine = recorded.get("machine"), current.get("machine", {})
     if seeds > 1 and isinstance(before_machine, dict) and "devices" in before_machine:
-        old_count = sharded_over(before_machine["devices"], seeds)
-        new_count = sharded_over(now_machine.get("devices"), seeds)
+        old_count = shard_count(before_machine["devices"], seeds)
+        new_count = shard_count(now_machine.get("devices", 1), seeds)
         if old_count != new_count:
             found.append(f"{seeds} seeds sharded over {old_count} -> {new_count} devices")
     for part, fields in BITS_DECIDED_BY.items():

@@ -200,8 +200,8 @@ def import_modules(names: list[str]) -> None:
 
 
 def _version() -> str:
-    """``kitae 0.1.0 (jax 0.10.2, jaxlib 0.10.2, Python 3.11.7)``, read from the installed packages'
-    metadata (nothing imported)."""
+    """``kitae 0.1.0 (jax 0.10.2, jaxlib 0.10.2, Python 3.11.7)``: the versions a run's
+    ``summary.json`` records (``kitae.runs.provenance.versions``)."""
     from kitae.runs.provenance import versions
 
     found = versions()

@@ -48,7 +48,7 @@ what a run computes."""
 
 def versions() -> dict[str, str]:
     """``{"kitae", "python", "jax", "jaxlib", "flax", "optax", "numpy", "gymnasium"}`` -> version,
-    read from the installed packages' metadata (nothing is imported); ``"not installed"`` for a
+    read from the installed packages' metadata, not from imported modules; ``"not installed"`` for a
     package that is not."""
 
     def version(name: str) -> str:

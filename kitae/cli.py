@@ -1,6 +1,6 @@
 """The ``kitae`` command line.
 
-Why this module is long: the six commands' usage, examples and help texts, their parsers, their
+Why this module is long: the seven commands' usage, examples and help texts, their parsers, their
 handlers (thin calls into ``kitae.runs``) and ``main``'s one-line errors are read together, top to
 bottom, as the command line's one description; the work itself is in ``kitae.runs``.
 
@@ -15,6 +15,8 @@ bottom, as the command line's one description; the work itself is in ``kitae.run
     kitae resume RUN_DIR|SWEEP_DIR [--steps N] [--quiet]
     kitae eval RUN_DIR [--episodes N] [--video] [--seed S] [--checkpoint best|STEP]
     kitae plot RUN_DIR|SWEEP_DIR [...] [-o FILE.png]
+    kitae config [ALGO] [ENV] [--steps N] [--seed S] [--n-envs E] [--config FILE.yaml]
+                 [--set KEY=VALUE ...]
 
 A mistake in the input prints one line (``kitae: error: ...``) that says what is wrong and what
 is accepted, and exits with status 2, without a Python traceback and without changing the run
@@ -38,7 +40,10 @@ import signal
 import sys
 import warnings
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:
+    from kitae.runs import RunSpec
 
 ALGORITHM_NAMES = ("a2c", "ddpg", "dqn", "mpo", "ppo", "ppo_lstm", "rnd_ppo", "sac", "td3")
 """kitae's own algorithms, as ``--help`` lists them without importing them (a test pins it to
@@ -129,6 +134,16 @@ Each run is a line (mean over its seeds of a rolling mean of 10 returns) with a 
 lowest to the highest seed.
 """
 
+EXAMPLES_CONFIG = """examples:
+  kitae config ppo CartPole-v1                      # the preset's hyperparameters for this id
+  kitae config dqn CartPole-v1 --set update_cfg.learning_rate=5e-4 > dqn.yaml
+  kitae train dqn CartPole-v1 --config dqn.yaml     # edit dqn.yaml, then train with it
+
+The comments above the YAML name the preset file and whether it has a section for ENV (and the
+ids it has one for). Saved to a file, the output is a --config file for kitae train, sweep and
+tune (its seed, n_envs and budget included; the flags given with it override them).
+"""
+
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # one line, status 2
@@ -141,6 +156,49 @@ def _positive_int(text: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an int") from None
     return value
+
+
+def _add_train_flags(parser: argparse.ArgumentParser) -> None:
+    """ALGO, ENV and the flags that decide a run's config, as ``kitae train`` and ``kitae config``
+    take them."""
+    parser.add_argument(
+        "algo",
+        nargs="?",
+        default="ppo",
+        help=f"{', '.join(ALGORITHM_NAMES)}, or a name an --import module registers (default: ppo)",
+    )
+    parser.add_argument(
+        "env",
+        nargs="?",
+        default="gymnax:CartPole-v1",
+        help="SOURCE:ID, e.g. gymnax:CartPole-v1 or CartPole-v1 (default: gymnax:CartPole-v1)",
+    )
+    parser.add_argument("--steps", type=_positive_int, help="environment steps, summed over environments")
+    parser.add_argument("--seed", type=_positive_int, help="the seed (default from the preset: 0)")
+    parser.add_argument("--n-envs", type=_positive_int, help="number of environments")
+    parser.add_argument("--config", help="a YAML file (n_envs, n_env_steps, algo_params, ...) or a run's config.yaml")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. update_cfg.learning_rate=1e-3 (repeatable)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=_positive_int,
+        help="train on Ray with N collection workers, each stepping the preset's n_envs (docs/distributed.md)",
+    )
+    parser.add_argument("--gradient-workers", type=_positive_int, help="with --workers: gradient workers (default 1)")
+    parser.add_argument(
+        "--async",
+        dest="async_mode",
+        action="store_true",
+        help="with --workers: asynchronous collection and gradients (the policy lag is logged)",
+    )
+    parser.add_argument(
+        "--address", help="with --workers: HOST:PORT of an existing Ray cluster (default: start one on 127.0.0.1)"
+    )
 
 
 def _add_shared_run_flags(parser: argparse.ArgumentParser, unit: str) -> None:
@@ -219,7 +277,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=_version(), help="kitae's version and its JAX's")
-    sub = parser.add_subparsers(dest="command", parser_class=_Parser, metavar="{train,sweep,tune,resume,eval,plot}")
+    sub = parser.add_subparsers(
+        dest="command", parser_class=_Parser, metavar="{train,sweep,tune,resume,eval,plot,config}"
+    )
 
     train = sub.add_parser(
         "train",
@@ -231,48 +291,11 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXAMPLES_TRAIN,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    train.add_argument(
-        "algo",
-        nargs="?",
-        default="ppo",
-        help=f"{', '.join(ALGORITHM_NAMES)}, or a name an --import module registers (default: ppo)",
-    )
-    train.add_argument(
-        "env",
-        nargs="?",
-        default="gymnax:CartPole-v1",
-        help="SOURCE:ID, e.g. gymnax:CartPole-v1 or CartPole-v1 (default: gymnax:CartPole-v1)",
-    )
-    train.add_argument("--steps", type=_positive_int, help="environment steps, summed over environments")
-    train.add_argument("--seed", type=_positive_int, help="the seed (default from the preset: 0)")
+    _add_train_flags(train)
     train.add_argument(
         "--seeds",
         type=_positive_int,
         help="train K seeds (seed, seed+1, ...): vmapped in one program for JAX environments",
-    )
-    train.add_argument("--n-envs", type=_positive_int, help="number of environments")
-    train.add_argument("--config", help="a YAML file (n_envs, n_env_steps, algo_params, ...) or a run's config.yaml")
-    train.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config value, e.g. update_cfg.learning_rate=1e-3 (repeatable)",
-    )
-    train.add_argument(
-        "--workers",
-        type=_positive_int,
-        help="train on Ray with N collection workers, each stepping the preset's n_envs (docs/distributed.md)",
-    )
-    train.add_argument("--gradient-workers", type=_positive_int, help="with --workers: gradient workers (default 1)")
-    train.add_argument(
-        "--async",
-        dest="async_mode",
-        action="store_true",
-        help="with --workers: asynchronous collection and gradients (the policy lag is logged)",
-    )
-    train.add_argument(
-        "--address", help="with --workers: HOST:PORT of an existing Ray cluster (default: start one on 127.0.0.1)"
     )
     train.add_argument("--run-dir", help="where to write the run (default runs/<algo>-<env>-s<seed>-<time>)")
     train.add_argument("--quiet", action="store_true", help="no progress bar (for scripts and CI)")
@@ -393,29 +416,47 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE.png",
         help="the image to write (.png, .pdf or .svg; default: curves.png)",
     )
+
+    config = sub.add_parser(
+        "config",
+        help="print the config kitae train would run with, as a config file",
+        description="Print the config that kitae train with the same arguments trains with (the preset, then "
+        "--config, then the flags, resolved), as the YAML it writes to RUN_DIR/config.yaml, after comments "
+        "saying where the values come from and which executor trains it. Nothing is trained or written.",
+        epilog=EXAMPLES_CONFIG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_train_flags(config)
+    _add_import_flag(config)
     return parser
 
 
-def _train(args: argparse.Namespace) -> int:
-    from kitae.runs import RunSpec, train_run
+def _run_spec(args: argparse.Namespace) -> RunSpec:
+    """``kitae train``'s (or ``kitae config``'s) arguments as a ``RunSpec``."""
+    from kitae.runs import RunSpec
 
-    spec = RunSpec(
+    return RunSpec(
         algo=args.algo,
         env_id=args.env,
         steps=args.steps,
         seed=args.seed,
-        seeds=args.seeds,
+        seeds=getattr(args, "seeds", None),
         n_envs=args.n_envs,
         config_file=args.config,
         sets=args.set,
-        run_dir=args.run_dir,
-        quiet=args.quiet,
+        run_dir=getattr(args, "run_dir", None),
+        quiet=getattr(args, "quiet", False),
         workers=args.workers,
         gradient_workers=args.gradient_workers,
         async_mode=args.async_mode,
         address=args.address,
     )
-    return _report(train_run(spec), args.quiet)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from kitae.runs import train_run
+
+    return _report(train_run(_run_spec(args)), args.quiet)
 
 
 def _sweep(args: argparse.Namespace) -> int:
@@ -582,6 +623,13 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _config(args: argparse.Namespace) -> int:
+    from kitae.runs.resolve import config_text
+
+    sys.stdout.write(config_text(_run_spec(args)))
+    return 0
+
+
 def _plot(args: argparse.Namespace) -> int:
     from kitae.runs import plot_runs
 
@@ -620,7 +668,15 @@ def main(argv: list[str] | None = None) -> int:
     from kitae.runs import RunDiverged, RunError
     from kitae.runs.checkpoints import CheckpointError, CheckpointWarning
 
-    commands = {"train": _train, "sweep": _sweep, "tune": _tune, "resume": _resume, "eval": _eval, "plot": _plot}
+    commands = {
+        "train": _train,
+        "sweep": _sweep,
+        "tune": _tune,
+        "resume": _resume,
+        "eval": _eval,
+        "plot": _plot,
+        "config": _config,
+    }
     with warnings.catch_warnings():  # restores the warning filters and display afterwards
         warnings.simplefilter("always", CheckpointWarning)
         warnings.showwarning = _warnings_in_one_line(warnings.showwarning)

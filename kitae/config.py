@@ -658,7 +658,7 @@ class AlgoConfig:
 
     def to_yaml(self, path: str | Path | None = None) -> str:
         """Writes the config as YAML (to ``path`` if given) and returns the text."""
-        text = yaml.safe_dump(self.to_dict(), sort_keys=False)
+        text = yaml_text(self.to_dict())
         if path is not None:
             Path(path).write_text(text)
         return text
@@ -677,6 +677,21 @@ class AlgoConfig:
         if not isinstance(data, dict):
             raise ValueError(f"malformed YAML config: expected a mapping of fields, got {type(data).__name__}")
         return cls.from_dict(data, algo_params_type=algo_params_type)
+
+
+class _PlainDumper(yaml.SafeDumper):
+    """``yaml.SafeDumper`` without anchors and aliases: a list two fields share (SAC's
+    ``policy_hidden`` and ``q_hidden`` made from one default) is written out twice, so that editing
+    one in the file does not change the other."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def yaml_text(data: Any) -> str:
+    """``data`` (plain mappings, lists and scalars) as YAML in the order given, every value written
+    out where it is (no ``&id001`` anchors): the text of config files people edit."""
+    return yaml.dump(data, Dumper=_PlainDumper, sort_keys=False)
 
 
 def _is_path(value: str | Path) -> bool:

@@ -764,6 +764,7 @@ def test_bad_eval_and_plot_arguments(capsys, run_copy, tmp_path):
         (["resume", "--help"], "kitae resume runs/ppo --steps 1000000"),
         (["eval", "--help"], "kitae eval runs/ppo --episodes 100 --video"),
         (["plot", "--help"], "kitae plot runs/ppo-a runs/ppo-b -o compare.png"),
+        (["config", "--help"], "kitae train dqn CartPole-v1 --config dqn.yaml"),
     ],
 )
 def test_every_command_has_help_with_an_example(capsys, command, example):

@@ -619,3 +619,23 @@ def test_env_cfg_from_dict_rebuilds_spaces():
 def test_log_frequency_zero_rejected():
     with pytest.raises(ValueError, match=r"train_cfg\.log_frequency.*0"):
         TrainConfig(log_frequency=0)
+
+
+def test_yaml_has_no_anchors_where_two_fields_hold_one_value():
+    """SAC's default ``policy_hidden`` and ``q_hidden`` are one tuple object: written with anchors
+    (``&id001`` / ``*id001``), editing the first in config.yaml would change the second too."""
+    from kitae.algos.collections.sac import SACParams
+    from kitae.config import yaml_text
+
+    shared = [256, 256]
+    assert "&id001" in yaml.safe_dump({"a": shared, "b": shared})  # what safe_dump does
+    assert yaml_text({"a": shared, "b": shared}) == "a:\n- 256\n- 256\nb:\n- 256\n- 256\n"
+
+    params = SACParams()
+    assert params.policy_hidden is params.q_hidden
+    text = _config(algo_params=params).to_yaml()
+    assert "&id" not in text and "*id" not in text
+    edited = text.replace("policy_hidden:\n  - 256\n  - 256", "policy_hidden:\n  - 64\n  - 64")
+    assert edited != text
+    loaded = AlgoConfig.from_yaml(edited)
+    assert tuple(loaded.algo_params.policy_hidden) == (64, 64) and tuple(loaded.algo_params.q_hidden) == (256, 256)

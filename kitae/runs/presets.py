@@ -62,17 +62,37 @@ def merge(base: dict, override: dict) -> dict:
     return out
 
 
-def load_preset(algo: str, env: EnvSpec) -> dict:
-    """The preset for ``algo`` on ``env``: ``default`` with the environment's section over it
-    (the file's section ids are read like any id: ``CartPole-v1`` is ``gymnasium:CartPole-v1``)."""
-    path = PRESETS_DIR / f"{algo.lower()}.yaml"
+def preset_path(algo: str) -> Path:
+    """Where ``algo``'s preset file is (``kitae/presets/<algo>.yaml``; it may not exist: a custom
+    agent's algorithm has none)."""
+    return PRESETS_DIR / f"{algo.lower()}.yaml"
+
+
+def _preset_sections(algo: str) -> dict[str, Any]:
+    """The sections of ``algo``'s preset file by normalised id (``CartPole-v1`` is read as
+    ``gymnasium:CartPole-v1``), ``default`` as it is; empty where there is no file."""
+    path = preset_path(algo)
     if not path.exists():
         return {}
     data = yaml.safe_load(path.read_text()) or {}
-    env_key = env.id
-    sections = {EnvSpec.parse(k).id if k != "default" else k: v for k, v in data.items()}
-    preset = _check_section(sections.get("default"), f"{path.name}: default")
-    return merge(preset, _check_section(sections.get(env_key), f"{path.name}: {env_key}"))
+    return {EnvSpec.parse(k).id if k != "default" else k: v for k, v in data.items()}
+
+
+def preset_ids(algo: str) -> list[str]:
+    """The environment ids ``algo``'s preset file has a section of its own for (tuned
+    hyperparameters), sorted; ``default`` is not one of them."""
+    return sorted(k for k in _preset_sections(algo) if k != "default")
+
+
+def load_preset(algo: str, env: EnvSpec) -> dict:
+    """The preset for ``algo`` on ``env``: ``default`` with the environment's section over it
+    (the file's section ids are read like any id: ``CartPole-v1`` is ``gymnasium:CartPole-v1``)."""
+    sections = _preset_sections(algo)
+    if not sections:
+        return {}
+    name = preset_path(algo).name
+    preset = _check_section(sections.get("default"), f"{name}: default")
+    return merge(preset, _check_section(sections.get(env.id), f"{name}: {env.id}"))
 
 
 def load_config_file(path: str | Path, params_cls: type | None = None) -> dict:

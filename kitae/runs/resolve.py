@@ -10,6 +10,7 @@ below reads the id or the presets again.
 from __future__ import annotations
 
 import dataclasses
+import textwrap
 import warnings
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from kitae.distributed.executor import DistributedExecutor
 from kitae.envs.make import EnvSpec, make_env
 from kitae.loops.executor import Executor, executor_for
 from kitae.runs.errors import RunError
-from kitae.runs.presets import build_config, resolve
+from kitae.runs.presets import build_config, preset_ids, preset_path, resolve
 from kitae.runs.rundir import default_run_dir, read_run_config, run_config_names
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "run_env_spec",
     "executor_of",
     "preset_agent",
+    "config_text",
 ]
 
 _WARNED_HOST_ONLY: set[str] = set()
@@ -292,3 +294,75 @@ def preset_agent(
         )
     )
     return run.make_agent(), env
+
+
+_EXECUTOR_WORDS = {
+    "host": "the host loop (a Python loop over the environments)",
+    "compiled": "the compiled loop (the whole run one XLA program)",
+    "distributed": "the distributed executor (Ray workers)",
+}
+
+
+def config_text(spec: RunSpec) -> str:
+    """What ``kitae config`` prints: the config ``kitae train`` with the same arguments trains
+    with, as the YAML it writes to ``RUN_DIR/config.yaml`` (``AlgoConfig.to_yaml``), after
+    comment lines that say where its values come from (the preset file and its sections, the
+    config file, the flags) and which executor trains it. Saved to a file, the text is a
+    ``--config`` file: ``kitae train ALGO ENV --config FILE`` trains with this config.
+
+    Args:
+        spec: ``kitae train``'s arguments (its ``seeds``, ``run_dir`` and ``quiet`` say nothing
+            about the config and are not read).
+
+    Raises:
+        RunError, ValueError, TypeError, FileNotFoundError: for bad input, as ``resolve_train``.
+    """
+    run, env = resolve_train(spec)
+    env.close()  # made for its spaces only
+    command = " ".join(["kitae train", spec.algo, run.env.id, *_config_flags(spec)])
+    preset, tuned = preset_path(spec.algo), preset_ids(spec.algo)
+    if not preset.exists():
+        source = f"no preset file for {spec.algo} (kitae's defaults)"
+    else:
+        section = f" and its {run.env.id} section" if run.env.id in tuned else f" (no {run.env.id} section)"
+        source = f"kitae/presets/{preset.name}: default{section}"
+    if spec.config_file is not None:
+        source += f", then {spec.config_file}"
+    if _config_flags(spec, with_file=False):
+        source += ", then the flags"
+    lines = _comment(f"The config of `{command}`, as it writes it to RUN_DIR/config.yaml. Values from {source}.")
+    same = [i.split(":", 1)[1] for i in tuned if i.startswith(f"{run.env.source}:")]
+    others = sorted({i.split(":", 1)[0] for i in tuned} - {run.env.source})
+    if same or others:
+        of_source = f"for these {run.env.source} ids: {', '.join(same)}" if same else f"for no {run.env.source} id"
+        n_others = len(tuned) - len(same)
+        more = f"; and {n_others} id{'s' * (n_others > 1)} of {', '.join(others)}" if others else ""
+        lines += _comment(f"{spec.algo}'s preset has a section {of_source}{more}.")
+    lines += _comment(f"Trains in {_EXECUTOR_WORDS.get(run.executor.name, run.executor.name)}.")
+    lines += _comment(f"Saved as FILE.yaml, a config file: kitae train {spec.algo} {run.env.id} --config FILE.yaml")
+    return "\n".join(lines) + "\n" + run.config.to_yaml()
+
+
+def _comment(text: str) -> list[str]:
+    """``text`` as YAML comment lines of at most 100 characters (ids and flags kept whole)."""
+    wrapped = textwrap.wrap(text, width=98, break_on_hyphens=False, break_long_words=False)
+    return [f"# {wrapped[0]}", *(f"#   {line}" for line in wrapped[1:])]
+
+
+def _config_flags(spec: RunSpec, with_file: bool = True) -> list[str]:
+    """The flags of ``spec`` that decide a config, as ``kitae train`` takes them."""
+    flags = [f"--config {spec.config_file}"] if with_file and spec.config_file is not None else []
+    for flag, value in (("--steps", spec.steps), ("--seed", spec.seed), ("--n-envs", spec.n_envs)):
+        if value is not None:
+            flags.append(f"{flag} {value}")
+    flags += [f"--set {item}" for item in spec.sets]
+    distributed = spec.distributed()
+    if distributed:
+        flags.append(f"--workers {distributed['workers']}")
+        if "gradient_workers" in distributed:
+            flags.append(f"--gradient-workers {distributed['gradient_workers']}")
+        if distributed.get("async_collection"):
+            flags.append("--async")
+        if "address" in distributed:
+            flags.append(f"--address {distributed['address']}")
+    return flags

@@ -45,9 +45,8 @@ from typing import Any
 
 import jax
 import numpy as np
-import yaml
 
-from kitae.config import AlgoConfig, sweepable_keys
+from kitae.config import AlgoConfig, sweepable_keys, yaml_text
 from kitae.loops.callbacks import Callback, Progress
 from kitae.loops.compiled import CompiledExecutor
 from kitae.loops.result import Episodes, RunResult
@@ -530,4 +529,4 @@ def best_config_yaml(config: AlgoConfig, number: int, value: float, score: str =
         "replay": data["replay"],
     }
     header = f"# kitae tune: the best trial ({number}), {score} {value:.2f}\n"
-    return header + yaml.safe_dump(section, sort_keys=False)
+    return header + yaml_text(section)

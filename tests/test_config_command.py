@@ -1,0 +1,108 @@
+"""`kitae config`: the config `kitae train` would train with, printed as a config file."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from kitae.cli import main
+from kitae.runs import RunSpec
+from kitae.runs.resolve import config_text, resolve_train
+
+
+def _resolved_yaml(spec: RunSpec) -> str:
+    run, env = resolve_train(spec)
+    env.close()
+    return run.config.to_yaml()
+
+
+def _config(capsys, argv: list[str]) -> tuple[list[str], str]:
+    """``kitae config ARGV``'s comment lines and the YAML after them."""
+    assert main(["config", *argv]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines(keepends=True)
+    comments = [line.rstrip("\n") for line in lines if line.startswith("#")]
+    assert lines[: len(comments)] == [c + "\n" for c in comments]  # the comments come first, then YAML only
+    return comments, "".join(lines[len(comments) :])
+
+
+CASES = [
+    (["ppo", "CartPole-v1", "--steps", "512", "--seed", "3", "--set", "update_cfg.learning_rate=1e-3"], {}),
+    (["sac", "gymnax:Pendulum-v1", "--n-envs", "2"], {}),
+    (["ppo", "LunarLander-v3", "--set", "env_kwargs.continuous=true"], {}),
+    (["dqn", "gymnax:CartPole-v1", "--set", "train_cfg.save_frequency=5000"], {}),
+]
+
+
+@pytest.mark.parametrize("argv", [argv for argv, _ in CASES], ids=lambda argv: " ".join(argv[:2]))
+def test_it_prints_the_config_train_resolves_and_the_file_gives_it_back(capsys, tmp_path, argv):
+    """The YAML is what ``kitae train`` with the same arguments writes to config.yaml, byte for
+    byte; saved and given to ``--config`` alone, it resolves to the same config again."""
+    algo, env = argv[:2]
+    flags = argv[2:]
+    spec = RunSpec(
+        algo,
+        env,
+        steps=int(flags[flags.index("--steps") + 1]) if "--steps" in flags else None,
+        seed=int(flags[flags.index("--seed") + 1]) if "--seed" in flags else None,
+        n_envs=int(flags[flags.index("--n-envs") + 1]) if "--n-envs" in flags else None,
+        sets=[flags[i + 1] for i, flag in enumerate(flags) if flag == "--set"],
+    )
+    comments, text = _config(capsys, argv)
+    expected = _resolved_yaml(spec)
+    assert text == expected
+    assert config_text(spec).endswith(expected)
+
+    saved = tmp_path / "config.yaml"
+    saved.write_text("".join(c + "\n" for c in comments) + text)
+    assert _resolved_yaml(RunSpec(algo, env, config_file=str(saved))) == expected
+    # and it reads as a file people edit: no anchors, every value where it is
+    assert "&id" not in text and "*id" not in text
+    assert yaml.safe_load(saved.read_text()) == yaml.safe_load(expected)
+
+
+def test_the_comments_say_where_the_values_come_from_and_which_executor_trains(capsys):
+    comments, _ = _config(capsys, ["ppo", "CartPole-v1", "--steps", "512", "--set", "update_cfg.learning_rate=1e-3"])
+    said = " ".join(c.lstrip("# ") for c in comments)
+    assert "`kitae train ppo gymnasium:CartPole-v1 --steps 512 --set update_cfg.learning_rate=1e-3`" in said
+    assert "kitae/presets/ppo.yaml: default and its gymnasium:CartPole-v1 section, then the flags" in said
+    assert "these gymnasium ids: Acrobot-v1," in said and "LunarLander-v3" in said
+    assert "Trains in the host loop" in said
+    assert "kitae train ppo gymnasium:CartPole-v1 --config FILE.yaml" in said
+    assert all(len(c) <= 100 for c in comments), comments
+
+    comments, _ = _config(capsys, ["td3", "MountainCarContinuous-v0"])
+    said = " ".join(c.lstrip("# ") for c in comments)
+    assert "kitae/presets/td3.yaml: default (no gymnasium:MountainCarContinuous-v0 section)." in said
+    assert "these gymnasium ids: Pendulum-v1; and 1 id of gymnax." in said
+
+    comments, _ = _config(capsys, ["sac", "gymnax:Pendulum-v1"])
+    assert "Trains in the compiled loop" in " ".join(comments)
+
+
+def test_a_config_file_given_is_named_and_its_values_kept(capsys, tmp_path):
+    section = tmp_path / "mine.yaml"
+    section.write_text("n_envs: 4\nupdate_cfg: {learning_rate: 3.0e-4, batch_size: 64}\n")
+    comments, text = _config(capsys, ["ppo", "CartPole-v1", "--config", str(section)])
+    assert f"then {section}." in " ".join(c.lstrip("# ") for c in comments)
+    config = yaml.safe_load(text)
+    assert config["env_cfg"]["n_envs"] == 4 and config["update_cfg"]["learning_rate"] == 3.0e-4
+
+
+@pytest.mark.parametrize(
+    "argv,expected",
+    [
+        (["ppo", "Foo-v1"], "unknown Gymnasium environment 'Foo-v1'"),
+        (["xyz", "CartPole-v1"], "unknown algorithm 'xyz'"),
+        (["ppo", "CartPole-v1", "--set", "learning_rate=1e-3"], "did you mean 'update_cfg.learning_rate'?"),
+        (["ppo", "CartPole-v1", "--steps", "0"], "--steps 0 is not allowed"),
+        (["ppo", "CartPole-v1", "--async"], "--async needs --workers N"),
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(capsys, tmp_path, argv, expected):
+    assert main(["config", *argv]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = [line for line in captured.err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("kitae: error:") and expected in lines[0], captured.err
+    assert not any(tmp_path.iterdir())  # the test's working directory: no runs/ or anything else

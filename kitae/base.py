@@ -53,7 +53,16 @@ import numpy as np
 from kitae.algos.experience import ExperiencePipeline
 from kitae.algos.factory import explore_general_factory
 from kitae.algos.update import UpdateHooks, mean_over_steps, on_policy_update, process_rollout, with_update_hooks
-from kitae.buffer import BufferState, Experience, ReplayBuffer, RolloutBuffer, buffer_rollout, buffer_sample
+from kitae.buffer import (
+    BufferState,
+    Experience,
+    ReplayBuffer,
+    RolloutBuffer,
+    buffer_rollout,
+    buffer_sample,
+    check_buffer_memory,
+    space_nbytes,
+)
 from kitae.compile_options import jit_once, one_blas_thread
 from kitae.config import AlgoConfig, DistributedConfig
 from kitae.envs.goals import goal_reward_fn
@@ -442,6 +451,24 @@ class BaseAgent(IAgent):
         key, state_key = jax.random.split(jax.random.PRNGKey(seed))
         state = self.train_state_factory(state_key, self.config, preprocess_fn=self.preprocess_fn, tabulate=tabulate)
         return key, state
+
+    def check_buffer_memory(self, copies: int = 1) -> None:
+        """Refuses to train when ``copies`` buffers of this agent (seeds trained together) cannot
+        fit in the memory available (``kitae.buffer.check_buffer_memory``): a lower bound of their
+        bytes, the observations and actions of ``update_cfg.max_buffer_size`` rows of
+        ``n_envs * n_agents`` transitions (``kitae.buffer.space_nbytes`` of the config's spaces).
+        A run checks it before it writes anything (``kitae train``, ``agent.train``); making an
+        agent does not (``kitae eval`` of a run trained on a larger machine needs no buffer).
+
+        Raises:
+            ValueError: naming ``update_cfg.max_buffer_size``, the bytes needed and the rows that fit.
+        """
+        env_cfg, capacity = self.config.env_cfg, self.config.update_cfg.max_buffer_size
+        transition = space_nbytes(env_cfg.observation_space)
+        transition *= 2 if "next_observation" in getattr(self.experience_type, "_fields", ()) else 1
+        transition += space_nbytes(env_cfg.action_space)
+        need = copies * capacity * env_cfg.n_envs * env_cfg.n_agents * transition
+        check_buffer_memory(need, capacity, "update_cfg.max_buffer_size", copies)
 
     # -- acting ---------------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kitae.devices import available_memory
 from kitae.replay.prioritized import Priorities, add_at_max_priority, priorities_init
 from kitae.validation import check_positive_int
 
@@ -110,6 +111,52 @@ def buffer_init(example: Any, capacity: int, prioritized: bool = False) -> Buffe
     data = jax.tree_util.tree_map(lambda x: jnp.zeros((capacity, *jnp.shape(x)), dtype=jnp.asarray(x).dtype), example)
     priorities = priorities_init(capacity * n_envs.pop()) if prioritized else None
     return BufferState(data, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32), priorities)
+
+
+def space_nbytes(space: Any) -> int:
+    """Bytes of one value of a Gymnasium ``space`` as JAX stores it (64-bit numbers as 32-bit
+    unless ``jax_enable_x64``; ``Dict`` and ``Tuple`` spaces the sum of their parts); 0 for a space
+    it cannot size (``Text``, ``Graph``, ``Sequence``...).
+
+    Example: ``Box(0, 255, (96, 96, 3), uint8)`` -> 27,648; ``Discrete(4)`` -> 4."""
+    import gymnasium as gym  # the spaces of the environments; kept out of the module's import
+
+    if isinstance(space, gym.spaces.Dict):
+        return sum(space_nbytes(part) for part in space.spaces.values())
+    if isinstance(space, gym.spaces.Tuple):
+        return sum(space_nbytes(part) for part in space.spaces)
+    if not isinstance(space, (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)):
+        return 0
+    itemsize = np.dtype(space.dtype).itemsize
+    if not jax.config.read("jax_enable_x64"):
+        itemsize = min(itemsize, 4)
+    return int(np.prod(space.shape or (), dtype=np.int64)) * itemsize
+
+
+def check_buffer_memory(need: int, capacity: int, field: str, copies: int = 1) -> None:
+    """Refuses a buffer that cannot fit in the memory JAX's device has available
+    (``kitae.devices.available_memory``), before anything is allocated: XLA would otherwise stop
+    the run later with "RESOURCE_EXHAUSTED: Out of memory" (or the system end the process), after
+    the run directory was written.
+
+    Args:
+        need: bytes of the buffer (of all ``copies``), or a lower bound of them.
+        capacity: rows each buffer holds (vector steps).
+        field: the config field that sets ``capacity``, named in the error.
+        copies: buffers allocated together (seeds, or a sweep's rows, trained in one program).
+
+    Raises:
+        ValueError: naming ``field``, the bytes the buffer needs and the most rows that fit.
+    """
+    available = available_memory()
+    if available is None or need <= available:
+        return
+    whose = f"the {copies} buffers trained together (a seed's or a sweep row's each)" if copies > 1 else "the buffer"
+    raise ValueError(
+        f"{field}={capacity:,} is too large here: {whose} would take at least {need / 1e9:,.1f} GB and "
+        f"{available / 1e9:,.1f} GB of memory is available ({jax.devices()[0].platform}); allowed: at most "
+        f"{int(capacity * available / need):,} rows on this machine now"
+    )
 
 
 def buffer_add(state: BufferState, experience: Any) -> BufferState:

@@ -701,6 +701,15 @@ def main(argv: list[str] | None = None) -> int:
         except WorkersLost as error:  # the run saved a checkpoint before stopping
             print(f"kitae: error: {error}; continue with: kitae resume RUN_DIR", file=sys.stderr)
             return 1
+        except RuntimeError as error:  # XLA's "RESOURCE_EXHAUSTED: Out of memory allocating N bytes."
+            if "RESOURCE_EXHAUSTED" not in str(error):
+                raise
+            print(
+                f"kitae: error: out of memory: {str(error).strip().splitlines()[0]} (smaller buffers, batches or "
+                "networks need less: update_cfg.max_buffer_size, update_cfg.batch_size, n_envs, fewer --seeds)",
+                file=sys.stderr,
+            )
+            return 1
         except KeyboardInterrupt:
             print("kitae: interrupted", file=sys.stderr)
             return 130

@@ -20,7 +20,7 @@ import os
 
 import jax
 
-__all__ = ["use_cpu_cores", "cpu_core_count", "shard_count"]
+__all__ = ["use_cpu_cores", "cpu_core_count", "shard_count", "available_memory"]
 
 
 def cpu_core_count() -> int:
@@ -29,6 +29,31 @@ def cpu_core_count() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
         return os.cpu_count() or 1
+
+
+def available_memory(device: jax.Device | None = None) -> int | None:
+    """Bytes that arrays on ``device`` (default: JAX's first device) can still take, or ``None``
+    where this cannot be told.
+
+    An accelerator's from its allocator (``memory_stats()``: ``bytes_limit - bytes_in_use``); the
+    CPU's from the operating system (``MemAvailable`` in Linux's ``/proc/meminfo``: free memory
+    plus the caches it can drop), which XLA:CPU allocates from. Other processes change it at any
+    time: a check against it tells what surely cannot fit, not what surely can.
+    """
+    device = jax.devices()[0] if device is None else device
+    if device.platform != "cpu":
+        stats = device.memory_stats() or {}
+        if "bytes_limit" in stats:
+            return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+        return None
+    try:
+        with open("/proc/meminfo") as lines:
+            for line in lines:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except OSError:  # not Linux
+        pass
+    return None
 
 
 def shard_count(devices: int, rows: int) -> int:

@@ -1,5 +1,10 @@
 """The compiled loop: a whole training run as one XLA program, for environments written in JAX.
 
+Why this module is long: ``CompiledExecutor.run`` is one flow read top to bottom (seeds and their
+sharding, the starting state made while the program compiles, segments pipelined with the
+callbacks, divergence, the result) with its helpers beside it; the program itself is in
+``kitae.loops.program``.
+
 The same agent that trains in the host loop trains here, through the same pieces: its pure
 ``act`` and ``update_fn`` (``kitae.loops.collect``), the pure buffer functions of
 ``kitae.buffer``, the schedule of ``kitae.schedule``, all inside one ``jax.lax.scan`` inside one
@@ -35,7 +40,13 @@ from kitae.compile_options import jit_once
 from kitae.devices import shard_count
 from kitae.envs.jax_env import VecJaxEnv
 from kitae.loops.callbacks import Callback, CallbackList, LossMeans, Progress, RunInfo
-from kitae.loops.program import IterationMetrics, loop_state_shape, make_loop_functions, make_variant_functions
+from kitae.loops.program import (
+    IterationMetrics,
+    check_buffers_fit,
+    loop_state_shape,
+    make_loop_functions,
+    make_variant_functions,
+)
 from kitae.loops.result import Divergence, Episodes, RunResult
 from kitae.loops.state import (
     LoopState,
@@ -249,6 +260,8 @@ class CompiledExecutor:
         # program needs only the state's shapes: it compiles in the background (XLA releases
         # the GIL) while this thread computes the state and the callbacks start.
         shape, make_state, first_step = self._start(agent, start, batched, seed_array, values, sharding, fresh, attach)
+        if start is None and batched:  # a buffer per seed, allocated together
+            check_buffers_fit(agent, shape, len(seed_list))
         if first_step % per_iteration:
             raise ValueError(
                 f"the state is at step {first_step}, inside an iteration of {per_iteration} steps; the compiled "

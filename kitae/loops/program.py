@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kitae.buffer import buffer_add, buffer_init, buffer_reset
+from kitae.buffer import buffer_add, buffer_init, buffer_reset, check_buffer_memory
 from kitae.envs.jax_env import VecJaxEnv
 from kitae.envs.spaces import check_env_spaces
 from kitae.loops.collect import UpdateOutcome, act_step, initial_memory, make_experience, update_step
@@ -32,7 +32,7 @@ from kitae.loops.jax_collect import jax_vector_step, reset_env_carry
 from kitae.loops.multi_agent import env_agents
 from kitae.loops.state import LoopState, env_reset_key, mark_episodes_cut, strongly_typed
 
-__all__ = ["IterationMetrics", "make_loop_functions", "make_variant_functions", "loop_state_shape"]
+__all__ = ["IterationMetrics", "make_loop_functions", "make_variant_functions", "loop_state_shape", "check_buffers_fit"]
 
 
 class IterationMetrics(NamedTuple):
@@ -341,3 +341,12 @@ def loop_state_shape(agent: Any, env: VecJaxEnv, seeds: list[int] | None = None)
     if seeds is None:
         return jax.eval_shape(fresh, jnp.asarray(agent.config.seed, jnp.uint32))
     return jax.eval_shape(jax.vmap(fresh), jnp.asarray(seeds, jnp.uint32))
+
+
+def check_buffers_fit(agent: Any, shape: LoopState, copies: int) -> None:
+    """Refuses a run whose buffers (``shape.buffer``: the abstract starting state's, ``copies``
+    seeds or sweep rows of them along its leading axis) need more memory than is available,
+    before the starting state is made (``kitae.buffer.check_buffer_memory``; the agent checked
+    one buffer's lower bound when it was made)."""
+    need = sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(shape.buffer))
+    check_buffer_memory(need, agent.config.update_cfg.max_buffer_size, "update_cfg.max_buffer_size", copies)

@@ -281,12 +281,12 @@ def train_run(spec: RunSpec) -> dict:
         # The default directory is named by the second the run starts, so runs started together
         # (several `kitae train ... &` of one algorithm, environment and seed) would share it:
         # each claims its own with an atomic mkdir (`runs/<name>`, else `runs/<name>-2`, ...).
-        agent = run.make_agent()
+        agent = _agent_whose_buffers_fit(run, env)
         run.run_dir = claim_new_run_dir(run.run_dir)
         agent.run_dir, agent.run_name = run.run_dir, run.run_dir.name
     else:
         _refuse_a_directory_holding_a_run(run, env)
-        agent = run.make_agent()
+        agent = _agent_whose_buffers_fit(run, env)
         run.run_dir.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
         try:
@@ -299,6 +299,18 @@ def train_run(spec: RunSpec) -> dict:
         clear_before_training(run.run_dir)
         write_config(run.run_dir, run.config)
         return execute(run, train_plans(run, agent, env), run.total, quiet=spec.quiet)[0]
+
+
+def _agent_whose_buffers_fit(run: ResolvedRun, env: Any) -> Any:
+    """The run's agent, once its buffers (one per seed where the executor trains seeds together)
+    are known to fit in the memory available (``BaseAgent.check_buffer_memory``)."""
+    agent = run.make_agent()
+    try:
+        agent.check_buffer_memory(len(run.seeds) if run.seeds and run.executor.batches_seeds else 1)
+    except ValueError:
+        env.close()
+        raise
+    return agent
 
 
 def _refuse_a_directory_holding_a_run(run: ResolvedRun, env: Any) -> None:
@@ -333,6 +345,8 @@ def train_agent(agent: Any, env: Any, n_env_steps: int | None, *, callbacks: Any
             f"run directory {str(run.run_dir)!r} already holds a run; go on with agent.resume(env), or give the "
             "agent another run_name or run_dir"
         )
+    if fresh:
+        agent.check_buffer_memory()
     run.run_dir.mkdir(parents=True, exist_ok=True)
     with in_use_by_this_process(run.run_dir):
         if fresh:  # a new directory, or one whose run never trained: started from scratch

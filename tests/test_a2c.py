@@ -124,3 +124,35 @@ def test_training_is_deterministic_for_a_seed(tmp_path, env_id):
     assert fingerprints[0] == fingerprints[1]
     agent, env = preset_agent("a2c", env_id, steps=2000, run_dir=tmp_path / "c", sets=["algo_params.gamma=0.9"])
     assert agent.config.algo_params.gamma == 0.9 and agent.config.update_cfg.n_epochs == 1
+
+
+@pytest.mark.parametrize(
+    ("env_id", "n_envs", "rows"),
+    [("CartPole-v1", None, 40), ("CartPole-v1", 4, 20), ("pettingzoo:mpe2.simple_spread_v3", None, 120)],
+)
+def test_the_presets_batch_is_the_whole_rollout_whatever_the_environments(env_id, n_envs, rows):
+    """The preset's ``batch_size: rollout`` is counted once the environments are made: ``--n-envs``
+    and a multi-agent environment (3 agents) keep A2C's one step on the whole rollout (they were
+    refused with the preset's fixed 40)."""
+    agent, env = preset_agent("a2c", env_id, n_envs=n_envs)
+    env.close()
+    assert agent.config.update_cfg.batch_size == rows
+
+
+def test_batch_size_rollout_is_a_value_set_takes_and_other_words_are_refused(capsys):
+    agent, env = preset_agent("ppo", "CartPole-v1", n_envs=2, sets=["update_cfg.batch_size=rollout"])
+    env.close()
+    assert agent.config.update_cfg.batch_size == 32 * 2  # PPO's rl-zoo rollout: 32 steps x 2 environments
+    assert main(["train", "a2c", "CartPole-v1", "--set", "update_cfg.batch_size=whole"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "kitae: error: update_cfg.batch_size='whole' is not allowed; allowed: an int >= 1 or 'rollout' "
+        "(the whole rollout: max_buffer_size x n_envs x n_agents)"
+    )
+
+
+def test_a2c_trains_in_a_pettingzoo_environment_from_the_command_line(capsys, tmp_path):
+    argv = ["train", "a2c", "pettingzoo:mpe2.simple_spread_v3", "--steps", "400", "--quiet"]
+    assert main([*argv, "--run-dir", str(tmp_path / "run")]) == 0, capsys.readouterr().err
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["steps"] == 400  # 10 rollouts of 5 steps x 8 environments

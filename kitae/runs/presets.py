@@ -4,7 +4,8 @@ Presets are YAML files in ``kitae/presets/<algo>.yaml`` (rl-zoo style): a ``defa
 one section per environment id, each with any of ``n_envs``, ``n_env_steps``, ``algo_params``
 and ``update_cfg``. The environment's section is laid over ``default``; then a ``--config`` file
 (same keys, or a run directory's ``config.yaml``) and ``--set KEY=VALUE`` overrides. A learning
-rate written ``lin_3e-4`` means 3e-4 annealed linearly to 0.
+rate written ``lin_3e-4`` means 3e-4 annealed linearly to 0; ``batch_size: rollout`` the whole
+rollout (``max_buffer_size x n_envs x n_agents``, counted once the environments are made).
 
 Override keys (``--set``) are dotted paths: ``seed``, ``n_envs``, ``n_env_steps``,
 ``train_cfg.save_frequency``, ``update_cfg.<field>``, ``algo_params.<field>``.
@@ -244,6 +245,18 @@ def _learning_rate(value: Any) -> tuple[Any, bool | None]:
     return value, None
 
 
+def _rollout_batch(update: dict, n_envs: int, n_agents: int) -> int:
+    """``batch_size: rollout``: the whole rollout, ``max_buffer_size x n_envs x n_agents`` (what
+    A2C's one gradient step takes), counted once the environments are known, so ``--n-envs`` and
+    multi-agent environments keep it right."""
+    if update["batch_size"] != "rollout":
+        raise ValueError(
+            f"update_cfg.batch_size={update['batch_size']!r} is not allowed; allowed: an int >= 1 or 'rollout' "
+            "(the whole rollout: max_buffer_size x n_envs x n_agents)"
+        )
+    return int(update.get("max_buffer_size", cfg.UpdateConfig.max_buffer_size)) * n_envs * n_agents
+
+
 def build_config(params_cls: type, env_spec: EnvSpec, env: Any, resolved: dict) -> cfg.AlgoConfig:
     """Builds the ``AlgoConfig`` from a resolved section and the environment's spaces."""
     algo_params: Any = cfg._from_mapping(params_cls, resolved.get("algo_params") or {}, "algo_params.")
@@ -255,6 +268,10 @@ def build_config(params_cls: type, env_spec: EnvSpec, env: Any, resolved: dict) 
     train = dict(resolved.get("train_cfg") or {})
     train.setdefault("n_env_steps", resolved["n_env_steps"])
     layout = resolved.get("distributed")
+    # PettingZoo vector envs (num_agents) and multi-agent JAX envs (n_agents) say how many
+    n_agents = getattr(env, "num_agents", getattr(env, "n_agents", 1))
+    if isinstance(update.get("batch_size"), str):
+        update["batch_size"] = _rollout_batch(update, env.num_envs, n_agents)
     return cfg.AlgoConfig(
         seed=resolved["seed"],
         algo_params=algo_params,
@@ -265,8 +282,7 @@ def build_config(params_cls: type, env_spec: EnvSpec, env: Any, resolved: dict) 
             observation_space=env.single_observation_space,
             action_space=env.single_action_space,
             n_envs=env.num_envs,
-            # PettingZoo vector envs (num_agents) and multi-agent JAX envs (n_agents) say how many
-            n_agents=getattr(env, "num_agents", getattr(env, "n_agents", 1)),
+            n_agents=n_agents,
             env_kwargs=resolved.get("env_kwargs") or {},
         ),
         distributed=cfg.DistributedConfig.from_dict(layout) if layout else None,

@@ -115,7 +115,8 @@ def check_config(config: cfg.AlgoConfig) -> None:
     if u.batch_size != rows:
         raise ValueError(
             f"update_cfg.batch_size={u.batch_size} is not allowed for A2C; allowed: {rows}, the whole rollout "
-            f"(max_buffer_size {u.max_buffer_size} x n_envs {e.n_envs} x n_agents {e.n_agents})"
+            f"(max_buffer_size {u.max_buffer_size} x n_envs {e.n_envs} x n_agents {e.n_agents}; in a preset, a "
+            "config file or --set: 'rollout')"
         )
 
 

@@ -13,7 +13,7 @@ bottom, as the command line's one description; the work itself is in ``kitae.run
                [--steps N] [--seed S] [--n-envs E] [--config FILE.yaml] [--set KEY=VALUE ...]
                [--study-dir DIR] [--quiet] [--workers N [--address HOST:PORT]]
     kitae resume RUN_DIR|SWEEP_DIR [--steps N] [--quiet]
-    kitae eval RUN_DIR [--episodes N] [--video] [--seed S] [--checkpoint best|STEP]
+    kitae eval RUN_DIR [--episodes N] [--video] [--seed S] [--checkpoint best|STEP] [--stochastic]
     kitae plot RUN_DIR|SWEEP_DIR [...] [-o FILE.png]
     kitae config [ALGO] [ENV] [--steps N] [--seed S] [--n-envs E] [--config FILE.yaml]
                  [--set KEY=VALUE ...]
@@ -113,9 +113,12 @@ EXAMPLES_EVAL = """examples:
   kitae eval runs/ppo                        # 10 episodes, mean and std of the raw returns
   kitae eval runs/ppo --episodes 100 --video # and an MP4 of one episode in runs/ppo/videos/
   kitae eval runs/ppo --checkpoint best      # the checkpoint that evaluated best while training
+  kitae eval runs/ppo --stochastic           # sampled actions, as the agent explores
 
 Acts with the deterministic policy (agent.select_action) of the newest checkpoint (or of
---checkpoint) and writes eval_return into summary.json. A run trained with --set
+--checkpoint; with --stochastic, as the agent explores at that checkpoint's step: PPO's and SAC's
+sampled actions, DQN's epsilon then, TD3's noise) and writes eval_return (and eval_policy) into
+summary.json. A run trained with --set
 train_cfg.eval_episodes=N evaluated each checkpoint as it was saved and keeps the best one beside
 the newest (train_cfg.keep_checkpoints). gymnax and brax environments are evaluated in JAX (all episodes vmapped).
 Videos: gymnax runs are filmed in the Gymnasium environment of the same name where there is one
@@ -397,6 +400,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="which checkpoint: the best-evaluated one of a run trained with train_cfg.eval_episodes, or a step "
         "(default: the newest)",
     )
+    evaluate.add_argument(
+        "--stochastic",
+        action="store_true",
+        help="act as the agent explores at the checkpoint's step (sampled actions, DQN's epsilon, TD3's noise) "
+        "instead of with the deterministic policy",
+    )
     _add_import_flag(evaluate)
 
     plot = sub.add_parser(
@@ -609,13 +618,13 @@ def _count(n: int, noun: str) -> str:
 def _eval(args: argparse.Namespace) -> int:
     from kitae.runs import eval_run
 
-    result = eval_run(args.run_dir, args.episodes, args.video, args.seed, args.checkpoint)
+    result = eval_run(args.run_dir, args.episodes, args.video, args.seed, args.checkpoint, args.stochastic)
     for i, (mean, std, step) in enumerate(zip(result["mean"], result["std"], result["step"])):
         who = f" seed {result['seeds'][i]}" if result["seeds"] else ""
         which = "best checkpoint" if args.checkpoint == "best" else "checkpoint"
         print(
             f"{result['env']}{who}: return {mean:.2f} +- {std:.2f} over {_count(result['episodes'], 'episode')} "
-            f"(deterministic policy, {which} step {step:,})"
+            f"({result['policy']} policy, {which} step {step:,})"
         )
     if result["video"]:
         of = f" (seed {result['seeds'][0]})" if result["seeds"] else ""  # a run of several seeds films its first

@@ -116,10 +116,18 @@ class DistributedExecutor:
         del agent, env, meta
         return None
 
-    def evaluate(self, agent: Any, spec: EnvSpec, episodes: int, seed: int = 0, params: Any = None) -> np.ndarray:
+    def evaluate(
+        self,
+        agent: Any,
+        spec: EnvSpec,
+        episodes: int,
+        seed: int = 0,
+        params: Any = None,
+        explore_step: int | None = None,
+    ) -> np.ndarray:
         """Evaluates in this process, as the loop that runs ``spec`` alone does
         (``kitae.loops.evaluate``: ``evaluate_jax`` for JAX environments, else ``evaluate_host``)."""
-        return (evaluate_jax if spec.is_jax else evaluate_host)(agent, spec, episodes, seed, params)
+        return (evaluate_jax if spec.is_jax else evaluate_host)(agent, spec, episodes, seed, params, explore_step)
 
     # -- the run ---------------------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 """Evaluation: episodes of the deterministic policy (``agent.act(..., deterministic=True)``; a
 recurrent agent's ``act_recurrent``, carrying its memory with the collection rule of
-``kitae.loops.collect``).
+``kitae.loops.collect``), or with ``explore_step=N`` of the policy as it explores at environment
+step ``N`` (``deterministic=False``: sampled actions, DQN's epsilon at that step, TD3's noise).
 
 Each executor evaluates in its own kind of environment: ``evaluate_host`` steps Gymnasium,
 EnvPool and PettingZoo vector environments from Python, ``evaluate_jax`` runs every episode of a
@@ -23,12 +24,16 @@ from kitae.validation import check_positive_int
 __all__ = ["evaluate_host", "evaluate_jax", "play_episode"]
 
 
-def _deterministic_step(agent: Any, params: Any, key: jax.Array, obs: Any, memory: Memory | None) -> tuple[Any, Any]:
-    """``(actions, hidden)`` of the deterministic policy (``hidden`` ``None`` for a feed-forward agent)."""
-    step = jnp.zeros((), jnp.int32)
+def _policy_step(
+    agent: Any, params: Any, key: jax.Array, obs: Any, memory: Memory | None, explore_step: jax.Array | None
+) -> tuple[Any, Any]:
+    """``(actions, hidden)`` of the deterministic policy, or with ``explore_step`` (an int32
+    scalar) of the exploring one at that step (``hidden`` ``None`` for a feed-forward agent)."""
+    deterministic = explore_step is None
+    step = jnp.zeros((), jnp.int32) if explore_step is None else explore_step
     if memory is None:
-        return agent.act(params, key, obs, step, True)[0], None
-    actions, _, hidden = agent.act_recurrent(params, key, obs, memory.hidden, memory.start, step, True)
+        return agent.act(params, key, obs, step, deterministic)[0], None
+    actions, _, hidden = agent.act_recurrent(params, key, obs, memory.hidden, memory.start, step, deterministic)
     return actions, hidden
 
 
@@ -42,33 +47,49 @@ def _compiled(agent: Any, key: tuple, make: Any) -> Any:
     return table[key]
 
 
-def _deterministic(agent: Any) -> Any:
-    """``(params, key, observations, memory) -> (actions, hidden)`` with the deterministic policy, compiled."""
-    return _compiled(
+def _acting(agent: Any, explore_step: int | None) -> Any:
+    """``(params, key, observations, memory) -> (actions, hidden)``, compiled: the deterministic
+    policy, or the exploring one at ``explore_step`` (an argument of the program: one compile)."""
+    stochastic = explore_step is not None
+    act = _compiled(
         agent,
-        ("act",),
-        lambda: jax.jit(lambda params, key, obs, memory: _deterministic_step(agent, params, key, obs, memory)),
+        ("act", stochastic),
+        lambda: jax.jit(lambda params, key, obs, memory, step: _policy_step(agent, params, key, obs, memory, step)),
     )
+    step = jnp.asarray(explore_step, jnp.int32) if stochastic else None
+    return lambda params, key, obs, memory: act(params, key, obs, memory, step)
 
 
-def evaluate_host(agent: Any, spec: EnvSpec, episodes: int, seed: int = 0, params: Any = None) -> np.ndarray:
+def _check_explore_step(explore_step: int | None) -> None:
+    if explore_step is not None and (
+        not isinstance(explore_step, (int, np.integer)) or isinstance(explore_step, bool) or explore_step < 0
+    ):
+        raise ValueError(f"explore_step={explore_step!r} is not allowed; allowed: None or an int >= 0")
+
+
+def evaluate_host(
+    agent: Any, spec: EnvSpec, episodes: int, seed: int = 0, params: Any = None, explore_step: int | None = None
+) -> np.ndarray:
     """Raw returns of ``episodes`` episodes, run as vector environments of up to 64, environment
     ``i`` seeded ``seed + i`` and counted for its first episode only; for PettingZoo environments,
     the team's return (the sum over agents); EnvPool Atari: whole games with unclipped rewards.
 
     Args:
         params: the acting parameters to evaluate (default: ``agent.acting_params(agent.state)``).
+        explore_step: ``None``, the deterministic policy; an environment step, the policy as it
+            explores there.
 
     Returns:
         ``(episodes,)`` float64.
     """
     check_positive_int("episodes", episodes)
+    _check_explore_step(explore_step)
     env_kwargs = None
     if spec.source == "envpool":
         from kitae.envs.envpool_env import evaluation_kwargs
 
         env_kwargs = evaluation_kwargs(spec.name)
-    act = _deterministic(agent)
+    act = _acting(agent, explore_step)
     params = agent.acting_params(agent.state) if params is None else params
     key = jax.random.PRNGKey(seed)
     returns: list[float] = []
@@ -101,10 +122,17 @@ def evaluate_host(agent: Any, spec: EnvSpec, episodes: int, seed: int = 0, param
     return np.asarray(returns)
 
 
-def play_episode(agent: Any, env: Any, seed: int = 0, params: Any = None, frames: list | None = None) -> float:
-    """Plays one episode of the deterministic policy on one environment (not a vector one), as
-    ``evaluate_host`` acts (a recurrent agent carries its hidden state): what ``kitae eval
-    --video`` films.
+def play_episode(
+    agent: Any,
+    env: Any,
+    seed: int = 0,
+    params: Any = None,
+    frames: list | None = None,
+    explore_step: int | None = None,
+) -> float:
+    """Plays one episode of the deterministic policy (with ``explore_step``, of the exploring one,
+    as ``evaluate_host``) on one environment (not a vector one), as ``evaluate_host`` acts (a
+    recurrent agent carries its hidden state): what ``kitae eval --video`` films.
 
     Args:
         env: a ``gymnasium.Env`` (``Box`` actions clipped to the space), a PettingZoo
@@ -125,7 +153,8 @@ def play_episode(agent: Any, env: Any, seed: int = 0, params: Any = None, frames
 
     from kitae.envs.parallel import ParallelEnvCopy, is_parallel_env
 
-    act = _deterministic(agent)
+    _check_explore_step(explore_step)
+    act = _acting(agent, explore_step)
     params = agent.acting_params(agent.state) if params is None else params
     key = jax.random.PRNGKey(seed)
     if hasattr(env, "step_without_reset"):
@@ -185,34 +214,43 @@ def _play_jax_episode(agent: Any, act: Any, params: Any, env: Any, key: jax.Arra
     return total
 
 
-def evaluate_jax(agent: Any, spec: EnvSpec, episodes: int, seed: int = 0, params: Any = None) -> np.ndarray:
+def evaluate_jax(
+    agent: Any, spec: EnvSpec, episodes: int, seed: int = 0, params: Any = None, explore_step: int | None = None
+) -> np.ndarray:
     """Raw returns of ``episodes`` episodes of a JAX environment, one per copy, all run together
     in one compiled loop that stops when every copy has finished its first episode; multi-agent
     (JaxMARL): the team's return.
 
     Args:
         params: the acting parameters to evaluate (default: ``agent.acting_params(agent.state)``).
+        explore_step: as for ``evaluate_host``.
 
     Returns:
         ``(episodes,)`` float64.
     """
     check_positive_int("episodes", episodes)
+    _check_explore_step(explore_step)
     params = agent.acting_params(agent.state) if params is None else params
-    evaluate = _compiled(agent, ("jax", spec.id, episodes), lambda: _jax_evaluation(agent, spec, episodes))
-    return np.asarray(evaluate(params, jax.random.PRNGKey(seed)), dtype=np.float64)
+    stochastic = explore_step is not None
+    evaluate = _compiled(
+        agent, ("jax", spec.id, episodes, stochastic), lambda: _jax_evaluation(agent, spec, episodes, stochastic)
+    )
+    step = jnp.asarray(explore_step if stochastic else 0, jnp.int32)
+    return np.asarray(evaluate(params, jax.random.PRNGKey(seed), step), dtype=np.float64)
 
 
-def _jax_evaluation(agent: Any, spec: EnvSpec, episodes: int) -> Any:
-    """``(params, key) -> returns (episodes,)``: ``evaluate_jax``'s episodes, compiled (JaxMARL's
-    multi-agent episodes with ``team_returns_program``'s bookkeeping, as ``evaluate_team_returns``)."""
+def _jax_evaluation(agent: Any, spec: EnvSpec, episodes: int, stochastic: bool) -> Any:
+    """``(params, key, step) -> returns (episodes,)``: ``evaluate_jax``'s episodes, compiled
+    (JaxMARL's multi-agent episodes with ``team_returns_program``'s bookkeeping, as
+    ``evaluate_team_returns``); ``stochastic``: the policy explores as at environment step ``step``."""
     env = make_jax_env(spec, episodes)
     agents = env_agents(env)
     if agents is not None:
         memory = initial_memory(agent, episodes, agents)
 
-        def team_returns(params: Any, key: jax.Array) -> Any:
+        def team_returns(params: Any, key: jax.Array, step: jax.Array) -> Any:
             def act(key: jax.Array, observation: Any, memory: Memory | None = None) -> Any:
-                actions, hidden = _deterministic_step(agent, params, key, observation, memory)
+                actions, hidden = _policy_step(agent, params, key, observation, memory, step if stochastic else None)
                 return actions if memory is None else (actions, hidden)
 
             return team_returns_program(env, act, memory=memory)(key)[:, 0]
@@ -220,7 +258,7 @@ def _jax_evaluation(agent: Any, spec: EnvSpec, episodes: int) -> Any:
         return jax.jit(team_returns)
     limit = int(getattr(env.params, "max_steps_in_episode", getattr(env.params, "episode_length", 100_000))) + 1
 
-    def evaluate(params: Any, key: jax.Array) -> jax.Array:
+    def evaluate(params: Any, key: jax.Array, step: jax.Array) -> jax.Array:
         key, reset_key = jax.random.split(key)
         observation, env_state = env.reset(reset_key)
 
@@ -231,7 +269,7 @@ def _jax_evaluation(agent: Any, spec: EnvSpec, episodes: int) -> Any:
         def body(carry: tuple) -> tuple:
             t, key, observation, env_state, memory, returns, done = carry
             key, act_key, step_key = jax.random.split(key, 3)
-            actions, hidden = _deterministic_step(agent, params, act_key, observation, memory)
+            actions, hidden = _policy_step(agent, params, act_key, observation, memory, step if stochastic else None)
             ts = env.step(step_key, env_state, actions)
             returns = returns + jnp.where(done, 0.0, ts.reward)
             ended = jnp.logical_or(ts.terminated, ts.truncated)

@@ -66,9 +66,19 @@ class Executor(Protocol):
         environment part)."""
         ...
 
-    def evaluate(self, agent: Any, spec: EnvSpec, episodes: int, seed: int = 0, params: Any = None) -> np.ndarray:
+    def evaluate(
+        self,
+        agent: Any,
+        spec: EnvSpec,
+        episodes: int,
+        seed: int = 0,
+        params: Any = None,
+        explore_step: int | None = None,
+    ) -> np.ndarray:
         """Raw returns of ``episodes`` episodes of the deterministic policy, ``(episodes,)``
-        (``params``: the acting parameters to evaluate, default the agent's)."""
+        (``params``: the acting parameters to evaluate, default the agent's; ``explore_step``:
+        of the policy as it explores at that environment step instead,
+        ``kitae.loops.evaluate``)."""
         ...
 
 
@@ -79,8 +89,16 @@ class _Host(HostExecutor):
         del agent, env, meta
         return None
 
-    def evaluate(self, agent: Any, spec: EnvSpec, episodes: int, seed: int = 0, params: Any = None) -> np.ndarray:
-        return evaluate_host(agent, spec, episodes, seed, params)
+    def evaluate(
+        self,
+        agent: Any,
+        spec: EnvSpec,
+        episodes: int,
+        seed: int = 0,
+        params: Any = None,
+        explore_step: int | None = None,
+    ) -> np.ndarray:
+        return evaluate_host(agent, spec, episodes, seed, params, explore_step)
 
 
 class _Compiled(CompiledExecutor):
@@ -93,8 +111,16 @@ class _Compiled(CompiledExecutor):
         # checkpoints written before LoopState.diverged_step lack it (the run starts it at -1)
         return shape if meta.get("diverged_saved") else shape._replace(diverged_step=None)
 
-    def evaluate(self, agent: Any, spec: EnvSpec, episodes: int, seed: int = 0, params: Any = None) -> np.ndarray:
-        return evaluate_jax(agent, spec, episodes, seed, params)
+    def evaluate(
+        self,
+        agent: Any,
+        spec: EnvSpec,
+        episodes: int,
+        seed: int = 0,
+        params: Any = None,
+        explore_step: int | None = None,
+    ) -> np.ndarray:
+        return evaluate_jax(agent, spec, episodes, seed, params, explore_step)
 
 
 EXECUTORS: dict[str, Executor] = {"host": _Host(), "compiled": _Compiled()}

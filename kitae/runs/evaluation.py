@@ -1,4 +1,5 @@
-"""``kitae eval``: a run's agent, evaluated with its deterministic policy, and a video of it."""
+"""``kitae eval``: a run's agent, evaluated with its deterministic policy (or ``--stochastic``, as
+it explores at the end of training), and a video of it."""
 
 from __future__ import annotations
 
@@ -114,8 +115,11 @@ def _first_frame(single: Any, seed: int) -> Any:
     return single.render()
 
 
-def record_video(agent: Any, env: EnvSpec, folder: Path, prefix: str, seed: int = 0) -> Path:
-    """Records one episode of the agent's deterministic policy (``kitae.loops.evaluate.play_episode``,
+def record_video(
+    agent: Any, env: EnvSpec, folder: Path, prefix: str, seed: int = 0, explore_step: int | None = None
+) -> Path:
+    """Records one episode of the agent's deterministic policy (with ``explore_step``, of the
+    exploring one; ``kitae.loops.evaluate.play_episode``,
     which carries a recurrent agent's hidden state) as ``folder/<prefix>-episode-0.mp4``, from
     the environment's ``rgb_array`` frames at its ``render_fps``: a Gymnasium environment (a
     gymnax one through its Gymnasium twin, ``gymnasium_twin``), a PettingZoo one (the team's
@@ -148,7 +152,7 @@ def record_video(agent: Any, env: EnvSpec, folder: Path, prefix: str, seed: int 
             ) from None
         if first is None:
             raise RunError(f"{does_not_render}: its render() returned no frame")
-        play_episode(agent, single, seed, frames=frames)
+        play_episode(agent, single, seed, frames=frames, explore_step=explore_step)
         fps = getattr(single, "render_fps", None) or (getattr(single, "metadata", None) or {}).get("render_fps") or 30
     finally:
         single.close()
@@ -165,15 +169,22 @@ def record_video(agent: Any, env: EnvSpec, folder: Path, prefix: str, seed: int 
 
 
 def eval_run(
-    run_dir: str | Path, episodes: int = 10, video: bool = False, seed: int = 0, checkpoint: int | str | None = None
+    run_dir: str | Path,
+    episodes: int = 10,
+    video: bool = False,
+    seed: int = 0,
+    checkpoint: int | str | None = None,
+    stochastic: bool = False,
 ) -> dict:
     """Evaluates the run's agent(s) with the deterministic policy over ``episodes`` episodes (the
     executor's ``evaluate``) and writes ``eval_return`` (mean raw return; one per seed for runs of
-    several seeds), ``eval_return_std``, ``eval_episodes`` and ``eval_step`` (the checkpoint's
-    step; one per seed for runs of several seeds) into ``summary.json``.
+    several seeds), ``eval_return_std``, ``eval_episodes``, ``eval_step`` (the checkpoint's
+    step; one per seed for runs of several seeds) and ``eval_policy`` into ``summary.json``.
 
     With ``video``, records one episode to ``<run_dir>/videos/``. ``checkpoint``: which one, as
-    in ``load_agent`` (``None``: the newest; ``"best"``; a step).
+    in ``load_agent`` (``None``: the newest; ``"best"``; a step). ``stochastic``: the policy as it
+    explores at the checkpoint's step instead (sampled actions, DQN's epsilon then, TD3's noise),
+    as rl-zoo's ``enjoy --stochastic``.
     """
     if not isinstance(episodes, int) or isinstance(episodes, bool) or episodes < 1:
         raise RunError(f"--episodes {episodes} is not allowed; allowed: an int >= 1")
@@ -185,13 +196,15 @@ def eval_run(
     means, stds, all_returns, steps, video_path = [], [], [], [], None
     for index in range(len(seeds) if seeds else 1):
         agent = load_agent(run_dir, index, checkpoint=checkpoint)
-        returns = run.executor.evaluate(agent, run.env, episodes, seed)
+        explore_step = int(agent.env_step) if stochastic else None  # the checkpoint's step
+        returns = run.executor.evaluate(agent, run.env, episodes, seed, explore_step=explore_step)
         means.append(float(np.mean(returns)))
         stds.append(float(np.std(returns)))
         all_returns.append(returns.tolist())
         steps.append(agent.checkpoint_step)
         if video and index == 0:
-            video_path = record_video(agent, run.env, run_dir / "videos", f"eval-step{steps[0]}", seed)
+            prefix = f"eval-step{steps[0]}" + ("-stochastic" if stochastic else "")
+            video_path = record_video(agent, run.env, run_dir / "videos", prefix, seed, explore_step)
     summary_path = run_dir / "summary.json"
     try:
         summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
@@ -202,6 +215,7 @@ def eval_run(
         eval_return_std=stds if seeds else stds[0],
         eval_episodes=episodes,
         eval_step=steps if seeds else steps[0],
+        eval_policy="stochastic" if stochastic else "deterministic",
     )
     write_summary(run_dir, **summary)
     return {
@@ -214,4 +228,5 @@ def eval_run(
         "std": stds,
         "returns": all_returns,
         "video": str(video_path) if video_path else None,
+        "policy": "stochastic" if stochastic else "deterministic",
     }

@@ -48,7 +48,7 @@ from kitae.distributed.workers import CollectionWorker, GradientWorker
 from kitae.envs.make import EnvSpec, make_env
 from kitae.envs.spaces import check_env_spaces
 from kitae.loops.callbacks import Callback, CallbackList, LossMeans, Progress, RunInfo
-from kitae.loops.evaluate import evaluate_host, evaluate_jax
+from kitae.loops.evaluate import EvaluatesBySource
 from kitae.loops.result import Divergence, Episodes, RunResult, concat_episodes
 from kitae.loops.state import LoopState, Payload, mark_episodes_cut, payload_from_agent, strongly_typed
 from kitae.validation import check_positive_int
@@ -68,7 +68,7 @@ def default_agent_factory(agent: Any) -> Callable[[], Any]:
     return functools.partial(cls, agent.run_name, agent.config)
 
 
-class DistributedExecutor:
+class DistributedExecutor(EvaluatesBySource):
     """Runs an agent on Ray (see the module docstring).
 
     Args:
@@ -115,19 +115,6 @@ class DistributedExecutor:
         Python objects): the payload is restored from its own description."""
         del agent, env, meta
         return None
-
-    def evaluate(
-        self,
-        agent: Any,
-        spec: EnvSpec,
-        episodes: int,
-        seed: int = 0,
-        params: Any = None,
-        explore_step: int | None = None,
-    ) -> np.ndarray:
-        """Evaluates in this process, as the loop that runs ``spec`` alone does
-        (``kitae.loops.evaluate``: ``evaluate_jax`` for JAX environments, else ``evaluate_host``)."""
-        return (evaluate_jax if spec.is_jax else evaluate_host)(agent, spec, episodes, seed, params, explore_step)
 
     # -- the run ---------------------------------------------------------------------------------
 

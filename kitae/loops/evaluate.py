@@ -21,7 +21,7 @@ from kitae.loops.collect import Memory, initial_memory, next_memory
 from kitae.loops.multi_agent import env_agents, team_returns_program
 from kitae.validation import check_positive_int
 
-__all__ = ["evaluate_host", "evaluate_jax", "play_episode"]
+__all__ = ["evaluate_host", "evaluate_jax", "play_episode", "EvaluatesBySource"]
 
 
 def _policy_step(
@@ -281,3 +281,22 @@ def _jax_evaluation(agent: Any, spec: EnvSpec, episodes: int, stochastic: bool) 
         return jax.lax.while_loop(cond, body, (0, key, observation, env_state, memory, *zeros))[5]
 
     return jax.jit(evaluate)
+
+
+class EvaluatesBySource:
+    """Every executor's ``evaluate``: ``evaluate_jax`` for a JAX environment, else
+    ``evaluate_host`` (the distributed executor evaluates in its own process as the loop that runs
+    the environment alone would)."""
+
+    def evaluate(
+        self,
+        agent: Any,
+        spec: EnvSpec,
+        episodes: int,
+        seed: int = 0,
+        params: Any = None,
+        explore_step: int | None = None,
+    ) -> np.ndarray:
+        """Raw returns of ``episodes`` episodes, ``(episodes,)``: see ``evaluate_host``."""
+        evaluate = evaluate_jax if spec.is_jax else evaluate_host
+        return evaluate(agent, spec, episodes, seed, params, explore_step)

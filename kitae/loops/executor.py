@@ -22,7 +22,7 @@ import numpy as np
 from kitae.envs.jax_env import VecJaxEnv
 from kitae.envs.make import EnvSpec
 from kitae.loops.compiled import CompiledExecutor, loop_state_shape
-from kitae.loops.evaluate import evaluate_host, evaluate_jax
+from kitae.loops.evaluate import EvaluatesBySource
 from kitae.loops.host import HostExecutor
 from kitae.loops.result import RunResult
 from kitae.loops.state import LoopState
@@ -82,26 +82,15 @@ class Executor(Protocol):
         ...
 
 
-class _Host(HostExecutor):
+class _Host(EvaluatesBySource, HostExecutor):
     makes_envs = False
 
     def restore_target(self, agent: Any, env: Any, meta: dict) -> LoopState | None:
         del agent, env, meta
         return None
 
-    def evaluate(
-        self,
-        agent: Any,
-        spec: EnvSpec,
-        episodes: int,
-        seed: int = 0,
-        params: Any = None,
-        explore_step: int | None = None,
-    ) -> np.ndarray:
-        return evaluate_host(agent, spec, episodes, seed, params, explore_step)
 
-
-class _Compiled(CompiledExecutor):
+class _Compiled(EvaluatesBySource, CompiledExecutor):
     makes_envs = False
 
     def restore_target(self, agent: Any, env: Any, meta: dict) -> LoopState | None:
@@ -110,17 +99,6 @@ class _Compiled(CompiledExecutor):
         shape = loop_state_shape(agent, env, meta.get("seeds"))
         # checkpoints written before LoopState.diverged_step lack it (the run starts it at -1)
         return shape if meta.get("diverged_saved") else shape._replace(diverged_step=None)
-
-    def evaluate(
-        self,
-        agent: Any,
-        spec: EnvSpec,
-        episodes: int,
-        seed: int = 0,
-        params: Any = None,
-        explore_step: int | None = None,
-    ) -> np.ndarray:
-        return evaluate_jax(agent, spec, episodes, seed, params, explore_step)
 
 
 EXECUTORS: dict[str, Executor] = {"host": _Host(), "compiled": _Compiled()}

@@ -14,7 +14,7 @@ bottom, as the command line's one description; the work itself is in ``kitae.run
                [--study-dir DIR] [--quiet] [--workers N [--address HOST:PORT]]
     kitae resume RUN_DIR|SWEEP_DIR [--steps N] [--quiet]
     kitae eval RUN_DIR [--episodes N] [--video] [--seed S] [--checkpoint best|STEP] [--stochastic]
-    kitae plot RUN_DIR|SWEEP_DIR [...] [-o FILE.png]
+    kitae plot RUN_DIR|SWEEP_DIR [...] [-o FILE.png] [--window N]
     kitae config [ALGO] [ENV] [--steps N] [--seed S] [--n-envs E] [--config FILE.yaml]
                  [--set KEY=VALUE ...]
 
@@ -132,9 +132,10 @@ EXAMPLES_PLOT = """examples:
   kitae plot runs/ppo                              # -> curves.png
   kitae plot runs/ppo-a runs/ppo-b -o compare.png  # several runs on one figure
   kitae plot runs/sweep-a runs/ppo -o compare.png  # a sweep directory: each of its combinations
+  kitae plot runs/ppo --window 100                 # smoother: the mean of the last 100 episodes
 
-Each run is a line (mean over its seeds of a rolling mean of 10 returns) with a band from the
-lowest to the highest seed.
+Each run is a line (mean over its seeds of a rolling mean of --window returns, 10 by default)
+with a band from the lowest to the highest seed.
 """
 
 EXAMPLES_CONFIG = """examples:
@@ -425,6 +426,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE.png",
         help="the image to write (.png, .pdf or .svg; default: curves.png)",
     )
+    plot.add_argument(
+        "--window",
+        type=_positive_int,
+        default=10,
+        help="each seed's curve is the mean of its last N episodes (default: 10; 1: every episode)",
+    )
 
     config = sub.add_parser(
         "config",
@@ -642,7 +649,7 @@ def _config(args: argparse.Namespace) -> int:
 def _plot(args: argparse.Namespace) -> int:
     from kitae.runs import plot_runs
 
-    print(plot_runs(args.run_dirs, args.output))
+    print(plot_runs(args.run_dirs, args.output, args.window))
     return 0
 
 

@@ -666,6 +666,23 @@ def test_plot_puts_several_runs_on_one_figure(capsys, run_copy, trained_run, tmp
     assert out.stat().st_size > 10_000 and capsys.readouterr().out.strip() == str(out)
 
 
+def test_plot_smooths_each_seed_over_window_episodes(capsys, trained_run, tmp_path):
+    import numpy as np
+
+    from kitae.runs.plotting import _smooth
+
+    steps, returns, grid = np.array([10.0, 20.0, 30.0]), np.array([1.0, 3.0, 5.0]), np.array([10.0, 15.0, 20.0, 30.0])
+    assert _smooth(steps, returns, grid, window=1).tolist() == [1.0, 2.0, 3.0, 5.0]  # each episode, interpolated
+    assert _smooth(steps, returns, grid, window=2).tolist() == [1.0, 1.5, 2.0, 4.0]  # (3 + 5) / 2 at step 30
+    assert _smooth(steps, returns, grid, window=10).tolist() == [1.0, 1.5, 2.0, 3.0]  # all three so far
+    images = {}
+    for window in ("1", "100"):
+        out = tmp_path / f"w{window}.png"
+        assert main(["plot", str(trained_run), "-o", str(out), "--window", window]) == 0
+        images[window] = out.read_bytes()
+    assert images["1"] != images["100"]
+
+
 def test_a_runs_config_yaml_trains_the_same_run_again(capsys, trained_run, tmp_path):
     """``kitae train ALGO ENV --config RUN_DIR/config.yaml`` trains with that run's whole config:
     the same config.yaml and, one seed deciding a run, the same bits; another ALGO is refused.
@@ -749,6 +766,7 @@ def test_bad_eval_and_plot_arguments(capsys, run_copy, tmp_path):
     _bad(capsys, ["eval", str(run_copy), "--episodes", "many"], "'many' is not an int")
     _bad(capsys, ["plot", str(run_copy), "-o", str(tmp_path / "curve.txt")], ".png")
     _bad(capsys, ["plot", str(run_copy), "-o", str(tmp_path / "nowhere" / "c.png")], "does not exist")
+    _bad(capsys, ["plot", str(run_copy), "--window", "0"], "--window 0 is not allowed; allowed: an int >= 1")
     _bad(capsys, ["plot"], "RUN_DIR")
     _bad(capsys, ["resume"], "RUN_DIR")
     (run_copy / "metrics.jsonl").write_text("")

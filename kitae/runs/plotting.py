@@ -143,12 +143,15 @@ def plot_curves(
     return path
 
 
-def plot_runs(run_dirs: list[str | Path], output: str | Path | None = None) -> Path:
+def plot_runs(run_dirs: list[str | Path], output: str | Path | None = None, window: int = 10) -> Path:
     """Plots the training curves of several runs on one figure (each run's seeds as a mean line
-    and a min-max band); returns the image's path (default ``curves.png``). A sweep directory
-    stands for each of its combinations' runs."""
+    and a min-max band, each seed smoothed as the mean of its last ``window`` episodes); returns
+    the image's path (default ``curves.png``). A sweep directory stands for each of its
+    combinations' runs."""
     if not run_dirs:
         raise RunError("give at least one run directory")
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        raise RunError(f"--window {window} is not allowed; allowed: an int >= 1 (episodes averaged)")
     output = Path(output) if output is not None else Path("curves.png")
     if output.suffix.lower() not in (".png", ".pdf", ".svg"):
         raise RunError(f"-o {str(output)!r}: the output must end in .png, .pdf or .svg")
@@ -185,5 +188,5 @@ def plot_runs(run_dirs: list[str | Path], output: str | Path | None = None) -> P
     title = " on ".join(
         ([next(iter(algos))] if len(algos) == 1 else []) + ([next(iter(envs))] if len(envs) == 1 else [])
     )
-    plot_curves(named, output, title=title or None, evaluations=evaluations)
+    plot_curves(named, output, title=title or None, window=window, evaluations=evaluations)
     return output

@@ -642,7 +642,7 @@ def _eval(args: argparse.Namespace) -> int:
 def _config(args: argparse.Namespace) -> int:
     from kitae.runs.resolve import config_text
 
-    sys.stdout.write(config_text(_run_spec(args)))
+    sys.stdout.write(config_text(_run_spec(args), args.imports))
     return 0
 
 

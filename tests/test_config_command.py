@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -106,3 +108,17 @@ def test_bad_input_is_one_line_and_writes_nothing(capsys, tmp_path, argv, expect
     lines = [line for line in captured.err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("kitae: error:") and expected in lines[0], captured.err
     assert not any(tmp_path.iterdir())  # the test's working directory: no runs/ or anything else
+
+
+def test_a_custom_agent_without_a_preset_file_and_its_import(capsys):
+    """``examples/custom_dqn.py`` registers ``custom_dqn``: no preset file, kitae's defaults, and
+    the commands the comments show carry ``--import`` (kept whole on a line)."""
+    example = str(Path(__file__).resolve().parents[1] / "examples" / "custom_dqn.py")
+    sets = ["algo_params.exploration=0.1", "algo_params.gamma=0.99", "algo_params.skip_steps=1"]
+    comments, text = _config(capsys, ["custom_dqn", "CartPole-v1", "--import", example, *(f"--set={s}" for s in sets)])
+    said = " ".join(c.lstrip("# ") for c in comments)
+    assert "Values from no preset file for custom_dqn (kitae's defaults), then the flags." in said
+    assert f"--import {example}`, as it writes it" in said
+    assert said.endswith(f"kitae train custom_dqn gymnasium:CartPole-v1 --config FILE.yaml --import {example}")
+    assert any(c.startswith("#   --import ") or f"--import {example}" in c for c in comments)  # flag and path together
+    assert "algo_params_class: custom_dqn:DQNParams" in text

@@ -303,7 +303,7 @@ _EXECUTOR_WORDS = {
 }
 
 
-def config_text(spec: RunSpec) -> str:
+def config_text(spec: RunSpec, imports: list[str] | tuple[str, ...] = ()) -> str:
     """What ``kitae config`` prints: the config ``kitae train`` with the same arguments trains
     with, as the YAML it writes to ``RUN_DIR/config.yaml`` (``AlgoConfig.to_yaml``), after
     comment lines that say where its values come from (the preset file and its sections, the
@@ -313,13 +313,15 @@ def config_text(spec: RunSpec) -> str:
     Args:
         spec: ``kitae train``'s arguments (its ``seeds``, ``run_dir`` and ``quiet`` say nothing
             about the config and are not read).
+        imports: the modules ``--import`` gave (named in the commands the comments show).
 
     Raises:
         RunError, ValueError, TypeError, FileNotFoundError: for bad input, as ``resolve_train``.
     """
     run, env = resolve_train(spec)
     env.close()  # made for its spaces only
-    command = " ".join(["kitae train", spec.algo, run.env.id, *_config_flags(spec)])
+    imported = [f"--import\N{NO-BREAK SPACE}{name}" for name in imports]
+    command = " ".join(["kitae train", spec.algo, run.env.id, *_config_flags(spec), *imported])
     preset, tuned = preset_path(spec.algo), preset_ids(spec.algo)
     if not preset.exists():
         source = f"no preset file for {spec.algo} (kitae's defaults)"
@@ -339,30 +341,29 @@ def config_text(spec: RunSpec) -> str:
         more = f"; and {n_others} id{'s' * (n_others > 1)} of {', '.join(others)}" if others else ""
         lines += _comment(f"{spec.algo}'s preset has a section {of_source}{more}.")
     lines += _comment(f"Trains in {_EXECUTOR_WORDS.get(run.executor.name, run.executor.name)}.")
-    lines += _comment(f"Saved as FILE.yaml, a config file: kitae train {spec.algo} {run.env.id} --config FILE.yaml")
+    again = " ".join([f"kitae train {spec.algo} {run.env.id} --config FILE.yaml", *imported])
+    lines += _comment(f"Saved as FILE.yaml, a config file: {again}")
     return "\n".join(lines) + "\n" + run.config.to_yaml()
 
 
 def _comment(text: str) -> list[str]:
     """``text`` as YAML comment lines of at most 100 characters (ids and flags kept whole)."""
+    # a flag and its value are joined by a no-break space, which textwrap does not break at
     wrapped = textwrap.wrap(text, width=98, break_on_hyphens=False, break_long_words=False)
-    return [f"# {wrapped[0]}", *(f"#   {line}" for line in wrapped[1:])]
+    lines = [f"# {wrapped[0]}", *(f"#   {line}" for line in wrapped[1:])]
+    return [line.replace("\N{NO-BREAK SPACE}", " ") for line in lines]
 
 
 def _config_flags(spec: RunSpec, with_file: bool = True) -> list[str]:
     """The flags of ``spec`` that decide a config, as ``kitae train`` takes them."""
-    flags = [f"--config {spec.config_file}"] if with_file and spec.config_file is not None else []
-    for flag, value in (("--steps", spec.steps), ("--seed", spec.seed), ("--n-envs", spec.n_envs)):
-        if value is not None:
-            flags.append(f"{flag} {value}")
-    flags += [f"--set {item}" for item in spec.sets]
+    pairs = [("--config", spec.config_file if with_file else None)]
+    pairs += [("--steps", spec.steps), ("--seed", spec.seed), ("--n-envs", spec.n_envs)]
+    pairs += [("--set", item) for item in spec.sets]
     distributed = spec.distributed()
     if distributed:
-        flags.append(f"--workers {distributed['workers']}")
-        if "gradient_workers" in distributed:
-            flags.append(f"--gradient-workers {distributed['gradient_workers']}")
-        if distributed.get("async_collection"):
-            flags.append("--async")
-        if "address" in distributed:
-            flags.append(f"--address {distributed['address']}")
-    return flags
+        pairs += [("--workers", distributed["workers"]), ("--gradient-workers", distributed.get("gradient_workers"))]
+        pairs += [("--async", "" if distributed.get("async_collection") else None)]
+        pairs += [("--address", distributed.get("address"))]
+    # a flag and its value joined by a no-break space: _comment keeps them on one line
+    joined = [f"{flag}\N{NO-BREAK SPACE}{value}" for flag, value in pairs if value is not None]
+    return [text.rstrip("\N{NO-BREAK SPACE}") for text in joined]

@@ -356,7 +356,7 @@ def _comment(text: str) -> list[str]:
 
 def _config_flags(spec: RunSpec, with_file: bool = True) -> list[str]:
     """The flags of ``spec`` that decide a config, as ``kitae train`` takes them."""
-    pairs = [("--config", spec.config_file if with_file else None)]
+    pairs: list[tuple[str, Any]] = [("--config", spec.config_file if with_file else None)]
     pairs += [("--steps", spec.steps), ("--seed", spec.seed), ("--n-envs", spec.n_envs)]
     pairs += [("--set", item) for item in spec.sets]
     distributed = spec.distributed()

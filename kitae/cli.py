@@ -162,9 +162,9 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _add_train_flags(parser: argparse.ArgumentParser) -> None:
+def _add_train_flags(parser: argparse.ArgumentParser, seeds: bool = False) -> None:
     """ALGO, ENV and the flags that decide a run's config, as ``kitae train`` and ``kitae config``
-    take them."""
+    take them (with ``seeds``, ``kitae train``'s ``--seeds`` in its place among them)."""
     parser.add_argument(
         "algo",
         nargs="?",
@@ -179,6 +179,12 @@ def _add_train_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--steps", type=_positive_int, help="environment steps, summed over environments")
     parser.add_argument("--seed", type=_positive_int, help="the seed (default from the preset: 0)")
+    if seeds:
+        parser.add_argument(
+            "--seeds",
+            type=_positive_int,
+            help="train K seeds (seed, seed+1, ...): vmapped in one program for JAX environments",
+        )
     parser.add_argument("--n-envs", type=_positive_int, help="number of environments")
     parser.add_argument("--config", help="a YAML file (n_envs, n_env_steps, algo_params, ...) or a run's config.yaml")
     parser.add_argument(
@@ -295,12 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXAMPLES_TRAIN,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _add_train_flags(train)
-    train.add_argument(
-        "--seeds",
-        type=_positive_int,
-        help="train K seeds (seed, seed+1, ...): vmapped in one program for JAX environments",
-    )
+    _add_train_flags(train, seeds=True)
     train.add_argument("--run-dir", help="where to write the run (default runs/<algo>-<env>-s<seed>-<time>)")
     train.add_argument("--quiet", action="store_true", help="no progress bar (for scripts and CI)")
     _add_import_flag(train)

@@ -294,3 +294,40 @@ def test_ctrl_c_stops_a_compiled_run_at_a_segment_with_a_checkpoint(tmp_path, ca
     steps = [int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit()]
     assert max(steps) < 409600 and not (run_dir / "summary.json").exists()
     assert signal.getsignal(signal.SIGINT) is before  # handlers restored
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "gymnax:CartPole-v1"], ids=["host", "compiled"])
+def test_an_agent_of_one_seed_does_not_go_on_in_a_run_of_several(tmp_path, env_id):
+    """``Agent.unserialize(run_dir, seed_index=1)`` then ``agent.resume(env)`` or ``agent.train(env)``
+    once wrote one seed's checkpoint and summary into a run of two seeds, replacing the run's own
+    (the compiled run's newest checkpoint; the host run's summary, then read as one seed's). Now
+    both are refused and the directory is left as it was; the agent trains in a directory of its
+    own, and the whole run resumes as ``kitae resume`` does."""
+    import hashlib
+
+    from kitae.algos.collections.ppo import PPO
+    from kitae.envs.make import make_env
+    from kitae.runs import resume_run
+
+    run_dir = tmp_path / "run"
+    argv = ["train", "ppo", env_id, "--seeds", "2", "--steps", "4096", "--run-dir", str(run_dir), "--quiet"]
+    assert main([*argv, "--set", "train_cfg.save_frequency=2048"]) == 0
+
+    def snapshot() -> dict:
+        return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+    before = snapshot()
+    agent = PPO.unserialize(run_dir, seed_index=1)
+    assert agent.config.seed == 1 and agent.env_step == 4096
+    spec = EnvSpec.parse(env_id)
+    for go_on in (lambda env: agent.resume(env, 8192), lambda env: agent.train(env, 2048)):
+        with pytest.raises(RunError, match=r"holds a run of seeds 0, 1 trained as one run.* kitae resume "):
+            go_on(make_env(spec, agent.config.env_cfg.n_envs))
+    assert snapshot() == before
+
+    agent.run_dir = tmp_path / "seed-1-alone"
+    agent.train(make_env(spec, agent.config.env_cfg.n_envs), 2048)
+    assert agent.env_step > 4096 and (agent.run_dir / "config.yaml").exists()
+    assert json.loads((agent.run_dir / "summary.json").read_text())["steps"] == agent.env_step
+    summary = resume_run(run_dir, 6144, quiet=True)  # the whole run, both seeds
+    assert summary["seeds"] == [0, 1] and summary["steps"] >= 6144

@@ -34,6 +34,7 @@ __all__ = [
     "buffer_target",
     "restore_payload",
     "restore_error",
+    "refuse_a_run_of_several_seeds",
     "load_agent",
     "checkpoint_step",
     "best_evaluations",
@@ -157,6 +158,28 @@ def run_seeds(run_dir: Path) -> list[int] | None:
     per_seed = sorted(s for s in dirs if s is not None)
     recorded = _newest_meta(dirs[per_seed[0]]).get("run_seeds") or []
     return sorted(set(recorded) | set(per_seed))
+
+
+def refuse_a_run_of_several_seeds(run_dir: Path, agent: Any, env: Any) -> None:
+    """Refuses ``agent.train`` / ``agent.resume`` in a directory that holds a run of several seeds
+    (``kitae train --seeds K``), closing ``env``: an agent is one seed, and the directory's
+    checkpoints, metrics and summary are every seed's; one written there for one seed would
+    replace the run's own.
+
+    Raises:
+        RunError: naming the seeds and the two ways on.
+    """
+    seeds = run_seeds(run_dir) if (run_dir / "checkpoints").is_dir() else None
+    if not seeds:
+        return
+    if hasattr(env, "close"):
+        env.close()
+    raise RunError(
+        f"{str(run_dir)!r} holds a run of seeds {', '.join(map(str, seeds))} trained as one run, which an agent (one "
+        f"seed) does not go on in: resume the whole run with kitae resume {run_dir} (from Python, "
+        f"kitae.runs.resume_run({str(run_dir)!r})), or give this agent (seed {agent.config.seed}) a directory of its "
+        "own first (agent.run_dir = ...) and train it there"
+    )
 
 
 def restore_error(error: Exception, run: Any = None) -> RunError:

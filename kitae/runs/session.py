@@ -34,7 +34,7 @@ from kitae.loops.state import LoopState, apply_loop_state, pick_seed
 from kitae.runs.callbacks import ImportWhileTraining, MetricsLogger, StopAtReturn, checkpoint_callbacks, stop_at_return
 from kitae.runs.checkpoints import CHECKPOINT_MODULES, Checkpointer, CheckpointError
 from kitae.runs.errors import RunDiverged, RunError
-from kitae.runs.load import checkpoint_dirs, restore_error, restore_payload, run_seeds
+from kitae.runs.load import checkpoint_dirs, refuse_a_run_of_several_seeds, restore_error, restore_payload, run_seeds
 from kitae.runs.lock import in_use_by_this_process
 from kitae.runs.plotting import PLOT_MODULES, curves_from_metrics, evaluations_from_metrics, plot_curves
 from kitae.runs.progress import ProgressBar
@@ -337,6 +337,7 @@ def train_agent(agent: Any, env: Any, n_env_steps: int | None, *, callbacks: Any
     n_env_steps = agent.config.train_cfg.n_env_steps if n_env_steps is None else n_env_steps
     check_positive_int("n_env_steps", n_env_steps)
     run = resolve_agent(agent, env)
+    refuse_a_run_of_several_seeds(run.run_dir, agent, env)
     fresh = agent.env_step == 0 and agent.n_updates == 0
     if fresh and _holds_a_run(run.run_dir) and not _not_started(run):
         if hasattr(env, "close"):
@@ -474,6 +475,7 @@ def resume_agent(
     run = resolve_agent(agent, env)
     total = agent.config.train_cfg.n_env_steps if n_env_steps is None else n_env_steps
     check_positive_int("n_env_steps", total)
+    refuse_a_run_of_several_seeds(run.run_dir, agent, env)
     # a directory that does not exist holds no checkpoint: restoring says so
     held = in_use_by_this_process(run.run_dir) if run.run_dir.is_dir() else contextlib.nullcontext()
     with held:

@@ -298,11 +298,11 @@ def test_ctrl_c_stops_a_compiled_run_at_a_segment_with_a_checkpoint(tmp_path, ca
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "gymnax:CartPole-v1"], ids=["host", "compiled"])
 def test_an_agent_of_one_seed_does_not_go_on_in_a_run_of_several(tmp_path, env_id):
-    """``Agent.unserialize(run_dir, seed_index=1)`` then ``agent.resume(env)`` or ``agent.train(env)``
-    once wrote one seed's checkpoint and summary into a run of two seeds, replacing the run's own
-    (the compiled run's newest checkpoint; the host run's summary, then read as one seed's). Now
-    both are refused and the directory is left as it was; the agent trains in a directory of its
-    own, and the whole run resumes as ``kitae resume`` does."""
+    """``Agent.unserialize(run_dir, seed_index=1)`` then ``agent.resume(env)``, ``agent.train(env)``
+    or ``agent.save()`` once wrote one seed's checkpoint and summary into a run of two seeds,
+    replacing the run's own (the compiled run's newest checkpoint; the host run's summary, then
+    read as one seed's). Now they are refused and the directory is left as it was; the agent
+    trains in a directory of its own, and the whole run resumes as ``kitae resume`` does."""
     import hashlib
 
     from kitae.algos.collections.ppo import PPO
@@ -323,7 +323,10 @@ def test_an_agent_of_one_seed_does_not_go_on_in_a_run_of_several(tmp_path, env_i
     for go_on in (lambda env: agent.resume(env, 8192), lambda env: agent.train(env, 2048)):
         with pytest.raises(RunError, match=r"holds a run of seeds 0, 1 trained as one run.* kitae resume "):
             go_on(make_env(spec, agent.config.env_cfg.n_envs))
+    with pytest.raises(RunError, match=r"holds a run of seeds 0, 1 .* agent.save\(directory=...\) saves elsewhere"):
+        agent.save()  # the newest checkpoint, step 4096, would have been this seed's alone
     assert snapshot() == before
+    assert agent.save(directory=tmp_path / "elsewhere") == tmp_path / "elsewhere" / "4096"
 
     agent.run_dir = tmp_path / "seed-1-alone"
     agent.train(make_env(spec, agent.config.env_cfg.n_envs), 2048)

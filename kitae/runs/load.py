@@ -161,10 +161,10 @@ def run_seeds(run_dir: Path) -> list[int] | None:
 
 
 def refuse_a_run_of_several_seeds(run_dir: Path, agent: Any, env: Any) -> None:
-    """Refuses ``agent.train`` / ``agent.resume`` in a directory that holds a run of several seeds
-    (``kitae train --seeds K``), closing ``env``: an agent is one seed, and the directory's
-    checkpoints, metrics and summary are every seed's; one written there for one seed would
-    replace the run's own.
+    """Refuses ``agent.train`` / ``agent.resume`` / ``agent.save()`` in a directory that holds a
+    run of several seeds (``kitae train --seeds K``), closing ``env``: an agent is one seed, and
+    the directory's checkpoints, metrics and summary are every seed's; one written there for one
+    seed would replace the run's own.
 
     Raises:
         RunError: naming the seeds and the two ways on.
@@ -178,7 +178,7 @@ def refuse_a_run_of_several_seeds(run_dir: Path, agent: Any, env: Any) -> None:
         f"{str(run_dir)!r} holds a run of seeds {', '.join(map(str, seeds))} trained as one run, which an agent (one "
         f"seed) does not go on in: resume the whole run with kitae resume {run_dir} (from Python, "
         f"kitae.runs.resume_run({str(run_dir)!r})), or give this agent (seed {agent.config.seed}) a directory of its "
-        "own first (agent.run_dir = ...) and train it there"
+        "own first (agent.run_dir = ...; agent.save(directory=...) saves elsewhere)"
     )
 
 

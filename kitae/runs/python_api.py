@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from kitae.runs.checkpoints import Checkpointer
-from kitae.runs.load import load_agent
+from kitae.runs.load import load_agent, refuse_a_run_of_several_seeds
 from kitae.runs.session import resume_agent, train_agent
 
 __all__ = ["PythonRuns"]
@@ -27,6 +27,8 @@ class PythonRuns:
         return resume_agent(agent, env, n_env_steps, **options)
 
     def save(self, agent: Any, step: int | None, directory: str | Path | None) -> Path:
+        if directory is None:  # the run's own checkpoints: not those of a run of several seeds
+            refuse_a_run_of_several_seeds(Path(agent.run_dir), agent, None)
         directory = directory or Path(agent.run_dir) / "checkpoints"
         with Checkpointer.for_run(directory, agent.config.train_cfg) as checkpointer:
             return checkpointer.save(agent.env_step if step is None else step, agent)

@@ -346,7 +346,8 @@ def loop_state_shape(agent: Any, env: VecJaxEnv, seeds: list[int] | None = None)
 def check_buffers_fit(agent: Any, shape: LoopState, copies: int) -> None:
     """Refuses a run whose buffers (``shape.buffer``: the abstract starting state's, ``copies``
     seeds or sweep rows of them along its leading axis) need more memory than is available,
-    before the starting state is made (``kitae.buffer.check_buffer_memory``; the agent checked
-    one buffer's lower bound when it was made)."""
+    before the starting state is made (``kitae.buffer.check_buffer_memory``: the exact bytes,
+    where ``BaseAgent.check_buffer_memory``, which ``kitae train`` and ``agent.train`` call before
+    they write anything, counts a lower bound from the config's spaces)."""
     need = sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(shape.buffer))
     check_buffer_memory(need, agent.config.update_cfg.max_buffer_size, "update_cfg.max_buffer_size", copies)

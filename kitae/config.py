@@ -603,7 +603,8 @@ class AlgoConfig:
             "update_cfg.batch_size",
             self.update_cfg.batch_size,
             f"at most the buffer capacity max_buffer_size * n_envs * n_agents = "
-            f"{self.update_cfg.max_buffer_size} * {self.env_cfg.n_envs} * {self.env_cfg.n_agents} = {capacity}",
+            f"{self.update_cfg.max_buffer_size} * {self.env_cfg.n_envs} * {self.env_cfg.n_agents} = {capacity} "
+            "('rollout' in a preset, a config file or --set gives that capacity)",
         )
 
     # -- serialisation --------------------------------------------------------------------------

@@ -187,6 +187,7 @@ def test_batch_size_larger_than_capacity_rejected():
             env_cfg=_env_cfg(n_envs=3, n_agents=2),
         )
     assert "capacity" in str(info.value)
+    assert str(info.value).endswith("('rollout' in a preset, a config file or --set gives that capacity)")
 
 
 def test_n_epochs_zero_rejected():

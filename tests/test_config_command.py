@@ -33,11 +33,12 @@ CASES = [
     (["sac", "gymnax:Pendulum-v1", "--n-envs", "2"], {}),
     (["ppo", "LunarLander-v3", "--set", "env_kwargs.continuous=true"], {}),
     (["dqn", "gymnax:CartPole-v1", "--set", "train_cfg.save_frequency=5000"], {}),
+    (["ppo", "CartPole-v1", "--workers", "2", "--async"], {"workers": 2, "async_mode": True}),
 ]
 
 
-@pytest.mark.parametrize("argv", [argv for argv, _ in CASES], ids=lambda argv: " ".join(argv[:2]))
-def test_it_prints_the_config_train_resolves_and_the_file_gives_it_back(capsys, tmp_path, argv):
+@pytest.mark.parametrize(("argv", "distributed"), CASES, ids=[" ".join(argv[:3]) for argv, _ in CASES])
+def test_it_prints_the_config_train_resolves_and_the_file_gives_it_back(capsys, tmp_path, argv, distributed):
     """The YAML is what ``kitae train`` with the same arguments writes to config.yaml, byte for
     byte; saved and given to ``--config`` alone, it resolves to the same config again."""
     algo, env = argv[:2]
@@ -49,6 +50,7 @@ def test_it_prints_the_config_train_resolves_and_the_file_gives_it_back(capsys, 
         seed=int(flags[flags.index("--seed") + 1]) if "--seed" in flags else None,
         n_envs=int(flags[flags.index("--n-envs") + 1]) if "--n-envs" in flags else None,
         sets=[flags[i + 1] for i, flag in enumerate(flags) if flag == "--set"],
+        **distributed,
     )
     comments, text = _config(capsys, argv)
     expected = _resolved_yaml(spec)

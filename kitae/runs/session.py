@@ -303,14 +303,21 @@ def train_run(spec: RunSpec) -> dict:
 
 def _agent_whose_buffers_fit(run: ResolvedRun, env: Any) -> Any:
     """The run's agent, once its buffers (one per seed where the executor trains seeds together)
-    are known to fit in the memory available (``BaseAgent.check_buffer_memory``)."""
+    are known to fit in the memory available."""
     agent = run.make_agent()
-    try:
-        agent.check_buffer_memory(len(run.seeds) if run.seeds and run.executor.batches_seeds else 1)
-    except ValueError:
-        env.close()
-        raise
+    _check_buffers_fit(agent, env, len(run.seeds) if run.seeds and run.executor.batches_seeds else 1)
     return agent
+
+
+def _check_buffers_fit(agent: Any, env: Any, copies: int = 1) -> None:
+    """``agent.check_buffer_memory(copies)``, closing ``env`` when it refuses (as the run's other
+    refusals do), before anything is written."""
+    try:
+        agent.check_buffer_memory(copies)
+    except ValueError:
+        if hasattr(env, "close"):
+            env.close()
+        raise
 
 
 def _refuse_a_directory_holding_a_run(run: ResolvedRun, env: Any) -> None:
@@ -347,7 +354,7 @@ def train_agent(agent: Any, env: Any, n_env_steps: int | None, *, callbacks: Any
             "agent another run_name or run_dir"
         )
     if fresh:
-        agent.check_buffer_memory()
+        _check_buffers_fit(agent, env)
     run.run_dir.mkdir(parents=True, exist_ok=True)
     with in_use_by_this_process(run.run_dir):
         if fresh:  # a new directory, or one whose run never trained: started from scratch

@@ -681,6 +681,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    from kitae.compilation_cache import use_compilation_cache
     from kitae.distributed.executor import WorkersLost
     from kitae.runs import RunDiverged, RunError
     from kitae.runs.checkpoints import CheckpointError, CheckpointWarning
@@ -699,6 +700,11 @@ def main(argv: list[str] | None = None) -> int:
         warnings.showwarning = _warnings_in_one_line(warnings.showwarning)
         try:
             import_modules(getattr(args, "imports", []))
+            if args.command not in ("plot", "config"):
+                # from the start, not only once a loop runs: making or loading the agent and its
+                # environments compiles programs too (a Brax environment's first reset, the
+                # evaluation of `kitae eval`), which a second command then loads from disk
+                use_compilation_cache()
             return commands[args.command](args)
         except RunDiverged as error:  # summary.json and the last finite checkpoint are written
             print(f"kitae: {error}".replace("\n", " "), file=sys.stderr)

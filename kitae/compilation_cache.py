@@ -1,4 +1,5 @@
-"""JAX's persistent compilation cache, on by default for both training loops.
+"""JAX's persistent compilation cache, on by default for both training loops, evaluation and the
+command line.
 
 With it, a second run of the same configuration loads its compiled programs (the explore call,
 the update, or the whole compiled loop) from disk instead of compiling them again.

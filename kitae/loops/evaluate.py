@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kitae.compilation_cache import use_compilation_cache
 from kitae.envs.make import EnvSpec, make_jax_env, make_vec_env
 from kitae.loops.collect import Memory, initial_memory, next_memory
 from kitae.loops.multi_agent import env_agents, team_returns_program
@@ -297,6 +298,9 @@ class EvaluatesBySource:
         params: Any = None,
         explore_step: int | None = None,
     ) -> np.ndarray:
-        """Raw returns of ``episodes`` episodes, ``(episodes,)``: see ``evaluate_host``."""
+        """Raw returns of ``episodes`` episodes, ``(episodes,)``: see ``evaluate_host``. JAX's
+        persistent compilation cache is on here as in the loops (``kitae.compilation_cache``), so a
+        second evaluation of the same run loads its programs instead of compiling them."""
+        use_compilation_cache()
         evaluate = evaluate_jax if spec.is_jax else evaluate_host
         return evaluate(agent, spec, episodes, seed, params, explore_step)

@@ -108,7 +108,8 @@ def _first_frame(single: Any, seed: int) -> Any:
     if hasattr(single, "step_without_reset"):  # a JAX environment: BraxEnv, JaxMARLEnv, GymnaxEnv
         import jax
 
-        frame = single.render(single.reset(jax.random.PRNGKey(seed), single.default_params)[1])
+        # compiled, as play_episode resets: op by op, a Brax reset dispatched ~270 small programs (20 s)
+        frame = single.render(jax.jit(single.reset)(jax.random.PRNGKey(seed), single.default_params)[1])
         single.close()  # frees only the drawing: the episode's frames start afresh (gymnax counts them)
         return frame
     single.reset(seed=seed)

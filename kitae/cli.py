@@ -702,8 +702,8 @@ def main(argv: list[str] | None = None) -> int:
             import_modules(getattr(args, "imports", []))
             if args.command not in ("plot", "config"):
                 # from the start, not only once a loop runs: making or loading the agent and its
-                # environments compiles programs too (a Brax environment's first reset, the
-                # evaluation of `kitae eval`), which a second command then loads from disk
+                # environments compiles programs too (Brax's loading of its system, the evaluation
+                # of `kitae eval`), which a second command then loads from disk
                 use_compilation_cache()
             return commands[args.command](args)
         except RunDiverged as error:  # summary.json and the last finite checkpoint are written

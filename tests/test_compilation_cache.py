@@ -97,7 +97,7 @@ def test_a_good_bound_is_read(monkeypatch):
     assert cache_max_bytes() == -1
 
 
-def _eval_in_a_process(run_dir, cache, *command: str, **env: str) -> str:
+def _eval_in_a_process(cache, *command: str, **env: str) -> str:
     environ = {k: v for k, v in os.environ.items() if k not in ("KITAE_CACHE_DIR", "KITAE_NO_COMPILATION_CACHE")}
     done = subprocess.run(
         [sys.executable, *command],
@@ -121,13 +121,13 @@ def test_kitae_eval_and_eval_run_compile_into_the_cache_and_load_from_it(tmp_pat
     assert main(["train", "ppo", "gymnax:CartPole-v1", "--steps", "512", "--run-dir", str(run_dir), "--quiet"]) == 0
     cache = tmp_path / "cache"
     command = ("-m", "kitae.cli", "eval", str(run_dir), "--episodes", "3")
-    first = _eval_in_a_process(run_dir, cache, *command)
+    first = _eval_in_a_process(cache, *command)
     entries = sorted(p.name for p in cache.glob("*-cache"))
     assert entries  # the agent's programs and the evaluation's
-    assert _eval_in_a_process(run_dir, cache, *command) == first
+    assert _eval_in_a_process(cache, *command) == first
     assert sorted(p.name for p in cache.glob("*-cache")) == entries  # every program loaded, none compiled
     script = f"from kitae.runs import eval_run; print(eval_run({str(run_dir)!r}, episodes=3)['returns'])"
-    _eval_in_a_process(run_dir, tmp_path / "python", "-c", script)
+    _eval_in_a_process(tmp_path / "python", "-c", script)
     assert list((tmp_path / "python").glob("*-cache"))  # the Python road: the evaluation's programs
-    _eval_in_a_process(run_dir, tmp_path / "off", *command, KITAE_NO_COMPILATION_CACHE="1")
+    _eval_in_a_process(tmp_path / "off", *command, KITAE_NO_COMPILATION_CACHE="1")
     assert not (tmp_path / "off").exists()

@@ -60,6 +60,7 @@ from kitae.validation import check_positive_int
 __all__ = [
     "CompiledExecutor",
     "IterationMetrics",
+    "MAX_SEGMENT_STEPS",
     "MIN_SEGMENT_CAPACITY",
     "compiled_train",
     "make_loop_functions",
@@ -92,6 +93,11 @@ def segment_plan(first: int, total: int, schedule: Any, max_length: int) -> list
 
 MIN_SEGMENT_CAPACITY = 64
 """The fewest iterations a compiled segment program holds rows for (``segment_capacity``)."""
+
+MAX_SEGMENT_STEPS = 1 << 20
+"""The most environment steps (per seed) in one segment of a run with callbacks, unless the run
+sets ``segment_iterations``: about ten seconds of a small gymnax task on a 2-core CPU, so that a
+stop request is answered within seconds however long the run."""
 
 
 def segment_capacity(length: int) -> int:
@@ -220,7 +226,8 @@ class CompiledExecutor:
             use_cache: enable JAX's persistent compilation cache (``kitae.compilation_cache``).
             shard: shard the seed axis across devices (``kitae.devices.shard_count``).
             segment_iterations: the longest segment, in iterations (default: a twentieth of the
-                whole run, resumed or not; at most the checkpoint period). The program holds
+                whole run, resumed or not, and at most ``MAX_SEGMENT_STEPS`` environment steps;
+                at most the checkpoint period). The program holds
                 ``segment_capacity(segment_iterations)`` rows of metrics.
             variants: ``{dotted config key: values}``, one value per entry of ``seeds``: each row of
                 the batch trains with its own values of these float hyperparameters (traced in the
@@ -285,6 +292,11 @@ class CompiledExecutor:
             # like the run it continues, and finds that run's program in the compilation cache
             length = segment_iterations or max(1, -(-n_iterations // 20))
             check_positive_int("segment_iterations", length)
+            # ... and at most MAX_SEGMENT_STEPS steps: a stop (Ctrl-C, a scheduler's SIGTERM) is
+            # answered at a segment's end, which a twentieth of a billion-step run puts many
+            # minutes away; the cut does not change the bits (docs/runs.md, "Stop")
+            if segment_iterations is None:
+                length = min(length, max(1, MAX_SEGMENT_STEPS // per_iteration))
             if schedule.save_frequency != -1:
                 length = min(length, max(1, -(-schedule.save_frequency // per_iteration)))
             capacity = segment_capacity(length)
@@ -439,6 +451,7 @@ class CompiledExecutor:
             state, rows = ahead
             if k + 1 < len(plan):
                 ahead = compiled(state, jnp.int32(plan[k + 1][1]), jnp.int32(plan[k + 1][0]))
+            _wait_interruptibly(rows)
             rows = jax.tree_util.tree_map(lambda x, n=n: np.asarray(x)[:, :n] if batched else np.asarray(x)[:n], rows)
             train_seconds = time.perf_counter() - clock
             chunks.append(rows)
@@ -473,6 +486,21 @@ class CompiledExecutor:
             if stopped:
                 break
         return state, _concat_metrics(chunks, batched), train_seconds, stopped, done
+
+
+def _wait_interruptibly(tree: Any, poll_seconds: float = 0.01) -> None:
+    """Returns once every array of ``tree`` is computed, waiting in short sleeps.
+
+    Python runs a signal handler on the main thread between bytecodes, never inside a blocking
+    call: waiting for a segment's results in one call (``np.asarray``) held Ctrl-C and a
+    scheduler's SIGTERM until the segment ended, and a second Ctrl-C sent meanwhile was lost. A
+    sleep returns to the interpreter when a signal arrives, so the first is acknowledged at once
+    and a second aborts at once (docs/runs.md, "Stop"). Checking readiness costs nothing here: the
+    next segment is already dispatched.
+    """
+    leaves = [x for x in jax.tree_util.tree_leaves(tree) if isinstance(x, jax.Array)]
+    while not all(x.is_ready() for x in leaves):  # type: ignore[attr-defined]  # jax.Array's stub omits it
+        time.sleep(poll_seconds)
 
 
 def _aval(x: Any) -> tuple:

@@ -1,6 +1,6 @@
 """The custom-agent guide (docs/custom_agents.md), as a script: a DQN from the four factories.
 
-Run: ``.venv/bin/python examples/custom_dqn.py [N_ENV_STEPS]`` (default 100_000). It trains on
+Run: ``.venv/bin/python examples/custom_dqn.py [N_ENV_STEPS]`` (default 200_000). It trains on
 ``CartPole-v1`` with 16 environments, writes the run directory ``runs/example-dqn`` (TensorBoard
 logs, checkpoints, ...), prints the mean return of the first and last ten episodes and loads the
 trained agent back from the directory. Its module also registers the agent as the command-line
@@ -24,10 +24,11 @@ from kitae.algos.collections import register_algorithm
 from kitae.base import OffPolicyAgent
 from kitae.buffer import Experience
 from kitae.modules.modules import init_params
+from kitae.modules.optimizer import optimizer_from_config
 from kitae.modules.pytree import AgentPyTree, TrainState
 from kitae.modules.qvalue import qvalue_factory  # noqa: F401  (imported by the guide)
 from kitae.timesteps import compute_td_targets
-from kitae.types import Params
+from kitae.types import AlgoType, Params
 
 DQN_tuple = namedtuple("DQN_tuple", ["observation", "action", "return_"])
 NO_EXPLORATION = 0.0
@@ -40,6 +41,7 @@ class DQNParams:
     gamma: float
     skip_steps: int
     start_step: int = -1
+    target_update_interval: int = 128  # gradient steps between two copies into the target network
 
 
 class DQNState(AgentPyTree):
@@ -60,8 +62,8 @@ def train_state_dqn_factory(
         @nn.compact
         def __call__(self, observations: jax.Array) -> jax.Array:
             x = observations
-            x = nn.relu(nn.Dense(64)(x))
-            x = nn.relu(nn.Dense(64)(x))
+            x = nn.relu(nn.Dense(256)(x))
+            x = nn.relu(nn.Dense(256)(x))
             return nn.Dense(n_actions)(x)
 
     qvalue = QValue()
@@ -70,7 +72,9 @@ def train_state_dqn_factory(
             apply_fn=jax.jit(qvalue.apply),
             params=init_params(key, qvalue, [observation_shape], tabulate),
             target_params=init_params(key, qvalue, [observation_shape], False),
-            tx=optax.adam(config.update_cfg.learning_rate),
+            # the config's learning rate, annealed if it asks, after its gradient clipping
+            # (optax.adam(config.update_cfg.learning_rate) would ignore the last two)
+            tx=optimizer_from_config(config, AlgoType.OFF_POLICY),
         )
     )
 
@@ -99,7 +103,8 @@ def process_experience_factory(config: cfg.AlgoConfig) -> Callable:
         key: jax.Array,
         experience: Experience,
     ) -> tuple[jax.Array, ...]:
-        all_next_qvalues = dqn_state.qvalue.apply_fn(dqn_state.qvalue.params, experience.next_observation)
+        qvalue = dqn_state.qvalue
+        all_next_qvalues = qvalue.apply_fn(qvalue.target_params, experience.next_observation)
         next_qvalues = jnp.max(all_next_qvalues, axis=-1, keepdims=True)
 
         discounts = algo_params.gamma * (1.0 - experience.done[..., None])
@@ -112,6 +117,8 @@ def process_experience_factory(config: cfg.AlgoConfig) -> Callable:
 
 
 def update_step_factory(config: cfg.AlgoConfig) -> Callable:
+    interval = config.algo_params.target_update_interval
+
     @jax.jit
     def update_step_fn(
         dqn_state: DQNState,
@@ -127,7 +134,11 @@ def update_step_factory(config: cfg.AlgoConfig) -> Callable:
             return loss, {"loss_qvalue": loss}
 
         (_, info), grads = jax.value_and_grad(loss_fn, has_aux=True)(dqn_state.qvalue.params)
-        dqn_state.qvalue = dqn_state.qvalue.apply_gradients(grads=grads)
+        qvalue = dqn_state.qvalue.apply_gradients(grads=grads)
+        # the target network follows the online one every `interval` gradient steps
+        dqn_state.qvalue = jax.lax.cond(
+            qvalue.step % interval == 0, TrainState.hard_update_target, lambda state: state, qvalue
+        )
 
         return dqn_state, info
 
@@ -186,7 +197,7 @@ if __name__ == "__main__":
     SEED = 0
     ENV_ID = "CartPole-v1"
     N_ENVS = 16
-    N_ENV_STEPS = int(sys.argv[1]) if len(sys.argv) > 1 else 100_000
+    N_ENV_STEPS = int(sys.argv[1]) if len(sys.argv) > 1 else 200_000
 
     env = make_vec_env(env_id=ENV_ID, n_envs=N_ENVS, capture_video=False, run_name=None)
 
@@ -197,14 +208,16 @@ if __name__ == "__main__":
         n_envs=N_ENVS,
         n_agents=1,
     )
-    dqn_params = DQNParams(exploration=0.1, gamma=0.99, skip_steps=1, start_step=-1)
+    # rl-zoo's CartPole DQN, on 16 environments: 128 gradient steps on batches of 64 every 256
+    # transitions, from a buffer of the last 100,000 (6,250 per environment)
+    dqn_params = DQNParams(exploration=0.01, gamma=0.99, skip_steps=256, start_step=-1)
     update_cfg = cfg.UpdateConfig(
-        learning_rate=0.0003,
+        learning_rate=0.001,
         learning_rate_annealing=True,
         max_grad_norm=0.5,
-        max_buffer_size=64,
-        batch_size=256,
-        n_epochs=1,
+        max_buffer_size=6250,
+        batch_size=64,
+        n_epochs=128,
         shared_encoder=True,
     )
     train_cfg = cfg.TrainConfig(n_env_steps=N_ENV_STEPS, save_frequency=-1)

@@ -209,10 +209,10 @@ def test_a_dqn_shaped_agent_learns_cartpole():
 
 @pytest.mark.slow
 def test_the_guide_example_runs_as_written(tmp_path):
-    """examples/custom_dqn.py is the custom-agent guide verbatim (plus flax's import and its
-    registration as a command-line algorithm)."""
+    """examples/custom_dqn.py is the custom-agent guide of docs/custom_agents.md verbatim (plus
+    flax's import and its registration as a command-line algorithm)."""
     result = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "custom_dqn.py"), "30000"],
+        [sys.executable, str(ROOT / "examples" / "custom_dqn.py"), "8192"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -220,7 +220,8 @@ def test_the_guide_example_runs_as_written(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-2000:]
     *_, line, reloaded = result.stdout.strip().splitlines()
-    assert reloaded.startswith("reloaded from runs/example-dqn at step 30000") and reloaded.endswith("True"), reloaded
+    # 32 updates (every 256 steps) of 128 gradient steps: returns rise from about 9 to about 200
+    assert reloaded.startswith("reloaded from runs/example-dqn at step 8192") and reloaded.endswith("True"), reloaded
     first = float(line.split("first 10 ")[1].split(",")[0])
     last = float(line.split("last 10 ")[1])
     assert last > 2 * first, line

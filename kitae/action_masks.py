@@ -13,7 +13,7 @@ next observations), so TD targets can use the mask of the NEXT observation.
   action are over the allowed actions only.
 * DQN masks its argmax: the greedy action, the epsilon-greedy random action and the TD target's
   max (or Double DQN's argmax) over next actions are over the allowed actions only.
-* SAC and TD3 (continuous actions) refuse a mask with a clear error.
+* SAC (continuous and discrete), TD3, DDPG and MPO refuse a mask with a clear error.
 
 A row with no allowed action at all (PettingZoo's classic games give an all-zero mask in a
 finished game's last observation) is treated as "every action allowed", so nothing becomes
@@ -81,8 +81,9 @@ def check_action_mask_space(observation_space: gym.Space, action_space: gym.Spac
 
 
 def refuse_action_mask(observation_space: gym.Space, algo: str) -> None:
-    """For continuous-action algorithms (SAC, TD3): raises ``ValueError`` when the observations
-    carry an ``"action_mask"``, naming ``algo`` and what supports masks."""
+    """For algorithms that read no mask (SAC, discrete SAC included, TD3, DDPG, MPO): raises
+    ``ValueError`` when the observations carry an ``"action_mask"``, naming ``algo`` and what
+    supports masks."""
     space = action_mask_space(observation_space)
     if space is not None:
         raise ValueError(

@@ -233,6 +233,17 @@ def test_eight_agents_in_one_vmap_call_equal_eight_calls():
     [
         (lambda: DQN("mlp", ENV, 1e-3), TypeError, r"network='mlp' is not allowed; allowed: a callable"),
         (
+            lambda: DQN(nn.Dense(2), ENV, 1e-3),
+            TypeError,
+            r"network=Dense\(\.\.\.\), a Flax module, is not allowed; allowed: a callable network\(action_space\)"
+            r".*lambda action_space: module",
+        ),
+        (
+            lambda: DQN(haiku_network(ACTION_SPACE), ENV, 1e-3),
+            TypeError,
+            r"network=Transformed\(.*is not allowed; allowed: a callable network\(action_space\)",
+        ),
+        (
             lambda: DQN(lambda space: object(), ENV, 1e-3),
             TypeError,
             r"returned object.*allowed: a Haiku hk.Transformed",
@@ -256,6 +267,8 @@ def test_eight_agents_in_one_vmap_call_equal_eight_calls():
     ],
     ids=[
         "network-not-callable",
+        "flax-module-not-creator",
+        "haiku-transformed-not-creator",
         "creator-returns-other",
         "haiku-with-state",
         "box-actions",
@@ -414,9 +427,8 @@ def test_functional_ppo_refuses_what_it_cannot_handle():
     with pytest.raises(ValueError, match="clip_coef"):
         PPO(ppo_network, ENV, 1e-3, clip_coef=-0.1)
     agent = PPO(lambda space: hk.without_apply_rng(hk.transform(lambda x: hk.Linear(2)(x))), ENV, 1e-3)
-    params = agent.init_params(jax.random.PRNGKey(0))
-    with pytest.raises(TypeError, match=r"must return \(policy, value\)"):
-        agent.predict(params, agent.init_policy(None), jnp.zeros((2, 4)), jax.random.PRNGKey(0))
+    with pytest.raises(TypeError, match=r"must return \(policy, value\); it returned an array of shape \(7, 2\)"):
+        agent.init_params(jax.random.PRNGKey(0))  # refused when the parameters are made, not at predict
 
 
 class _Spaces:
@@ -716,9 +728,8 @@ def test_the_functional_mpo_refuses_what_it_cannot_handle():
     with pytest.raises(ValueError, match="epsilon_mean"):
         MPO(mpo_networks(pendulum.observation_space), pendulum, 1e-3, epsilon_mean=0.0)
     agent = MPO(actor_critic_network("td3"), pendulum, 1e-3)  # an actor that returns actions only
-    params, policy_state, _ = fresh(agent)
     with pytest.raises(TypeError, match=r"MPO's actor returned .* allowed: \(mean \(B, 1\), L \(B, 1, 1\)\)"):
-        agent.predict(params, policy_state, jnp.zeros((2, 3)), jax.random.PRNGKey(0))
+        agent.init_params(jax.random.PRNGKey(0))  # refused when the parameters are made, not at predict
 
 
 # ---- discrete SAC ------------------------------------------------------------------------------
@@ -902,3 +913,103 @@ def test_the_functional_rnd_ppo_is_pure_and_refuses_what_it_cannot_handle():
         RNDPPO(network, env, 1e-3, intrinsic_discount_factor=2.0)
     with pytest.raises(ValueError, match=r"RND-PPO cannot read the observation space Discrete\(5\)"):
         RNDPPO(network, _Spaces(gym.spaces.Discrete(5), env.action_space), 1e-3)
+
+
+# ---- networks whose outputs do not fit the action space --------------------------------------
+
+
+def _hk(f):
+    return hk.without_apply_rng(hk.transform(f))
+
+
+def _two_heads(policy, value):
+    """An actor-critic creator: ``(Linear(policy)(x), Linear(value)(x))``."""
+    return lambda space: _hk(lambda x: (hk.Linear(policy)(x), hk.Linear(value)(x)))
+
+
+def _gaussian_heads(d):
+    return lambda space: _hk(lambda x: ((hk.Linear(d)(x), jnp.zeros(d)), hk.Linear(1)(x)))
+
+
+def _sac_pair(actor_out, critic_out, discrete=False):
+    def actor(o):
+        return hk.Linear(actor_out)(o) if discrete else (hk.Linear(actor_out)(o), jnp.zeros(actor_out))
+
+    def critic(o, a=None):
+        return hk.Linear(critic_out)(o if a is None else jnp.concatenate([o, a], -1))
+
+    return lambda space: (_hk(actor), _hk(critic if not discrete else lambda o: hk.Linear(critic_out)(o)))
+
+
+def _td3_pair(actor_out, critic_out):
+    return lambda space: (
+        _hk(lambda o: jnp.tanh(hk.Linear(actor_out)(o))),
+        _hk(lambda o, a: hk.Linear(critic_out)(jnp.concatenate([o, a], -1))),
+    )
+
+
+def _make_bad_agent(case):
+    from kitae.functional import A2C, DDPG, MPO, PPO, RNDPPO, SAC, TD3
+
+    pendulum = gym.make("Pendulum-v1")
+    return {
+        "dqn": lambda: DQN(lambda s: _hk(lambda x: hk.nets.MLP([32, 5])(x)), ENV, 1e-3),
+        "ppo-logits": lambda: PPO(_two_heads(5, 1), ENV, 1e-3),
+        "ppo-values": lambda: PPO(_two_heads(2, 3), ENV, 1e-3),
+        "ppo-box": lambda: PPO(_gaussian_heads(3), pendulum, 1e-3),
+        "a2c-logits": lambda: A2C(_two_heads(5, 1), ENV, 1e-3),
+        "rnd-ppo-values": lambda: RNDPPO(_two_heads(2, 1), ENV, 1e-3),
+        "sac-actor": lambda: SAC(_sac_pair(3, 1), pendulum, 1e-3),
+        "sac-critic": lambda: SAC(_sac_pair(1, 4), pendulum, 1e-3),
+        "discrete-sac-actor": lambda: SAC(_sac_pair(5, 2, discrete=True), ENV, 1e-3),
+        "discrete-sac-critic": lambda: SAC(_sac_pair(2, 5, discrete=True), ENV, 1e-3),
+        "td3-actor": lambda: TD3(_td3_pair(2, 1), pendulum, 1e-3),
+        "td3-critic": lambda: TD3(_td3_pair(1, 3), pendulum, 1e-3),
+        "ddpg-actor": lambda: DDPG(_td3_pair(2, 1), pendulum, 1e-3),
+        "mpo-critic": lambda: MPO(
+            lambda space: (mpo_networks(pendulum.observation_space)(space)[0], _td3_pair(1, 3)(space)[1]),
+            pendulum,
+            1e-3,
+        ),
+    }[case]()
+
+
+@pytest.mark.parametrize(
+    ("case", "match"),
+    [
+        ("dqn", r"DQN's network \(Q-values\) returned shape \(7, 5\).*required: shape \(7, 2\).*n_actions=2"),
+        ("ppo-logits", r"PPO's network \(the policy\) returned shape \(7, 5\).*required: shape \(7, 2\)"),
+        ("ppo-values", r"PPO's network \(the values\) returned shape \(7, 3\).*required: shape \(7,\)"),
+        ("ppo-box", r"PPO's network \(the policy\) returned shape \(7, 3\).*required: shape \(7, 1\).*d=1"),
+        ("a2c-logits", r"A2C's network \(the policy\) returned shape \(7, 5\).*required: shape \(7, 2\)"),
+        ("rnd-ppo-values", r"RNDPPO's network \(the values\) returned shape \(7,\).*required: shape \(7, 2\)"),
+        ("sac-actor", r"SAC's actor returned shape \(7, 3\).*required: shape \(7, 1\)"),
+        ("sac-critic", r"critic returned shape \(7, 4\).*required: Q-values of shape \(7,\) or \(7, 1\)"),
+        ("discrete-sac-actor", r"SAC's actor returned shape \(7, 5\).*required: shape \(7, 2\)"),
+        ("discrete-sac-critic", r"SAC's critic returned shape \(7, 5\).*required: shape \(7, 2\)"),
+        ("td3-actor", r"TD3's actor returned shape \(7, 2\).*required: shape \(7, 1\)"),
+        ("td3-critic", r"critic returned shape \(7, 3\).*required: Q-values of shape \(7,\) or \(7, 1\)"),
+        ("ddpg-actor", r"DDPG's actor returned shape \(7, 2\).*required: shape \(7, 1\)"),
+        ("mpo-critic", r"critic returned shape \(7, 3\).*required: Q-values of shape \(7,\) or \(7, 1\)"),
+    ],
+)
+def test_init_params_refuses_a_network_whose_outputs_do_not_fit_the_action_space(case, match):
+    """Before, a DQN network with 5 outputs on Discrete(2) acted 0..4; now ``init_params`` (also
+    under ``vmap``) names the shape found and the one required."""
+    agent = _make_bad_agent(case)
+    with pytest.raises(TypeError, match=match):
+        agent.init_params(jax.random.PRNGKey(0))
+    with pytest.raises(TypeError, match=match):
+        jax.vmap(agent.init_params)(jax.random.split(jax.random.PRNGKey(0), 2))
+
+
+def test_a_one_critic_ensemble_on_a_batch_of_one_is_read_as_an_ensemble():
+    """``(k, B)`` with ``B = 1`` is an ensemble of ``k``, not one critic over ``k`` rows."""
+    from kitae.functional.base import Network, critic_ensemble
+
+    ensemble = critic_ensemble(Network(lambda *_: {}, lambda params, obs, action: jnp.zeros((2, action.shape[0]))), 1)
+    assert ensemble.apply({}, jnp.zeros((1, 3)), jnp.zeros((1, 1))).shape == (2, 1)
+    one = critic_ensemble(Network(lambda *_: {}, lambda params, obs, action: jnp.zeros((action.shape[0], 1))), 1)
+    assert one.apply({}, jnp.zeros((1, 3)), jnp.zeros((1, 1))).shape == (1, 1)
+    column = critic_ensemble(Network(lambda *_: {}, lambda params, obs, action: jnp.zeros((2, action.shape[0], 1))), 1)
+    assert column.apply({}, jnp.zeros((4, 3)), jnp.zeros((4, 1))).shape == (2, 4)

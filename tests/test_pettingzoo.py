@@ -332,6 +332,30 @@ def test_check_env_refuses_aec_environments_and_others():
 
 
 @needs_mpe2
+@pytest.mark.parametrize("cls", VEC_CLASSES)
+def test_a_one_agent_parallel_env_is_refused_when_the_vector_env_is_made(cls):
+    """mpe2's simple_v3 has one agent: accepted before, it failed deep in the first act step
+    ("entry not a 2- or 3- tuple"). The multi-agent mode needs n_agents > 1."""
+    from mpe2 import simple_v3
+
+    match = r"'simple_v3' has one agent \['agent_0'\], which is not allowed; allowed: at least 2 agents"
+    with pytest.raises(UnsupportedParallelEnv, match=match):
+        cls([simple_v3.parallel_env] * 2)
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("kitae-parallel-env")]
+
+
+@needs_mpe2
+def test_kitae_train_refuses_a_one_agent_pettingzoo_env_in_one_line(tmp_path, capsys, monkeypatch):
+    from kitae.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "ppo", "pettingzoo:mpe2.simple_v3", "--steps", "200"]) != 0
+    assert not (tmp_path / "runs").exists()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("kitae: error: the ParallelEnv 'simple_v3' has one agent"), err
+
+
+@needs_mpe2
 def test_check_parallel_env_on_simple_spread():
     from mpe2 import simple_spread_v3
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 
+import gymnasium as gym
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -261,6 +262,27 @@ def test_normalisation_keeps_ppos_running_statistics_and_acting_reads_them(tmp_p
 def test_bad_recurrent_configs_are_refused_clearly(tmp_path, sets, match):
     with pytest.raises(ValueError, match=match):
         _agent(tmp_path, sets=sets)
+
+
+@pytest.mark.parametrize(
+    "action_space",
+    [gym.spaces.Box(-1.0, 1.0, (2, 2), np.float32), gym.spaces.Tuple((gym.spaces.Discrete(2), gym.spaces.Discrete(3)))],
+    ids=["box-2d", "tuple"],
+)
+def test_an_action_space_recurrent_ppo_cannot_act_in_is_refused_naming_it(action_space):
+    """Not ``PPO cannot act in ...``: the error names the algorithm the user made."""
+    from kitae.config import AlgoConfig, EnvConfig, TrainConfig, UpdateConfig
+
+    config = AlgoConfig(
+        seed=0,
+        algo_params=RecurrentPPOParams(),
+        update_cfg=UpdateConfig(max_buffer_size=16, batch_size=32),
+        train_cfg=TrainConfig(n_env_steps=64),
+        env_cfg=EnvConfig("x", gym.spaces.Box(-1.0, 1.0, (3,), np.float32), action_space, n_envs=4),
+    )
+    with pytest.raises(ValueError, match=r"^recurrent PPO \(ppo_lstm\) cannot act in the action space") as error:
+        RecurrentPPO("refused", config, run_dir="unused")
+    assert "recurrent PPO (ppo_lstm) accepts Discrete(n)" in str(error.value)
 
 
 def test_observation_normalisation_without_a_box_space_is_refused_clearly(tmp_path):

@@ -18,10 +18,12 @@ observation is in ``infos["final_obs"]`` (rows where ``infos["_final_obs"]`` is 
 returned observation itself, so ``infos["final_obs"]`` is always the real next observation). No
 transition pairs an episode's end with the next one's start.
 
-For now kitae's parallel mode needs every agent to have the same observation and action spaces
+For now kitae's parallel mode needs at least 2 agents (``n_agents > 1``: a one-agent
+environment is a single-agent task), every agent with the same observation and action spaces
 (one network serves all) and the same agents for the whole episode. ``VecParallelEnv`` refuses
-the others with a clear error: agents whose spaces differ when made, agents that come and go
-(one agent done while others go on, or a reset without every possible agent) when it happens.
+the others with a clear error: one agent or agents whose spaces differ when made, agents that
+come and go (one agent done while others go on, or a reset without every possible agent) when it
+happens.
 
 This module imports neither JAX nor PettingZoo: worker processes of ``SubProcVecParallelEnv``
 (``kitae.envs.subproc``) import it, and must not start JAX threads.
@@ -74,8 +76,9 @@ def check_parallel_env(env: Any) -> tuple[tuple[str, ...], gym.Space, gym.Space]
 
     Raises:
         TypeError: for an object that is not a ``ParallelEnv`` (an AEC environment included).
-        ValueError: for no agents; ``UnsupportedParallelEnv`` (a ``ValueError``) for agents whose
-            observation or action spaces differ.
+        ValueError: for no agents; ``UnsupportedParallelEnv`` (a ``ValueError``) for one agent
+            (the multi-agent mode needs ``n_agents > 1``) or agents whose observation or action
+            spaces differ.
     """
     if hasattr(env, "agent_iter") and hasattr(env, "last"):
         raise TypeError(
@@ -89,7 +92,13 @@ def check_parallel_env(env: Any) -> tuple[tuple[str, ...], gym.Space, gym.Space]
         )
     agents = tuple(env.possible_agents)
     if not agents:
-        raise ValueError(f"the ParallelEnv {env!r} has no possible_agents; kitae needs at least one agent")
+        raise ValueError(f"the ParallelEnv {env!r} has no possible_agents; kitae needs at least 2 agents")
+    if len(agents) == 1:
+        name = getattr(env, "metadata", {}).get("name") or type(env).__name__
+        raise UnsupportedParallelEnv(
+            f"the ParallelEnv {name!r} has one agent {list(agents)}, which is not allowed; allowed: at least 2 agents "
+            "(kitae's multi-agent mode needs n_agents > 1; train a one-agent task as a Gymnasium environment)"
+        )
     first = agents[0]
     observation_space, action_space = env.observation_space(first), env.action_space(first)
     for agent in agents[1:]:

@@ -9,7 +9,16 @@ import gymnasium as gym
 import jax
 import jax.numpy as jnp
 
-from kitae.functional.base import BaseAgent, as_key, dummy_observation, make_actor_critic
+from kitae.action_masks import refuse_action_mask
+from kitae.functional.base import (
+    PROBE_BATCH,
+    BaseAgent,
+    as_key,
+    check_output_shape,
+    dummy_observation,
+    make_actor_critic,
+    probe_observation,
+)
 
 __all__ = ["ActorCriticAgent"]
 
@@ -25,10 +34,31 @@ class ActorCriticAgent(BaseAgent):
         return make_actor_critic(creator, action_space)
 
     def check_action_space(self, action_space: gym.Space) -> None:
+        """The collection module's ``check_action_space``, and no ``"action_mask"`` in the
+        observations (``refuse_action_mask``: these agents read none)."""
         try:
             self.collection_module.check_action_space(action_space)
         except ValueError as error:
             raise ValueError(f"action_space={action_space} is not allowed for {type(self).__name__}; {error}") from None
+        refuse_action_mask(self.observation_space, type(self).__name__)
+
+    def probe_inputs(self) -> tuple[Any, jax.Array]:
+        """``(observations, actions)``, ``PROBE_BATCH`` zeros of each: what ``init_params`` checks
+        the networks' output shapes on (``output_shapes``)."""
+        action = jnp.zeros((PROBE_BATCH, *(self.action_space.shape or ())), jnp.float32)
+        return probe_observation(self.observation_space), action
+
+    def check_actor_output(self, output: Any, allowed: str) -> None:
+        """Raises ``TypeError`` unless the actor's ``output`` (an ``output_shapes`` leaf on
+        ``probe_inputs``) is ``(B, d)`` for this ``Box(d,)`` action space; ``allowed`` names what
+        the actor returns."""
+        d = int(self.action_space.shape[0])  # type: ignore[index]  # a Box of shape (d,): check_action_space
+        check_output_shape(
+            output,
+            (PROBE_BATCH, d),
+            f"{type(self).__name__}'s actor",
+            f"{allowed} (B, d) with d={d} for the action space {self.action_space}",
+        )
 
     def dummy_inputs(self, rng: Any) -> tuple[jax.Array, jax.Array, Any, jax.Array]:
         """``(actor_key, critic_key, observations (1, ...), actions (1, d))`` to initialise the

@@ -42,7 +42,16 @@ from kitae.compile_options import with_one_blas_thread
 from kitae.envs.spaces import check_observation
 from kitae.modules.optimizer import optimizer_factory
 
-__all__ = ["BaseAgent", "OptimState", "Network", "make_network", "as_key", "env_spaces", "check_learning_rate"]
+__all__ = [
+    "BaseAgent",
+    "OptimState",
+    "Network",
+    "make_network",
+    "as_key",
+    "env_spaces",
+    "check_learning_rate",
+    "check_output_shape",
+]
 
 
 class Network(NamedTuple):
@@ -83,6 +92,14 @@ def adapt_network(net: Any, what: str = "network(action_space)") -> Network:
 
 
 def _check_creator(creator: Any, returns: str) -> None:
+    """Refuses anything but a creator, a network itself included: a Flax module is callable, but
+    calling it with the action space would fail inside Flax."""
+    if isinstance(creator, nn.Module):
+        raise TypeError(
+            f"network={type(creator).__name__}(...), a Flax module, is not allowed; allowed: a callable "
+            f"network(action_space) returning {returns} (pass the module through a creator: "
+            "lambda action_space: module)"
+        )
     if not callable(creator):
         raise TypeError(
             f"network={creator!r} is not allowed; allowed: a callable network(action_space) returning {returns}"
@@ -134,23 +151,37 @@ def critic_ensemble(critic: Network, copies: int) -> Network:
     ``init(key, obs, action)``: one parameter set (``copies == 1``) or ``copies`` stacked ones (a
     ``jax.vmap`` of ``critic.init`` over ``split(key, copies)``). ``apply(params, obs, action) ->
     (n, B)``: each copy's Q-values ``(B,)`` or ``(B, 1)``, stacked; a copy that is itself an
-    ensemble ``(k, B)`` adds its ``k`` rows.
+    ensemble ``(k, B)`` (or ``(k, B, 1)``) adds its ``k`` rows. ``B`` is read from ``action``
+    ``(B, d)``; a copy that returns anything else raises ``TypeError`` (while traced) naming the
+    shape found.
     """
 
-    def rows(q: jax.Array) -> jax.Array:
-        q = jnp.asarray(q)
-        if q.ndim >= 2 and q.shape[-1] == 1:
-            q = q[..., 0]
-        return q[None] if q.ndim == 1 else q
+    def rows(params: Any, obs: Any, action: Any) -> jax.Array:
+        q = critic.apply(params, obs, action)
+        batch = jnp.shape(action)[0]
+        shape = getattr(q, "shape", None)
+        if shape == (batch,):
+            return q[None]
+        if shape == (batch, 1):
+            return q[None, :, 0]
+        if isinstance(shape, tuple) and len(shape) == 2 and shape[1] == batch:  # an ensemble (k, B)
+            return q
+        if isinstance(shape, tuple) and len(shape) == 3 and shape[1:] == (batch, 1):  # an ensemble (k, B, 1)
+            return q[..., 0]
+        raise TypeError(
+            f"the critic returned {_shape_text(q)} for a batch of B={batch} actions, which is not allowed; "
+            f"required: Q-values of shape ({batch},) or ({batch}, 1), that is (B,) or (B, 1), or (k, {batch}) or "
+            f"(k, {batch}, 1) for an ensemble of k critics"
+        )
 
     if copies == 1:
-        return Network(critic.init, lambda params, obs, action: rows(critic.apply(params, obs, action)))
+        return Network(critic.init, rows)
 
     def init(key: jax.Array, obs: Any, action: Any) -> Any:
         return jax.vmap(lambda k: critic.init(k, obs, action))(jax.random.split(key, copies))
 
     def apply(params: Any, obs: Any, action: Any) -> jax.Array:
-        q = jax.vmap(lambda p: rows(critic.apply(p, obs, action)))(params)  # (copies, k, B)
+        q = jax.vmap(lambda p: rows(p, obs, action))(params)  # (copies, k, B)
         return q.reshape(-1, q.shape[-1])
 
     return Network(init, apply)
@@ -196,12 +227,53 @@ def check_learning_rate(learning_rate: Any) -> None:
         )
 
 
-def dummy_observation(observation_space: gym.Space) -> Any:
-    """A batch of one zero observation ``(1, *shape)`` (dicts of them for ``Dict`` spaces)."""
+def dummy_observation(observation_space: gym.Space, batch: int = 1) -> Any:
+    """A batch of ``batch`` zero observations ``(batch, *shape)`` (dicts of them for ``Dict``
+    spaces)."""
     return jax.tree_util.tree_map(
-        lambda space: jnp.zeros((1, *space.shape), space.dtype if space.dtype is not None else jnp.float32),
+        lambda space: jnp.zeros((batch, *space.shape), space.dtype if space.dtype is not None else jnp.float32),
         observation_space,
         is_leaf=lambda x: isinstance(x, gym.Space) and not isinstance(x, gym.spaces.Dict),
+    )
+
+
+PROBE_BATCH = 7
+"""The batch of zero observations on which ``init_params`` checks the shapes of a network's
+outputs (``jax.eval_shape``: nothing is computed). Neither 1 nor a usual layer width, so that the
+batch axis is not mistaken for another axis of the same size (a critic's ``(B, 1)`` for an
+ensemble's ``(k, B)``, a ``(B, n)`` output for ``(k, B)``)."""
+
+
+def probe_observation(observation_space: gym.Space) -> Any:
+    """``PROBE_BATCH`` zero observations, the input of ``output_shapes``."""
+    return dummy_observation(observation_space, PROBE_BATCH)
+
+
+def output_shapes(fn: Callable[..., Any], *inputs: Any) -> Any:
+    """``fn(*inputs)``'s outputs as ``jax.ShapeDtypeStruct`` leaves (``jax.eval_shape``: traced,
+    not run; works under ``jax.jit`` and ``jax.vmap``)."""
+    return jax.eval_shape(fn, *inputs)
+
+
+def _shape_text(output: Any) -> str:
+    shape = getattr(output, "shape", None)
+    if isinstance(shape, tuple):
+        return f"shape {shape}"
+    return f"a {type(output).__name__}, not an array"
+
+
+def check_output_shape(output: Any, required: tuple[int, ...], what: str, allowed: str) -> None:
+    """Raises ``TypeError`` unless ``output`` (one of ``output_shapes``' leaves, computed on
+    ``PROBE_BATCH`` observations) is an array of shape ``required``.
+
+    The message names ``what`` (e.g. ``"DQN's network (Q-values)"``), the shape found, the shape
+    required for this batch and ``allowed`` (the rule, e.g. ``"(B, n_actions) for Discrete(2)"``).
+    """
+    if getattr(output, "shape", None) == tuple(required):
+        return
+    raise TypeError(
+        f"{what} returned {_shape_text(output)} for a batch of B={PROBE_BATCH} observations, which is not "
+        f"allowed; required: shape {tuple(required)}, that is {allowed}"
     )
 
 

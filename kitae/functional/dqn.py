@@ -35,7 +35,17 @@ import jax.numpy as jnp
 import optax
 
 from kitae.algos.collections import dqn as collection
-from kitae.functional.base import OFF_POLICY_DATA_KEYS, BaseAgent, OptimState, as_key, dummy_observation
+from kitae.functional.base import (
+    OFF_POLICY_DATA_KEYS,
+    PROBE_BATCH,
+    BaseAgent,
+    OptimState,
+    as_key,
+    check_output_shape,
+    dummy_observation,
+    output_shapes,
+    probe_observation,
+)
 from kitae.modules.pytree import TrainState
 
 __all__ = ["DQN", "Params", "PolicyState", "PolicyOutput", "OptimOutput", "DATA_KEYS"]
@@ -139,8 +149,22 @@ class DQN(BaseAgent):
 
     def init_params(self, rng: Any) -> Params:
         """``Params(policy, target)``: the network initialised on a dummy observation, the target
-        a copy."""
+        a copy.
+
+        Raises:
+            TypeError: if the network's output is not Q-values ``(B, n_actions)`` (checked on a
+                batch of ``PROBE_BATCH`` zero observations), naming the shape found and the one
+                required.
+        """
         policy = self.network.init(as_key(rng), dummy_observation(self.observation_space))
+        assert isinstance(self.action_space, gym.spaces.Discrete)  # check_action_space
+        n = int(self.action_space.n)
+        check_output_shape(
+            output_shapes(self.network.apply, policy, probe_observation(self.observation_space)),
+            (PROBE_BATCH, n),
+            "DQN's network (Q-values)",
+            f"(B, n_actions) with n_actions={n} for the action space {self.action_space}",
+        )
         return Params(policy, jax.tree_util.tree_map(jnp.copy, policy))
 
     def init_policy(self, rng: Any) -> PolicyState:

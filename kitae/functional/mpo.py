@@ -27,7 +27,7 @@ import optax
 
 from kitae.algos.collections import mpo as collection
 from kitae.functional.actor_critic import ActorCriticAgent
-from kitae.functional.base import OFF_POLICY_DATA_KEYS, Network, OptimState, critic_ensemble
+from kitae.functional.base import OFF_POLICY_DATA_KEYS, Network, OptimState, critic_ensemble, output_shapes
 from kitae.modules.pytree import TrainState
 
 __all__ = ["MPO", "DATA_KEYS"]
@@ -171,9 +171,20 @@ class MPO(ActorCriticAgent):
 
     def init_params(self, rng: Any) -> Params:
         """Actor and critic initialised on dummy inputs (the targets copies), the duals at the
-        ``init_*`` values."""
+        ``init_*`` values.
+
+        Raises:
+            TypeError: if the actor's or the critic's outputs do not fit the action space (shapes
+                checked on ``PROBE_BATCH`` zero observations), naming what was found and what is
+                required.
+        """
         actor_key, critic_key, obs, action = self.dummy_inputs(rng)
         policy, critic = self.actor.init(actor_key, obs), self.critic.init(critic_key, obs, action)
+        # the outputs' shapes, checked now on PROBE_BATCH observations (_gaussian, _one_critic)
+        probe_obs, probe_action = self.probe_inputs()
+        mean, _ = output_shapes(self.actor.apply, policy, probe_obs)
+        self.check_actor_output(mean, "(mean, L) with mean")
+        output_shapes(self.critic.apply, critic, probe_obs, probe_action)
         policy_target, critic_target = jax.tree_util.tree_map(jnp.copy, (policy, critic))
         return MPO.Params(
             policy, critic, policy_target, critic_target, collection.initial_dual_params(self.algo_params)

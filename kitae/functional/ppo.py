@@ -32,7 +32,19 @@ from kitae.algos.experience import ExperiencePipeline
 from kitae.algos.update import UpdateHooks, on_policy_update, with_update_hooks
 from kitae.buffer import Experience
 from kitae.distributions import Categorical, DiagNormal, MultiCategorical, multi_categorical_valid
-from kitae.functional.base import BaseAgent, Network, OptimState, as_key, data_fields, dummy_observation, update_key
+from kitae.functional.base import (
+    PROBE_BATCH,
+    BaseAgent,
+    Network,
+    OptimState,
+    as_key,
+    check_output_shape,
+    data_fields,
+    dummy_observation,
+    output_shapes,
+    probe_observation,
+    update_key,
+)
 from kitae.modules.policy import multi_discrete_nvec
 from kitae.modules.pytree import TrainState
 
@@ -63,8 +75,9 @@ def _distribution(policy: Any, discrete: bool | tuple[int, ...]) -> Any:
     if discrete:
         return Categorical(jnp.asarray(policy, jnp.float32))
     if not (isinstance(policy, tuple) and len(policy) == 2):
+        found = f"an array of shape {policy.shape}" if hasattr(policy, "shape") else type(policy).__name__
         raise TypeError(
-            f"the network's policy output is {type(policy).__name__}; allowed for a Box action space: (loc, log_std) "
+            f"the network's policy output is {found}; allowed for a Box action space: (loc, log_std) "
             "or a kitae.distributions.DiagNormal"
         )
     loc, log_std = policy
@@ -87,7 +100,8 @@ def actor_critic_apply(network: Network, discrete: bool | tuple[int, ...]) -> Ca
     def apply(params: Any, observations: Any, method: str | None = None) -> Any:
         out = network.apply(params, observations)
         if not (isinstance(out, tuple) and len(out) == 2):
-            raise TypeError(f"PPO's network must return (policy, value); it returned {type(out).__name__}")
+            found = f"an array of shape {out.shape}" if hasattr(out, "shape") else type(out).__name__
+            raise TypeError(f"PPO's network must return (policy, value); it returned {found}")
         policy, value = out
         value = jnp.asarray(value)
         value = value[..., 0] if value.ndim == 2 and value.shape[-1] == 1 else value
@@ -221,9 +235,60 @@ class PPO(BaseAgent):
 
     # -- state -----------------------------------------------------------------------------------
 
+    value_shape: tuple[int, ...] = ()
+    """The shape of one observation's value from the network (after a trailing ``1`` is
+    dropped): PPO's a scalar, ``(B,)`` or ``(B, 1)`` for ``B`` observations."""
+    value_allowed = "values (B,) or (B, 1)"
+
     def init_params(self, rng: Any) -> Params:
-        """``Params(network)``: the network initialised on a dummy observation."""
-        return PPO.Params(self.network.init(as_key(rng), dummy_observation(self.observation_space)))
+        """``Params(network)``: the network initialised on a dummy observation.
+
+        Raises:
+            TypeError: if the network's outputs do not fit the action space
+                (``check_network_outputs``).
+        """
+        network = self.network.init(as_key(rng), dummy_observation(self.observation_space))
+        self.check_network_outputs(network)
+        return PPO.Params(network)
+
+    def check_network_outputs(self, network_params: Any) -> None:
+        """Checks, on ``PROBE_BATCH`` zero observations (shapes only, nothing computed), that the
+        network returns a policy over this action space (logits ``(B, n)``, ``(B, K, max(nvec))``,
+        or ``(loc, log_std)`` of ``(B, d)`` actions) and values of ``value_shape`` per row.
+
+        Raises:
+            TypeError: naming the output, the shape found and the shape required.
+        """
+        space, name = self.action_space, type(self).__name__
+        kind = policy_kind(space)
+        expected: type
+        want: tuple[int, ...]
+        if isinstance(kind, tuple):
+            expected, want = MultiCategorical, (len(kind), max(kind))
+            allowed = f"logits (B, K, max(nvec)) with K={want[0]}, max(nvec)={want[1]} for the action space {space}"
+        elif kind:
+            expected, want = Categorical, (int(space.n),)  # type: ignore[attr-defined]
+            allowed = f"logits (B, n) with n={want[0]} for the action space {space}"
+        else:
+            expected, want = DiagNormal, tuple(space.shape or ())
+            allowed = f"(loc, log_std), loc (B, d) with d={want[0]} for the action space {space}"
+
+        def outputs(params: Any, obs: Any) -> tuple[jax.Array, jax.Array]:
+            dist, value = self._apply(params, obs)
+            if not isinstance(dist, expected):
+                raise TypeError(
+                    f"{name}'s network returned a policy {type(dist).__name__}, which is not allowed for the action "
+                    f"space {space}; allowed: {allowed}, or a kitae.distributions.{expected.__name__}"
+                )
+            if isinstance(dist, DiagNormal):
+                return jnp.broadcast_to(dist.loc, dist.shape), value
+            return dist.logits, value
+
+        policy, value = output_shapes(outputs, network_params, probe_observation(self.observation_space))
+        check_output_shape(policy, (PROBE_BATCH, *want), f"{name}'s network (the policy)", allowed)
+        check_output_shape(
+            value, (PROBE_BATCH, *self.value_shape), f"{name}'s network (the values)", self.value_allowed
+        )
 
     def init_policy(self, rng: Any) -> PolicyState:
         """``PolicyState(count=0)``; ``rng`` is not used."""

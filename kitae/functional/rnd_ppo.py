@@ -144,6 +144,10 @@ class RNDPPO(PPO):
 
     # -- state -----------------------------------------------------------------------------------
 
+    value_shape = (2,)
+    """The network's values are ``(B, 2)``: extrinsic in column 0, intrinsic in column 1."""
+    value_allowed = "values (B, 2), the extrinsic value in column 0 and the intrinsic one in column 1"
+
     def init_params(self, rng: Any) -> Params:  # type: ignore[override]
         """The network on a dummy observation, the predictor and the target (keys ``split(rng,
         3)``: network, target, predictor), RND's statistics at ``count 0, mean 0, var 1`` and

@@ -32,11 +32,20 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from kitae.action_masks import refuse_action_mask
 from kitae.algos.collections import sac as collection
 from kitae.algos.collections import sac_discrete
 from kitae.distributions import Categorical, TanhNormal
 from kitae.functional.actor_critic import ActorCriticAgent
-from kitae.functional.base import OFF_POLICY_DATA_KEYS, Network, OptimState, critic_ensemble
+from kitae.functional.base import (
+    OFF_POLICY_DATA_KEYS,
+    PROBE_BATCH,
+    Network,
+    OptimState,
+    check_output_shape,
+    critic_ensemble,
+    output_shapes,
+)
 from kitae.modules.pytree import TrainState
 
 __all__ = ["SAC", "DATA_KEYS"]
@@ -71,14 +80,26 @@ def _categorical(network: Network) -> Callable[[Any, Any], Categorical]:
     return apply
 
 
-def _discrete_critics(critic: Network, copies: int) -> Network:
-    """``copies`` independently initialised copies of a ``Q(s, .)`` critic: ``init(key, obs)``,
-    ``apply(params, obs) -> (N, B, n)`` (the layout discrete SAC's losses take): each copy's
-    ``(B, n)``, or its ``k`` rows when the copy is itself an ensemble ``(k, B, n)``."""
+def _discrete_critics(critic: Network, copies: int, n: int) -> Network:
+    """``copies`` independently initialised copies of a ``Q(s, .)`` critic over ``n`` actions:
+    ``init(key, obs)``, ``apply(params, obs) -> (N, B, n)`` (the layout discrete SAC's losses
+    take): each copy's ``(B, n)``, or its ``k`` rows when the copy is itself an ensemble
+    ``(k, B, n)``; anything else raises ``TypeError`` (while traced) naming the shape found."""
 
     def rows(params: Any, obs: Any) -> jax.Array:
-        q = jnp.asarray(critic.apply(params, obs))
-        return q[None] if q.ndim == 2 else q
+        q = critic.apply(params, obs)
+        batch = jax.tree_util.tree_leaves(obs)[0].shape[0]
+        shape = getattr(q, "shape", None)
+        if shape == (batch, n):
+            return q[None]
+        if isinstance(shape, tuple) and len(shape) == 3 and shape[1:] == (batch, n):
+            return q
+        found = f"shape {shape}" if isinstance(shape, tuple) else f"a {type(q).__name__}, not an array"
+        raise TypeError(
+            f"SAC's critic returned {found} for a batch of B={batch} observations, which is not allowed; "
+            f"required: shape ({batch}, {n}), that is Q-values (B, n) with n={n} (one per action), or "
+            f"(k, {batch}, {n}) for an ensemble of k critics"
+        )
 
     if copies == 1:
         return Network(critic.init, rows)
@@ -180,13 +201,15 @@ class SAC(ActorCriticAgent):
         actor, critic = self.network
         if self.discrete:
             self.actor = Network(actor.init, _categorical(actor))
-            self.critic = _discrete_critics(critic, n_critics)
+            self.critic = _discrete_critics(critic, n_critics, int(self.action_space.n))  # type: ignore[attr-defined]
         else:
             self.actor = Network(actor.init, _tanh_normal(actor))
             self.critic = critic_ensemble(critic, n_critics)
         self.use_collection(sac_discrete if self.discrete else collection, config, learning_rate, max_grad_norm)
 
     def check_action_space(self, action_space: gym.Space) -> None:
+        """A bounded 1-D ``Box`` or a ``Discrete`` space, and no ``"action_mask"`` in the
+        observations (neither SAC reads masks)."""
         if not isinstance(action_space, gym.spaces.Discrete):
             try:
                 collection.check_action_space(action_space)
@@ -194,20 +217,50 @@ class SAC(ActorCriticAgent):
                 raise ValueError(
                     f"action_space={action_space} is not allowed for SAC; {error}, or a Discrete one (discrete SAC)"
                 ) from None
+        refuse_action_mask(self.observation_space, "SAC")
 
     # -- state -----------------------------------------------------------------------------------
 
     def init_params(self, rng: Any) -> Params:
         """Actor and critics initialised on dummy inputs (the targets a copy), ``log_alpha`` from
-        ``alpha``."""
+        ``alpha``.
+
+        Raises:
+            TypeError: if the actor's or the critic's outputs do not fit the action space (shapes
+                checked on ``PROBE_BATCH`` zero observations), naming the shape found and the one
+                required.
+        """
         actor_key, critic_key, obs, action = self.dummy_inputs(rng)
+        policy = self.actor.init(actor_key, obs)
         qvalue = self.critic.init(critic_key, obs) if self.discrete else self.critic.init(critic_key, obs, action)
+        self._check_outputs(policy, qvalue)
         return SAC.Params(
-            self.actor.init(actor_key, obs),
+            policy,
             qvalue,
             jax.tree_util.tree_map(jnp.copy, qvalue),
             {"log_alpha": jnp.asarray(math.log(self.initial_alpha), jnp.float32)},
         )
+
+    def _check_outputs(self, policy: Any, qvalue: Any) -> None:
+        obs, action = self.probe_inputs()
+        if self.discrete:
+            n = int(self.action_space.n)  # type: ignore[attr-defined]
+            logits = output_shapes(lambda p, o: self.actor.apply(p, o).logits, policy, obs)
+            check_output_shape(
+                logits,
+                (PROBE_BATCH, n),
+                "SAC's actor",
+                f"logits (B, n) with n={n} for the action space {self.action_space}",
+            )
+            output_shapes(self.critic.apply, qvalue, obs)  # _discrete_critics checks the shapes
+            return
+
+        def loc(params: Any, observations: Any) -> jax.Array:
+            dist = self.actor.apply(params, observations)
+            return jnp.broadcast_to(dist.loc, dist.base.shape)
+
+        self.check_actor_output(output_shapes(loc, policy, obs), "(loc, log_std) with loc")
+        output_shapes(self.critic.apply, qvalue, obs, action)  # critic_ensemble checks the shapes
 
     def init_policy(self, rng: Any) -> PolicyState:
         """``PolicyState(count=0)``; ``rng`` is not used."""

@@ -26,7 +26,7 @@ import optax
 
 from kitae.algos.collections import td3 as collection
 from kitae.functional.actor_critic import ActorCriticAgent
-from kitae.functional.base import OptimState, critic_ensemble
+from kitae.functional.base import OptimState, critic_ensemble, output_shapes
 from kitae.modules.pytree import TrainState
 
 __all__ = ["TD3"]
@@ -117,10 +117,19 @@ class TD3(ActorCriticAgent):
     # -- state -----------------------------------------------------------------------------------
 
     def init_params(self, rng: Any) -> Params:
-        """Actor and twin critics initialised on dummy inputs; the targets are copies."""
+        """Actor and twin critics initialised on dummy inputs; the targets are copies.
+
+        Raises:
+            TypeError: if the actor's or the critic's outputs do not fit the action space (shapes
+                checked on ``PROBE_BATCH`` zero observations), naming the shape found and the one
+                required.
+        """
         actor_key, critic_key, obs, action = self.dummy_inputs(rng)
         actor = self.actor.init(actor_key, obs)
         critic = self.critic.init(critic_key, obs, action)
+        probe_obs, probe_action = self.probe_inputs()
+        self.check_actor_output(output_shapes(self.actor.apply, actor, probe_obs), "actions in [-1, 1]")
+        output_shapes(self.critic.apply, critic, probe_obs, probe_action)  # critic_ensemble checks the shapes
         copy = jax.tree_util.tree_map(jnp.copy, (actor, critic))
         return TD3.Params(actor, critic, *copy)
 

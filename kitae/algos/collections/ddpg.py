@@ -37,6 +37,7 @@ import numpy as np
 
 import kitae.algos.collections.td3 as td3
 import kitae.config as cfg
+from kitae.action_masks import refuse_action_mask
 from kitae.base import OffPolicyAgent, agent_keys
 from kitae.buffer import Experience
 from kitae.config import AlgoParams, register_algo_params, validate_types
@@ -135,6 +136,7 @@ def train_state_ddpg_factory(
 ) -> td3.TD3State:
     """TD3's state with one critic: the actor, the critic, their targets and Adam optimizers."""
     td3.check_action_space(config.env_cfg.action_space, "DDPG")
+    refuse_action_mask(config.env_cfg.observation_space, "DDPG")  # named DDPG, not TD3, in the error
     return td3.train_state_td3_factory(key, config, preprocess_fn=preprocess_fn, tabulate=tabulate)
 
 

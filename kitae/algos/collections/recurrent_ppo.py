@@ -144,13 +144,17 @@ def sequence_length(config: cfg.AlgoConfig) -> int:
     return config.update_cfg.max_buffer_size if p.sequence_length is None else p.sequence_length
 
 
+NAME = "recurrent PPO (ppo_lstm)"
+"""How errors name this algorithm (``check_spaces`` would say ``PPO``, the user made ``ppo_lstm``)."""
+
+
 def check_config(config: cfg.AlgoConfig) -> None:
     """Refuses configs recurrent PPO cannot train, when the agent is made.
 
     Raises:
-        ValueError: naming the field, its value and what is allowed.
+        ValueError: naming the field, its value and what is allowed (spaces: naming ``NAME``).
     """
-    check_spaces(config)
+    check_spaces(config, NAME)
     length, rollout, batch = sequence_length(config), config.update_cfg.max_buffer_size, config.update_cfg.batch_size
     if rollout % length:
         raise ValueError(

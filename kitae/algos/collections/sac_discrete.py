@@ -15,6 +15,9 @@ With a categorical policy every expectation over actions is a sum, not a sample:
 The state (``SACState``), the hyperparameters (``SACParams``), ``apply_gradients`` (the critics'
 step and Polyak targets every step, the actor's and the temperature's every ``policy_frequency``)
 and the agent class are SAC's. Actions are uniform random before ``start_step`` transitions.
+
+Action masks are not supported: observations with an ``"action_mask"`` key are refused when the
+agent is made (``kitae.action_masks.refuse_action_mask``), as continuous SAC refuses them.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import jax.numpy as jnp
 
 import kitae.algos.collections.sac as sac
 import kitae.config as cfg
+from kitae.action_masks import refuse_action_mask
 from kitae.algos.gradients import update_step_from_gradients
 from kitae.algos.utils import critic_td_errors, n_step_gamma, weighted_mean
 from kitae.distributions import Categorical
@@ -124,10 +128,17 @@ def train_state_factory(
 ) -> sac.SACState:
     """The actor (``policy_factory``: a categorical policy, ReLU, ``policy_hidden``), the critics
     (``qvalue_factory``: ``Q(s, .)`` per critic, ``q_hidden``, ``n_critics``; the targets a copy)
-    and the temperature, each with its own Adam (``optimizer_from_config`` with its rate)."""
+    and the temperature, each with its own Adam (``optimizer_from_config`` with its rate).
+
+    Raises:
+        ValueError: for observations that carry an ``"action_mask"`` (``refuse_action_mask``):
+            discrete SAC's policy, random actions and targets do not read masks, so a masked
+            environment would get illegal actions.
+    """
     p: sac.SACParams = config.algo_params
     observation_space, action_space = config.env_cfg.observation_space, config.env_cfg.action_space
     assert isinstance(action_space, gym.spaces.Discrete)  # SAC picks this module for Discrete only
+    refuse_action_mask(observation_space, "SAC")
     policy_key, q_key = jax.random.split(key)
     policy = policy_factory(observation_space, action_space, hidden=p.policy_hidden, activation="relu")
     qvalue = qvalue_factory(observation_space, action_space, hidden=p.q_hidden, n_critics=p.n_critics)

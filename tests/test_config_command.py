@@ -101,6 +101,8 @@ def test_a_config_file_given_is_named_and_its_values_kept(capsys, tmp_path):
         (["ppo", "CartPole-v1", "--set", "learning_rate=1e-3"], "did you mean 'update_cfg.learning_rate'?"),
         (["ppo", "CartPole-v1", "--steps", "0"], "--steps 0 is not allowed"),
         (["ppo", "CartPole-v1", "--async"], "--async needs --workers N"),
+        # whole iterations of 512 steps take it past the int32 step counters: refused, as by train
+        (["ppo", "gymnax:CartPole-v1", "--steps", "2147483647"], "in whole iterations of 512 steps it is 2,147,"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(capsys, tmp_path, argv, expected):

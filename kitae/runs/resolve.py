@@ -23,6 +23,7 @@ from kitae.loops.executor import Executor, executor_for
 from kitae.runs.errors import RunError
 from kitae.runs.presets import build_config, preset_ids, preset_path, resolve
 from kitae.runs.rundir import default_run_dir, read_run_config, run_config_names
+from kitae.schedule import Schedule
 
 __all__ = [
     "RunSpec",
@@ -197,12 +198,15 @@ def resolve_train(spec: RunSpec) -> tuple[ResolvedRun, Any]:
     run_dir = Path(spec.run_dir) if spec.run_dir else default_run_dir(spec.algo, env_spec.name, config.seed)
     seeds = [config.seed + i for i in range(spec.seeds)] if spec.seeds else None
     executor = executor_of(config, env_spec)
-    if isinstance(executor, DistributedExecutor):
-        try:
+    try:
+        # a total that whole iterations take past the step counters' range: refused here, so that
+        # `kitae config` does not print a config `kitae train` refuses
+        Schedule.from_config(config, agent_cls.algo_type).n_iterations(config.train_cfg.n_env_steps)
+        if isinstance(executor, DistributedExecutor):
             executor.check(env_spec, config.env_cfg.n_envs)
-        except ValueError as error:
-            env.close()
-            raise RunError(str(error)) from None
+    except ValueError as error:
+        env.close()
+        raise RunError(str(error)) from None
     run = ResolvedRun(spec.algo.lower(), agent_cls, env_spec, config, seeds, run_dir, executor)
     return run, env
 

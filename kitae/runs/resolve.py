@@ -13,7 +13,7 @@ import dataclasses
 import textwrap
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from kitae.algos.collections import ALGORITHMS, algorithm_name, algorithm_of_params_name, get_algorithm
 from kitae.config import AlgoConfig
@@ -201,7 +201,7 @@ def resolve_train(spec: RunSpec) -> tuple[ResolvedRun, Any]:
     try:
         # a total that whole iterations take past the step counters' range: refused here, so that
         # `kitae config` does not print a config `kitae train` refuses
-        Schedule.from_config(config, agent_cls.algo_type).n_iterations(config.train_cfg.n_env_steps)
+        Schedule.from_config(config, cast(Any, agent_cls).algo_type).n_iterations(config.train_cfg.n_env_steps)
         if isinstance(executor, DistributedExecutor):
             executor.check(env_spec, config.env_cfg.n_envs)
     except ValueError as error:

@@ -1,6 +1,6 @@
 """The custom-agent guide (docs/custom_agents.md), as a script: a DQN from the four factories.
 
-Run: ``.venv/bin/python examples/custom_dqn.py [N_ENV_STEPS]`` (default 200_000). It trains on
+Run: ``.venv/bin/python examples/custom_dqn.py [N_ENV_STEPS [SEED]]`` (default 200_000 and 0). It trains on
 ``CartPole-v1`` with 16 environments, writes the run directory ``runs/example-dqn`` (TensorBoard
 logs, checkpoints, ...), prints the mean return of the first and last ten episodes and loads the
 trained agent back from the directory. Its module also registers the agent as the command-line
@@ -194,7 +194,7 @@ register_algorithm("custom_dqn", DQN, DQNParams)
 if __name__ == "__main__":
     from kitae.envs.make import make_vec_env
 
-    SEED = 0
+    SEED = int(sys.argv[2]) if len(sys.argv) > 2 else 0
     ENV_ID = "CartPole-v1"
     N_ENVS = 16
     N_ENV_STEPS = int(sys.argv[1]) if len(sys.argv) > 1 else 200_000

@@ -23,7 +23,8 @@ is accepted, and exits with status 2, without a Python traceback and without cha
 directory. Ctrl-C or SIGTERM during ``train`` / ``resume`` finishes the current step, saves a
 checkpoint and exits with status 130 / 143 after saying how to resume. A run whose losses or
 parameters become non-finite stops, keeps its last finite state as its newest checkpoint, writes
-``summary.json`` (``diverged``) and exits with status 3 after one line naming the step and the loss.
+``summary.json`` (``diverged``) and exits with status 3 after one line naming the step and the loss;
+``resume`` of such a run prints that line again, with status 3, before training anything.
 What the file system refuses (a folder that cannot be written, a file where a folder goes, a full
 disk) is one line too, with status 1. A reader that closes the pipe early (``kitae ... | head
 -1``) ends the command quietly with status 141, as SIGPIPE ends other programs.
@@ -106,7 +107,7 @@ EXAMPLES_RESUME = """examples:
 metrics.jsonl and the TensorBoard logs continue from the checkpoint's step: what was logged after
 it is dropped. A compiled (JAX environment) run resumes bit for bit; a host (Gymnasium) run
 resets its environments, whose state cannot be saved, and marks the interrupted episodes
-truncated.
+truncated. A run that diverged is reported again (exit status 3), not trained on.
 """
 
 EXAMPLES_EVAL = """examples:
@@ -566,10 +567,16 @@ def _report(summary: dict, quiet: bool) -> int:
     finals = summary["final_return"] if isinstance(summary["final_return"], list) else [summary["final_return"]]
     # None (or NaN): no training episode ended in the run
     final_text = ", ".join("- (no episode ended)" if v is None or v != v else f"{v:.1f}" for v in finals)
+    # no speed (None, or NaN): a resume that found the run at its end trained nothing, only wrote its summary
+    sps = summary["sps"]
+    speed = (
+        "nothing left to train"
+        if sps is None or sps != sps
+        else f"{sps:,.0f} steps/s, compile {summary['compile_seconds']:.1f} s"
+    )
     print(
         f"{summary['algo']} on {summary['env']}: {summary['steps']:,} steps{_early_text(summary)}, "
-        f"final return {final_text}, {_evaluation_text(summary)}"
-        f"{summary['sps']:,.0f} steps/s, compile {summary['compile_seconds']:.1f} s, "
+        f"final return {final_text}, {_evaluation_text(summary)}{speed}, "
         f"wall {summary['wall_seconds']:.1f} s -> {summary['run_dir']}"
     )
     if quiet:

@@ -715,6 +715,27 @@ def test_resume_of_a_finished_run_says_so_and_changes_nothing(capsys, run_copy):
     assert _snapshot(run_copy) == before
 
 
+def test_resume_of_a_run_stopped_at_its_end_before_its_summary_writes_it(capsys, run_copy):
+    """A run killed after its last checkpoint, while it wrote its summary (as a host sweep's
+    combination could be), has trained every step: ``kitae resume`` once refused it as "already
+    reached"; now it writes the summary the run would have written, trains nothing, and is then
+    refused as any finished run is."""
+    summary = json.loads((run_copy / "summary.json").read_text())
+    (run_copy / "summary.json").unlink()
+    (run_copy / "curve.png").unlink(missing_ok=True)
+    checkpoints = sorted(p.name for p in (run_copy / "checkpoints").iterdir())
+    assert main(["resume", str(run_copy)]) == 0
+    captured = capsys.readouterr()
+    assert f"finishing {run_copy}: it reached step 4,096 of 4,096" in captured.err, captured.err
+    assert ": 4,096 steps, final return" in captured.out and "nothing left to train" in captured.out, captured.out
+    again = json.loads((run_copy / "summary.json").read_text())
+    assert again["steps"] == 4096 and "resumed_from" not in again
+    assert again["state_fingerprint"] == summary["state_fingerprint"]
+    assert again["final_return"] == summary["final_return"] and (run_copy / "curve.png").exists()
+    assert sorted(p.name for p in (run_copy / "checkpoints").iterdir()) == checkpoints
+    _bad(capsys, ["resume", str(run_copy)], "already reached step 4,096 of 4,096", "--steps")
+
+
 def test_bad_run_directories(capsys, run_copy, tmp_path):
     for command in (["resume"], ["eval"], ["plot"]):
         _bad(capsys, [*command, str(tmp_path / "missing")], "does not exist")

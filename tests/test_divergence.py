@@ -41,11 +41,30 @@ def test_a_diverging_run_stops_exits_3_and_keeps_its_last_finite_parameters(tmp_
     assert code == 3
     entry = _check_diverged_run(run_dir, err, steps_at_most=5120)
     assert entry["step"] >= 1000  # the preset learns from step 1,000 on: the first update diverges
-    if env_id.startswith("gymnax:"):  # its checkpoint says it diverged: a resume reports it, not trains on
-        assert main(["resume", str(run_dir), "--quiet"]) == 3
-        err = capsys.readouterr().err
-        assert f"kitae: diverged at step {entry['step']:,}: before the run was resumed" in err, err
-        assert bool(all_finite(load_agent(run_dir).state))
+    _check_resume_reports_it_again(run_dir, env_id, err, capsys)
+
+
+def _check_resume_reports_it_again(run_dir, env_id, line, capsys):
+    """``kitae resume`` (with or without ``--steps``) and ``agent.resume(env)`` of a diverged run
+    report it again at once, with the line ``kitae train`` printed and exit status 3, and leave
+    the run directory as it was: no new checkpoint, the same summary (they once trained on: the
+    compiled loop to its next segment and a new checkpoint, the host loop until it diverged again)."""
+    from kitae.envs.make import EnvSpec, make_env
+    from kitae.runs import RunDiverged
+
+    def snapshot():
+        return {str(p): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+    before = snapshot()
+    for flags in ([], ["--steps", "40000"]):
+        assert main(["resume", str(run_dir), "--quiet", *flags]) == 3
+        assert capsys.readouterr().err == line
+    agent = load_agent(run_dir)
+    assert bool(all_finite(agent.state))
+    with pytest.raises(RunDiverged) as raised:
+        agent.resume(make_env(EnvSpec.parse(env_id), agent.config.env_cfg.n_envs))
+    assert f"kitae: {raised.value}\n" == line
+    assert snapshot() == before
 
 
 def _dqn_in_gymnax():

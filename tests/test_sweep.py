@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -28,6 +29,7 @@ from kitae.runs.errors import RunError
 from kitae.runs.load import load_agent
 from kitae.runs.resolve import preset_agent
 from kitae.runs.signals import StopRequest
+from kitae.runs.summary import describe_divergence
 from kitae.runs.sweep import SweepSpec, parse_grid, sweep_run
 from kitae.runs.sweep_resume import resume_sweep
 
@@ -249,6 +251,33 @@ def test_a_diverging_combination_is_marked_and_the_others_go_on(tmp_path, capsys
     assert json.loads((stopped / "sweep.json").read_text())["combinations"][1]["diverged_seeds"] == [0]
 
 
+def test_a_diverged_combination_of_a_host_sweep_is_not_trained_on_by_a_resume(tmp_path, capsys):
+    """A host-loop combination that diverged is done: ``kitae resume SWEEP_DIR --steps N`` trains
+    the others on and leaves it as it was (it was once resumed from its last finite checkpoint
+    and diverged again), still marked in the table; ``kitae resume`` of it alone reports it again."""
+    sweep_dir = tmp_path / "sweep"
+    command = ["sweep", "dqn", "CartPole-v1", "--grid", f"{LR}=1e-3,1e12", "--steps", "1500",
+               "--set", "update_cfg.max_grad_norm=null", "--sweep-dir", str(sweep_dir), "--quiet"]  # fmt: skip
+    assert main(command) == 0
+    assert "diverged (seeds 0)" in capsys.readouterr().out
+    diverged = sweep_dir / "learning_rate=1e+12"
+    line = describe_divergence(json.loads((diverged / "summary.json").read_text())["diverged"][0], several=True)
+
+    def snapshot():
+        return {str(p): p.read_bytes() for p in sorted(diverged.rglob("*")) if p.is_file()}
+
+    before = snapshot()
+    assert main(["resume", str(sweep_dir), "--steps", "2500", "--quiet"]) == 0, capsys.readouterr().err
+    assert snapshot() == before
+    fine, marked = json.loads((sweep_dir / "sweep.json").read_text())["combinations"]
+    assert fine["diverged_seeds"] == [] and marked["diverged_seeds"] == [0]
+    assert json.loads((sweep_dir / "learning_rate=0.001" / "summary.json").read_text())["steps"] >= 2500
+    capsys.readouterr()
+    assert main(["resume", str(diverged), "--quiet"]) == 3
+    assert capsys.readouterr().err == f"kitae: {line}\n"
+    assert snapshot() == before
+
+
 def test_a_host_sweep_on_ray_workers_gives_the_runs_of_one_after_another(tmp_path, capsys):
     """A host-loop sweep trains its combinations one after another, each a run directory with its
     values; with ``--workers 2`` at once in Ray tasks (a runtime the sweep starts and stops), each
@@ -369,6 +398,75 @@ def test_ctrl_c_stops_a_sequential_host_sweep_at_the_running_combination(tmp_pat
     assert 0 < load_agent(first).env_step < 400_000
     assert [p.name for p in second.iterdir()] == ["config.yaml"]  # written up front; nothing trained
     assert not (sweep_dir / "sweep.json").exists()
+
+
+@contextlib.contextmanager
+def _sigint_at_first_call(monkeypatch, name):
+    """A real SIGINT sent to this process the first time the function ``name`` is called, before
+    it runs: the moment of a Ctrl-C chosen exactly. Python's own handler is installed meanwhile
+    (a test process started in the background ignores SIGINT) and put back after."""
+    module, _, attr = name.rpartition(".")
+    original = getattr(__import__(module, fromlist=[attr]), attr)
+    calls = []
+
+    def interrupted(*args, **kwargs):
+        if not calls:
+            calls.append(name)
+            os.kill(os.getpid(), signal.SIGINT)
+        return original(*args, **kwargs)
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(name, interrupted)
+            yield calls
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+@pytest.mark.parametrize(
+    "when",
+    [
+        "kitae.runs.session.run_divergences",  # the first combination's last step done, in its run
+        "kitae.runs.session.plot_run",  # it writes its curve and summary, after its run's own handler
+    ],
+    ids=["as-it-ends", "writing-its-summary"],
+)
+def test_ctrl_c_between_two_combinations_of_a_host_sweep_stops_it_there(tmp_path, capsys, monkeypatch, when):
+    """A Ctrl-C that comes as a combination of a sequential host sweep has trained its last step
+    was acknowledged, then lost: the sweep trained every other combination and exited 0. One that
+    came while it wrote its summary aborted it ("kitae: interrupted"), its checkpoint at the end but
+    no summary.json, and ``kitae resume SWEEP_DIR`` then refused that combination as "past the
+    total" (1,536 steps of 1,500: whole iterations). Now the combination finishes (its summary
+    written), the sweep starts no other and says so in its one line (exit status 130), and ``kitae
+    resume SWEEP_DIR`` finishes it; a combination left at its end without a summary (a process
+    killed then) gets its summary written, without training."""
+    sweep_dir = tmp_path / "sweep"
+    first, second = sweep_dir / "learning_rate=0.001", sweep_dir / "learning_rate=0.0003"
+    command = ["sweep", "dqn", "CartPole-v1", "--grid", f"{LR}=1e-3,3e-4", "--steps", "1500", "--quiet"]
+    with _sigint_at_first_call(monkeypatch, when) as calls:
+        code = main([*command, "--sweep-dir", str(sweep_dir)])
+    err = capsys.readouterr().err
+    assert calls and code == 130, err
+    summary = json.loads((first / "summary.json").read_text())
+    assert summary["steps"] == 1536  # whole iterations: where a run of 1,500 steps ends
+    assert "SIGINT received" in err and err.strip().splitlines()[-1] == (
+        f"kitae: sweep stopped by SIGINT at step 1,536 in {sweep_dir}; finished: learning_rate=0.001; not started: "
+        f"learning_rate=0.0003; finish it with: kitae resume {sweep_dir}"
+    ), err
+    assert [p.name for p in second.iterdir()] == ["config.yaml"]  # written up front; nothing trained
+    assert not (sweep_dir / "sweep.json").exists()
+    # as a process killed while it wrote them leaves it: its last checkpoint, no summary or curve
+    (first / "summary.json").unlink()
+    (first / "curve.png").unlink()
+    assert main(["resume", str(sweep_dir), "--quiet"]) == 0, capsys.readouterr().err
+    report = json.loads((sweep_dir / "sweep.json").read_text())
+    assert sorted(Path(c["run_dir"]).name for c in report["combinations"]) == [second.name, first.name]
+    again = json.loads((first / "summary.json").read_text())
+    assert again["steps"] == 1536 and "resumed_from" not in again  # nothing trained: its summary written
+    assert again["state_fingerprint"] == summary["state_fingerprint"]
+    assert again["final_return"] == summary["final_return"] and (first / "curve.png").exists()
+    assert json.loads((second / "summary.json").read_text())["steps"] == 1536
 
 
 @pytest.mark.parametrize(

@@ -15,13 +15,15 @@ its ``train_cfg.n_env_steps``; ``config.yaml`` records a new total); ``metrics.j
 rows logged after the checkpoint; the new TensorBoard event file purges the old file's events past
 it. A compiled run comes back whole (environments included) and ends bit for bit where an
 uninterrupted one ends; a host run's environments are reset and the episodes that were running
-are marked truncated at the cut.
+are marked truncated at the cut. A run that diverged (every seed of it) is reported again
+(``RunDiverged``) instead of trained on.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import sys
 import time
 from pathlib import Path
@@ -52,7 +54,13 @@ from kitae.runs.rundir import (
     write_config,
 )
 from kitae.runs.signals import StopRequest, stop_on_signals
-from kitae.runs.summary import describe_divergence, relative_checkpoint, run_divergences, write_run_summary
+from kitae.runs.summary import (
+    describe_divergence,
+    every_seed_diverged,
+    relative_checkpoint,
+    run_divergences,
+    write_run_summary,
+)
 from kitae.runs.tensorboard import flush_to_disk, tensorboard_writer
 from kitae.validation import check_positive_int
 
@@ -378,6 +386,29 @@ def train_agent(agent: Any, env: Any, n_env_steps: int | None, *, callbacks: Any
 # ---------------------------------------------------------------------------------------------
 
 
+def _refuse_a_diverged_run(run_dir: Path, env: Any = None) -> None:
+    """A run whose ``summary.json`` records that it diverged, every seed of it
+    (``every_seed_diverged``: a run of one seed, a sweep's combination), is reported again with
+    the line ``kitae train`` printed, before anything is made or compiled: its newest checkpoint
+    holds the last finite parameters, from which the same config diverges again. (A run of seeds
+    trained together where some did not diverge goes on: the diverged ones stay so.)
+
+    Raises:
+        RunDiverged: naming the step and the losses, as when it diverged (``env`` closed).
+    """
+    path = run_dir / "summary.json"
+    try:
+        summary = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, json.JSONDecodeError):  # unreadable: the checkpoints decide, as without one
+        return
+    if not isinstance(summary, dict) or not every_seed_diverged(summary):
+        return
+    if hasattr(env, "close"):
+        env.close()
+    several = "seeds" in summary
+    raise RunDiverged("; ".join(describe_divergence(entry, several=several) for entry in summary["diverged"]))
+
+
 def _check_total(run_dir: Path, reached: int, total: int) -> None:
     if reached >= total:
         raise RunError(
@@ -396,10 +427,14 @@ def _prepare_resume(run: ResolvedRun, keep: dict[Any, int]) -> None:
 def resume_run(run_dir: str | Path, steps: int | None = None, quiet: bool = False) -> dict:
     """Goes on training the run in ``run_dir`` from its newest readable checkpoint until ``steps``
     environment steps in all (default: the run's ``train_cfg.n_env_steps``), then writes the
-    summary as ``kitae train`` does. Everything is checked before anything is written.
+    summary as ``kitae train`` does. Everything is checked before anything is written. A run whose
+    checkpoints already end where a run of ``steps`` ends but which has no ``summary.json`` (killed
+    while it wrote it, a sweep's combination stopped then) trains nothing: its summary is written.
 
     Raises:
         RunError: no such run directory, no readable checkpoint, a run already at ``steps``...
+        RunDiverged: a run that diverged, every seed of it (its ``summary.json`` says so),
+            before anything is made or written.
     """
     run_dir = check_run_dir(run_dir)
     with in_use_by_this_process(run_dir):
@@ -407,6 +442,7 @@ def resume_run(run_dir: str | Path, steps: int | None = None, quiet: bool = Fals
 
 
 def _resume_run(run_dir: Path, steps: int | None, quiet: bool) -> dict:
+    _refuse_a_diverged_run(run_dir)
     seeds = run_seeds(run_dir)
     run = resolve_run_dir(run_dir, steps=steps, seeds=seeds)
     dirs = checkpoint_dirs(run_dir)
@@ -417,7 +453,20 @@ def _resume_run(run_dir: Path, steps: int | None, quiet: bool) -> dict:
             agent = run.make_agent()
             payload, restored = restore_payload(agent, env, run.executor, dirs[None], resuming=True)
             batched = payload.meta.get("seeds")
-            plans.append(Plan(dirs[None], run.config.seed, seeds=batched, agent=agent, env=env, start=payload.state))
+            done = not batched and restored.step >= run.total
+            if done:
+                apply_loop_state(agent, payload.state)
+            plans.append(
+                Plan(
+                    dirs[None],
+                    run.config.seed,
+                    seeds=batched,
+                    agent=agent,
+                    env=env,
+                    start=payload.state,
+                    finished=done,
+                )
+            )
             keep = dict.fromkeys(batched or [run.config.seed], restored.step)
         else:  # a host run of several seeds, one after the other
             keep = {}
@@ -450,13 +499,29 @@ def _resume_run(run_dir: Path, steps: int | None, quiet: bool) -> dict:
         env.close()
         raise restore_error(error, run) from None
     try:
-        _check_total(run_dir, min(keep.values()), run.total)
-    except RunError:
+        # killed (or a sweep stopped) after its last checkpoint, before its summary was written:
+        # every seed is where a run of this total ends (whole iterations: a run of 6,000 steps may
+        # end at 6,144), so only the summary is left to write
+        ends = plans[0].agent.schedule.run_steps(run.total)
+        finishing = (
+            all(plan.finished for plan in plans)
+            and max(keep.values()) <= ends
+            and not (run_dir / "summary.json").exists()
+        )
+        if not finishing:
+            _check_total(run_dir, min(keep.values()), run.total)
+    except (RunError, ValueError):
         env.close()
         raise
     first_step = keep[(seeds or [run.config.seed])[0]]
     _prepare_resume(run, keep)
-    if not quiet:
+    if finishing:
+        env.close()
+        for plan in plans:
+            plan.env = None
+        if not quiet:
+            print(f"finishing {run_dir}: it reached step {first_step:,} of {run.total:,}", file=sys.stderr)
+    elif not quiet:
         print(f"resuming {run_dir} from step {first_step:,} to {run.total:,} steps", file=sys.stderr)
     return execute(
         run,
@@ -465,7 +530,7 @@ def _resume_run(run_dir: Path, steps: int | None, quiet: bool) -> dict:
         quiet=quiet,
         purge_step=first_step + 1,
         describe_config=False,
-        extra_summary={"resumed_from": first_step},
+        extra_summary={} if finishing else {"resumed_from": first_step},
     )[0]
 
 
@@ -478,6 +543,7 @@ def resume_agent(
 
     Raises:
         RunError: no readable checkpoint, or one already at ``n_env_steps``.
+        RunDiverged: the run diverged (its ``summary.json`` says so), before anything is restored.
     """
     run = resolve_agent(agent, env)
     total = agent.config.train_cfg.n_env_steps if n_env_steps is None else n_env_steps
@@ -490,6 +556,7 @@ def resume_agent(
 
 
 def _resume_agent(agent: Any, env: Any, run: ResolvedRun, total: int, callbacks: Any, quiet: bool) -> RunResult:
+    _refuse_a_diverged_run(run.run_dir, env)
     directory = run.run_dir / "checkpoints"
     try:
         payload, restored = restore_payload(agent, env, run.executor, directory, resuming=True)

@@ -13,6 +13,8 @@ from kitae.loops.callbacks import Callback
 
 __all__ = ["StopRequest", "stop_on_signals"]
 
+_held: list[StopRequest] = []  # the requests of the stop_on_signals blocks the main thread is in
+
 
 class StopRequest(Callback):
     """Set by the first SIGINT / SIGTERM. As a callback, its ``should_stop`` tells the executor to
@@ -38,11 +40,19 @@ def stop_on_signals(
 ) -> Iterator[StopRequest]:
     """Within the block, SIGINT (Ctrl-C) and SIGTERM ask the run to stop cleanly; a second Ctrl-C
     aborts at once (``KeyboardInterrupt``). Handlers are only installed in the main thread.
-    ``doing``: what the notice printed at the first signal says happens next."""
-    stop = StopRequest()
+    ``doing``: what the notice printed at the first signal says happens next.
+
+    Within an outer block (a host-loop sweep around each combination's run) it yields the outer
+    block's request and installs nothing: a signal that comes between two runs, or while one
+    writes its summary, is recorded where the outer block looks for it, not lost with an inner
+    block's handler (nor turned into ``KeyboardInterrupt`` by Python's own between them)."""
     if threading.current_thread() is not threading.main_thread():
-        yield stop
+        yield StopRequest()
         return
+    if _held:
+        yield _held[-1]
+        return
+    stop = StopRequest()
 
     def handler(signum: int, frame: Any) -> None:
         if stop.signal is None:
@@ -53,8 +63,10 @@ def stop_on_signals(
             raise KeyboardInterrupt
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    _held.append(stop)
     try:
         yield stop
     finally:
+        _held.remove(stop)
         for sig, old in previous.items():
             signal.signal(sig, old)

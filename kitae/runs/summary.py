@@ -13,7 +13,13 @@ from kitae.runs.provenance import made_with
 from kitae.runs.resolve import ResolvedRun
 from kitae.runs.rundir import final_return_from_rows, peak_rss_mb, write_summary
 
-__all__ = ["write_run_summary", "run_divergences", "describe_divergence", "relative_checkpoint"]
+__all__ = [
+    "write_run_summary",
+    "run_divergences",
+    "describe_divergence",
+    "relative_checkpoint",
+    "every_seed_diverged",
+]
 
 
 def write_run_summary(
@@ -89,6 +95,16 @@ def run_divergences(result: RunResult, run_dir: Path, checkpoint: Path | None) -
             out.append({"seed": seed, "step": divergence.step, "what": divergence.describe(), "losses": losses,
                         "checkpoint": where})  # fmt: skip
     return out
+
+
+def every_seed_diverged(summary: dict) -> bool:
+    """``summary.json``'s content records that every seed of the run diverged (its ``diverged``
+    entries name them all: ``seed``, or each of ``seeds``). ``kitae resume`` and ``agent.resume``
+    report such a run again instead of training on (seeds trained together where some did not
+    diverge go on: the diverged ones stay so)."""
+    entries = summary.get("diverged") or []
+    seeds = summary.get("seeds") or [summary.get("seed")]
+    return bool(entries) and set(seeds) <= {entry.get("seed") for entry in entries}
 
 
 def describe_divergence(entry: dict, several: bool) -> str:

@@ -28,11 +28,12 @@ A combination that diverges (``kitae.loops.collect.update_step``: a non-finite l
 marked ``diverged`` in the table and ``sweep.json``; its seeds stop updating and the other
 combinations go on. Ctrl-C stops the sweep: a compiled sweep after the current segment with each
 combination's checkpoint saved; a host sweep stops its running combinations with their checkpoints
-and starts no other; the command names which combinations finished, stopped with a checkpoint,
-or had not started. ``kitae resume SWEEP_DIR`` (``kitae.runs.sweep_resume``) finishes it: a
-compiled sweep goes on as one program from its combinations' checkpoints (the bits of a sweep
-never stopped), a host sweep resumes the stopped combinations and trains those not started; then
-the table and plot are written.
+and starts no other (one after another, under one stop request: a signal that comes as one
+combination ends, or between two, lets it finish and stops the sweep there); the command names
+which combinations finished, stopped with a checkpoint, or had not started. ``kitae resume
+SWEEP_DIR`` (``kitae.runs.sweep_resume``) finishes it: a compiled sweep goes on as one program
+from its combinations' checkpoints (the bits of a sweep never stopped), a host sweep resumes the
+stopped combinations and trains those not started; then the table and plot are written.
 """
 
 from __future__ import annotations
@@ -325,11 +326,18 @@ def _host_sweep(
     named in ``resume`` go on from their checkpoints). Returns the stop's description when a
     signal stopped the sweep, else ``None``."""
     if workers is None:
-        for i, (_, combo) in enumerate(combos):
-            going_on = combo.run_dir.name in resume
-            summary = train_combination(combo, str(run.run_dir), env if i == 0 else None, quiet, going_on)
-            if summary.get("stopped"):  # Ctrl-C: this combination saved its checkpoint; the rest wait
-                return {key: summary[key] for key in ("stopped", "signal", "signum", "steps")}
+        # one request for the whole sweep, shared by each combination's run (``stop_on_signals``
+        # nests): a signal that comes as a combination ends or while it writes its summary is
+        # not lost (its summary is written, then the sweep stops); one that comes while the next
+        # sets up stops that one after its first step, with its checkpoint
+        with stop_on_signals() as stop:
+            for i, (_, combo) in enumerate(combos):
+                going_on = combo.run_dir.name in resume
+                summary = train_combination(combo, str(run.run_dir), env if i == 0 else None, quiet, going_on)
+                if summary.get("stopped"):  # Ctrl-C: this combination saved its checkpoint; the rest wait
+                    return {key: summary[key] for key in ("stopped", "signal", "signum", "steps")}
+                if stop():  # the signal came after its last step: it finished; the rest wait
+                    return {"stopped": True, "signal": stop.name, "signum": stop.signal, "steps": summary["steps"]}
         return None
     if env is not None:
         env.close()  # each task makes its own

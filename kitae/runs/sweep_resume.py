@@ -9,7 +9,9 @@ stopped by Ctrl-C, SIGTERM or a killed process can be finished from its director
   no such step (killed before its first checkpoint) it starts again from the beginning;
 - a host-loop sweep resumes each combination stopped with a checkpoint (as ``kitae resume`` does)
   and trains each one not started (as ``kitae train`` does), one after another or on the Ray
-  workers the sweep was given;
+  workers the sweep was given. One whose checkpoint is where its run ends (whole iterations:
+  ``Schedule.run_steps``) but which has no ``summary.json`` gets its summary, nothing trained;
+  one that diverged (every seed) is done;
 
 then writes ``sweep.json``, ``table.txt`` and ``curves.png`` as an uninterrupted sweep does.
 ``steps`` (``--steps N``) trains every combination further, to ``N`` steps in all.
@@ -23,6 +25,7 @@ import json
 import shutil
 import time
 from pathlib import Path
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -34,8 +37,10 @@ from kitae.runs.load import checkpoint_dirs, restore_error, restore_payload
 from kitae.runs.lock import in_use_by_this_process
 from kitae.runs.resolve import ResolvedRun, make_run_env, resolve_run_dir
 from kitae.runs.rundir import check_run_dir, truncate_metrics, write_config
+from kitae.runs.summary import every_seed_diverged
 from kitae.runs.sweep import PLAN, _compiled_sweep, _host_sweep, _where_each_stopped
 from kitae.runs.sweep_report import write_sweep
+from kitae.schedule import Schedule
 
 __all__ = ["is_sweep_dir", "resume_sweep"]
 
@@ -93,8 +98,9 @@ def resume_sweep(sweep_dir: str | Path, steps: int | None = None, quiet: bool = 
         stopped, compile_seconds, train_seconds = None, float("nan"), float("nan")
         finished = len(_where_each_stopped(combos)["finished"]) == len(combos)
         reached = 0
-        if finished:
-            reached = min(json.loads((c.run_dir / "summary.json").read_text())["steps"] for _, c in combos)
+        if finished:  # a diverged combination stays so: the others' steps say how far the sweep is
+            summaries = [_summary(c) or {} for _, c in combos]
+            reached = min((s["steps"] for s in summaries if not _diverged(s)), default=total)
         if finished and reached >= total:
             if (sweep_dir / "sweep.json").exists():
                 raise RunError(
@@ -174,17 +180,39 @@ def _go_on_host(
     started, one after another or on the sweep's Ray workers."""
     left, resume = [], set()
     for values, combo in combos:
-        summary = combo.run_dir / "summary.json"
-        if summary.exists() and json.loads(summary.read_text())["steps"] >= combo.total:
+        summary = _summary(combo)
+        if summary is not None and (summary["steps"] >= combo.total or _diverged(summary)):
             continue
-        if _reached(combo):
-            _check_total(_reached(combo)[-1], combo.total)  # each checked before any is touched
+        reached = _reached(combo)
+        if reached:
+            # a combination stopped after its last step, before its summary: it reached the total
+            # (rounded up to whole iterations); resuming it writes its summary
+            if summary is not None or reached[-1] > _run_steps(combo):
+                _check_total(reached[-1], combo.total)  # each checked before any is touched
             resume.add(combo.run_dir.name)
         left.append((values, combo))
     for values, combo in left:
         if combo.run_dir.name not in resume:  # not started, or stopped before its first checkpoint
             _prepare([(values, combo)], 0)
     return _host_sweep(run, None, left, quiet, plan["workers"], plan["address"], frozenset(resume))
+
+
+def _summary(combo: ResolvedRun) -> dict | None:
+    """The combination's ``summary.json`` (written when it finished), or ``None``."""
+    path = combo.run_dir / "summary.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _diverged(summary: dict) -> bool:
+    """A combination whose every seed diverged: ``kitae resume`` reports it instead of training it
+    on (``kitae.runs.session``), so it is done at any total."""
+    return every_seed_diverged(summary)
+
+
+def _run_steps(combo: ResolvedRun) -> int:
+    """Where a run of the combination's total ends: whole iterations (``Schedule.run_steps``)."""
+    algo_type = cast(Any, combo.agent_cls).algo_type  # an agent class's: on- or off-policy
+    return Schedule.from_config(combo.config, algo_type).run_steps(combo.total)
 
 
 def _check_total(step: int, total: int) -> None:

@@ -163,6 +163,15 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _seed(text: str) -> int:
+    """An evaluation seed: an int in [0, 2**32), refused by argparse otherwise (Gymnasium's reset
+    raised on a negative one, a traceback)."""
+    value = _positive_int(text)
+    if not 0 <= value < 2**32:
+        raise argparse.ArgumentTypeError(f"{value} is not allowed; allowed: an int in [0, 2**32)")
+    return value
+
+
 def _add_train_flags(parser: argparse.ArgumentParser, seeds: bool = False) -> None:
     """ALGO, ENV and the flags that decide a run's config, as ``kitae train`` and ``kitae config``
     take them (with ``seeds``, ``kitae train``'s ``--seeds`` in its place among them)."""
@@ -303,8 +312,12 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_train_flags(train, seeds=True)
-    train.add_argument("--run-dir", help="where to write the run (default runs/<algo>-<env>-s<seed>-<time>)")
-    train.add_argument("--quiet", action="store_true", help="no progress bar (for scripts and CI)")
+    train.add_argument("--run-dir", help="where to write the run (default runs/<algo>-<env>-s<seed>-<date>-<time>)")
+    train.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress bar; after the result line, one JSON line: run_dir, final_return, sps, state_fingerprint",
+    )
     _add_import_flag(train)
 
     sweep = sub.add_parser(
@@ -327,7 +340,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sweep.add_argument("--seeds", type=_positive_int, default=1, help="seeds per combination (default 1)")
     _add_shared_run_flags(sweep, "run")
-    sweep.add_argument("--sweep-dir", help="where to write the sweep (default runs/sweep-<algo>-<env>-s<seed>-<time>)")
+    sweep.add_argument(
+        "--sweep-dir", help="where to write the sweep (default runs/sweep-<algo>-<env>-s<seed>-<date>-<time>)"
+    )
     sweep.add_argument("--quiet", action="store_true", help="no progress bar")
     sweep.add_argument(
         "--workers",
@@ -393,7 +408,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--video", action="store_true", help="record one episode as an MP4 in RUN_DIR/videos/")
     evaluate.add_argument(
         "--seed",
-        type=_positive_int,
+        type=_seed,
         default=0,
         help="seed of the evaluation episodes (default: 0; episode i of a Gymnasium env uses seed+i)",
     )

@@ -785,6 +785,9 @@ def test_bad_eval_and_plot_arguments(capsys, run_copy, tmp_path):
     _bad(capsys, ["eval", str(run_copy), "--episodes", "0"], "--episodes 0 is not allowed")
     _bad(capsys, ["eval", str(run_copy), "--episodes", "-3"], "--episodes -3 is not allowed")
     _bad(capsys, ["eval", str(run_copy), "--episodes", "many"], "'many' is not an int")
+    # Gymnasium's reset raised on a negative seed: a traceback before
+    _bad(capsys, ["eval", str(run_copy), "--seed", "-1"], "-1 is not allowed; allowed: an int in [0, 2**32)")
+    _bad(capsys, ["eval", str(run_copy), "--seed", str(2**32)], "allowed: an int in [0, 2**32)")
     _bad(capsys, ["plot", str(run_copy), "-o", str(tmp_path / "curve.txt")], ".png")
     _bad(capsys, ["plot", str(run_copy), "-o", str(tmp_path / "nowhere" / "c.png")], "does not exist")
     _bad(capsys, ["plot", str(run_copy), "--window", "0"], "--window 0 is not allowed; allowed: an int >= 1")

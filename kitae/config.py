@@ -125,6 +125,11 @@ def unknown_field_message(field: Any, where: str, names: list[str], prefix: str 
     return f"unknown field {prefix}{field} in {where}{hint}; allowed fields: {', '.join(names)}"
 
 
+def _fields_text(names: list[str]) -> str:
+    """``"the field a"`` or ``"the fields a, b"``: every missing field named at once, not the first only."""
+    return f"the field {names[0]}" if len(names) == 1 else f"the fields {', '.join(names)}"
+
+
 def _from_mapping(cls: type[D], data: Any, prefix: str) -> D:
     """Builds a dataclass from a mapping, rejecting unknown keys by name."""
     if not isinstance(data, dict):
@@ -140,7 +145,7 @@ def _from_mapping(cls: type[D], data: Any, prefix: str) -> D:
     ]
     missing = [name for name in required if name not in data]
     if missing:
-        raise ValueError(f"{cls.__name__} is missing the field {prefix}{missing[0]}")
+        raise ValueError(f"{cls.__name__} is missing {_fields_text([prefix + name for name in missing])}")
     return cls(**data)
 
 
@@ -641,7 +646,7 @@ class AlgoConfig:
             raise ValueError(unknown_field_message(unknown[0], "AlgoConfig", allowed))
         missing = [name for name in allowed if name not in data and name not in ("distributed", "replay")]
         if missing:
-            raise ValueError(f"AlgoConfig is missing the field {missing[0]}")
+            raise ValueError(f"AlgoConfig is missing {_fields_text(missing)}")
         params_cls = algo_params_type
         if params_cls is None:
             if class_name is None:

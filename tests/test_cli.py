@@ -401,7 +401,9 @@ def test_the_guides_agent_registered_trains_resumes_and_evaluates_from_the_comma
         "--quiet",
     ]
     assert main([*train, "--import", example]) == 2  # a field without a default must be given
-    assert "DQNParams is missing the field algo_params.exploration" in capsys.readouterr().err
+    # every field without a default named at once
+    expected = "DQNParams is missing the fields algo_params.exploration, algo_params.gamma, algo_params.skip_steps"
+    assert expected in capsys.readouterr().err
     assert main([*train, *sets, "--import", example, "--set", "train_cfg.save_frequency=300"]) == 0
     agent_cls, params_cls = get_algorithm("custom_dqn")
     assert agent_cls.__module__ == "custom_dqn" and "custom_dqn" not in BUILT_IN

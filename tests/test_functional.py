@@ -8,6 +8,8 @@ Haiku and Flax; every rejected input raises an error that names it.
 
 from __future__ import annotations
 
+import re
+
 import flax.linen as nn
 import gymnasium as gym
 import haiku as hk
@@ -301,6 +303,22 @@ def test_update_names_missing_data_keys_and_bad_rng():
         agent.update(params, optimizer_state, data)
     with pytest.raises(TypeError, match="rng=3 is not allowed"):
         agent.init_params(3)
+
+
+@pytest.mark.parametrize("jitted", [False, True])
+@pytest.mark.parametrize("key,shape", [("action", (16, 1)), ("reward", (16, 1)), ("terminated", (15,))])
+def test_update_names_data_of_another_shape(jitted, key, shape):
+    """An ``action`` of shape ``(B, 1)`` for a ``Discrete`` space failed inside JAX's
+    ``take_along_axis`` ("indices and arr must have the same number of dimensions")."""
+    agent = DQN(haiku_network, ENV, 1e-3)
+    if jitted:
+        agent.jit()
+    params, _, optimizer_state = fresh(agent)
+    data = batch(jax.random.PRNGKey(0))
+    data[key] = jnp.zeros(shape, data[key].dtype)
+    expected = f"data[{key!r}] has shape {shape}, which is not allowed; required: (16,)"
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        agent.update(params, optimizer_state, data)
 
 
 @pytest.mark.parametrize("jitted", [False, True])

@@ -299,9 +299,31 @@ an episode was truncated), ``action`` ``(B,)`` or ``(B, d)`` in the environment'
 ``key``: the PRNG key of the update (default ``fold_in(PRNGKey(seed), OptimState.count)``)."""
 
 
-def off_policy_experience(data: Mapping[str, Any], algo: str) -> Experience:
-    """``data`` (``OFF_POLICY_DATA_KEYS``) as the collection's ``Experience``."""
+def off_policy_experience(data: Mapping[str, Any], algo: str, action_space: gym.Space | None = None) -> Experience:
+    """``data`` (``OFF_POLICY_DATA_KEYS``) as the collection's ``Experience``.
+
+    Raises:
+        ValueError: naming the key, for ``reward`` or ``terminated`` not ``(B,)``, or ``action``
+            not ``(B,)`` for a ``Discrete`` / ``(B, *shape)`` for a ``Box`` ``action_space``, where
+            ``B`` is ``obs``'s leading axis (shapes are static: checked while traced, at no cost).
+    """
     obs, action, reward, terminated, next_obs = data_fields(data, OFF_POLICY_DATA_KEYS, algo)
+    leaves = jax.tree_util.tree_leaves(obs)
+    batch = jnp.shape(leaves[0])[0] if leaves and jnp.ndim(leaves[0]) else None
+    if batch is not None:
+        required: dict[str, tuple[int, ...]] = {"reward": (batch,), "terminated": (batch,)}
+        if isinstance(action_space, gym.spaces.Discrete):
+            required["action"] = (batch,)
+        elif isinstance(action_space, gym.spaces.Box):
+            required["action"] = (batch, *action_space.shape)
+        for name, shape in required.items():
+            found = tuple(jnp.shape(data[name]))
+            if found != shape:
+                space = f" for {action_space}" if name == "action" else ""
+                raise ValueError(
+                    f"{algo}.update: data[{name!r}] has shape {found}, which is not allowed; required: {shape}{space} "
+                    f"(B={batch}, from data['obs'])"
+                )
     return Experience(
         observation=obs,
         action=action,
@@ -406,7 +428,7 @@ class BaseAgent(abc.ABC):
     def off_policy_update(self, state: Any, data: Mapping[str, Any], count: jax.Array) -> tuple[Any, dict]:
         """The collection's processing then one update step on a batch (``OFF_POLICY_DATA_KEYS``),
         with ``(process_key, step_key) = split(update_key(data, seed, count))``."""
-        experience = off_policy_experience(data, type(self).__name__)
+        experience = off_policy_experience(data, type(self).__name__, self.action_space)
         process_key, step_key = jax.random.split(update_key(data, self.seed, count))
         return self._update_step(state, step_key, self._process(state, process_key, experience))
 

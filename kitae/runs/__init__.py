@@ -2,7 +2,8 @@
 run directory, and back.
 
 - ``train_run(RunSpec(...))``, ``resume_run(run_dir)``: ``kitae train`` and ``kitae resume``
-  (``kitae.runs.session``), and ``agent.train(env)`` / ``agent.resume(env)`` on the same code;
+  (``kitae.runs.session``, ``kitae.runs.resume``), and ``agent.train(env)`` / ``agent.resume(env)``
+  on the same code;
 - ``eval_run(run_dir)``: ``kitae eval`` (``kitae.runs.evaluation``);
 - ``plot_runs(run_dirs)``: ``kitae plot`` (``kitae.runs.plotting``);
 - ``load_agent(run_dir)``: the trained agent of a run (``Agent.unserialize``);
@@ -27,7 +28,8 @@ from kitae.runs.load import load_agent
 from kitae.runs.plotting import plot_runs
 from kitae.runs.python_api import PythonRuns
 from kitae.runs.resolve import ResolvedRun, RunSpec, preset_agent
-from kitae.runs.session import resume_run, train_run
+from kitae.runs.resume import resume_run
+from kitae.runs.session import train_run
 
 __all__ = [
     "RunError",

@@ -1,5 +1,5 @@
 """The Python road: what ``agent.train``, ``agent.resume``, ``agent.save`` and ``Agent.unserialize``
-do, through the same code as the command line (``kitae.runs.session``, ``kitae.runs.load``).
+do, through the same code as the command line (``kitae.runs.session``, ``kitae.runs.resume``, ``kitae.runs.load``).
 
 ``kitae.base`` declares the ``RunService`` interface these methods call; this module implements it
 and ``kitae.runs`` installs it (``kitae.base.install_run_service``) when it is imported.
@@ -12,7 +12,8 @@ from typing import Any
 
 from kitae.runs.checkpoints import Checkpointer
 from kitae.runs.load import load_agent, refuse_a_run_of_several_seeds
-from kitae.runs.session import resume_agent, train_agent
+from kitae.runs.resume import resume_agent
+from kitae.runs.session import train_agent
 
 __all__ = ["PythonRuns"]
 

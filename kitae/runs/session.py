@@ -10,21 +10,13 @@ writes the run directory (``docs/runs.md``): ``config.yaml``, ``checkpoints/<ste
 A host-loop run of several seeds trains them one after the other (one checkpoint folder per seed,
 ``checkpoints/seed-<seed>/``); a compiled run trains them together in one program.
 
-Resuming goes on from the newest readable checkpoint: the run's total becomes ``steps`` (default
-its ``train_cfg.n_env_steps``; ``config.yaml`` records a new total); ``metrics.jsonl`` drops the
-rows logged after the checkpoint; the new TensorBoard event file purges the old file's events past
-it. A compiled run comes back whole (environments included) and ends bit for bit where an
-uninterrupted one ends; a host run's environments are reset and the episodes that were running
-are marked truncated at the cut. A run that diverged (every seed of it) is reported again
-(``RunDiverged``) instead of trained on.
+Resuming (``kitae resume``, ``agent.resume(env)``) is ``kitae.runs.resume``, on this road.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -34,29 +26,25 @@ from kitae.loops.callbacks import WriterLogger
 from kitae.loops.result import RunResult
 from kitae.loops.state import LoopState, apply_loop_state, pick_seed
 from kitae.runs.callbacks import ImportWhileTraining, MetricsLogger, StopAtReturn, checkpoint_callbacks, stop_at_return
-from kitae.runs.checkpoints import CHECKPOINT_MODULES, Checkpointer, CheckpointError
+from kitae.runs.checkpoints import CHECKPOINT_MODULES, Checkpointer
 from kitae.runs.errors import RunDiverged, RunError
-from kitae.runs.load import checkpoint_dirs, refuse_a_run_of_several_seeds, restore_error, restore_payload, run_seeds
+from kitae.runs.load import refuse_a_run_of_several_seeds
 from kitae.runs.lock import in_use_by_this_process
 from kitae.runs.plotting import PLOT_MODULES, curves_from_metrics, evaluations_from_metrics, plot_curves
 from kitae.runs.progress import ProgressBar
-from kitae.runs.resolve import ResolvedRun, RunSpec, make_run_env, resolve_agent, resolve_run_dir, resolve_train
+from kitae.runs.resolve import ResolvedRun, RunSpec, make_run_env, resolve_agent, resolve_train
 from kitae.runs.rundir import (
     MetricsFile,
-    check_run_dir,
     claim_new_run_dir,
     clear_before_training,
     never_trained,
     read_metrics,
-    read_run_config,
     state_fingerprint,
-    truncate_metrics,
     write_config,
 )
 from kitae.runs.signals import StopRequest, stop_on_signals
 from kitae.runs.summary import (
     describe_divergence,
-    every_seed_diverged,
     relative_checkpoint,
     run_divergences,
     write_run_summary,
@@ -66,9 +54,7 @@ from kitae.validation import check_positive_int
 
 __all__ = [
     "train_run",
-    "resume_run",
     "train_agent",
-    "resume_agent",
     "Plan",
     "execute",
     "train_plans",
@@ -378,204 +364,4 @@ def train_agent(agent: Any, env: Any, n_env_steps: int | None, *, callbacks: Any
             describe_config=fresh,
             callbacks=list(callbacks) if not hasattr(callbacks, "on_start") else [callbacks],
         )
-    return results[0]
-
-
-# ---------------------------------------------------------------------------------------------
-# kitae resume / agent.resume
-# ---------------------------------------------------------------------------------------------
-
-
-def _refuse_a_diverged_run(run_dir: Path, env: Any = None) -> None:
-    """A run whose ``summary.json`` records that it diverged, every seed of it
-    (``every_seed_diverged``: a run of one seed, a sweep's combination), is reported again with
-    the line ``kitae train`` printed, before anything is made or compiled: its newest checkpoint
-    holds the last finite parameters, from which the same config diverges again. (A run of seeds
-    trained together where some did not diverge goes on: the diverged ones stay so.)
-
-    Raises:
-        RunDiverged: naming the step and the losses, as when it diverged (``env`` closed).
-    """
-    path = run_dir / "summary.json"
-    try:
-        summary = json.loads(path.read_text()) if path.is_file() else {}
-    except (OSError, json.JSONDecodeError):  # unreadable: the checkpoints decide, as without one
-        return
-    if not isinstance(summary, dict) or not every_seed_diverged(summary):
-        return
-    if hasattr(env, "close"):
-        env.close()
-    several = "seeds" in summary
-    raise RunDiverged("; ".join(describe_divergence(entry, several=several) for entry in summary["diverged"]))
-
-
-def _check_total(run_dir: Path, reached: int, total: int) -> None:
-    if reached >= total:
-        raise RunError(
-            f"the run in {str(run_dir)!r} already reached step {reached:,} of {total:,}; pass --steps N with "
-            f"N > {reached} to train it further"
-        )
-
-
-def _prepare_resume(run: ResolvedRun, keep: dict[Any, int]) -> None:
-    """Checked: from here on the run directory changes."""
-    if run.total != read_run_config(run.run_dir).train_cfg.n_env_steps:
-        write_config(run.run_dir, run.config)
-    truncate_metrics(run.run_dir / "metrics.jsonl", keep)
-
-
-def resume_run(run_dir: str | Path, steps: int | None = None, quiet: bool = False) -> dict:
-    """Goes on training the run in ``run_dir`` from its newest readable checkpoint until ``steps``
-    environment steps in all (default: the run's ``train_cfg.n_env_steps``), then writes the
-    summary as ``kitae train`` does. Everything is checked before anything is written. A run whose
-    checkpoints already end where a run of ``steps`` ends but which has no ``summary.json`` (killed
-    while it wrote it, a sweep's combination stopped then) trains nothing: its summary is written.
-
-    Raises:
-        RunError: no such run directory, no readable checkpoint, a run already at ``steps``...
-        RunDiverged: a run that diverged, every seed of it (its ``summary.json`` says so),
-            before anything is made or written.
-    """
-    run_dir = check_run_dir(run_dir)
-    with in_use_by_this_process(run_dir):
-        return _resume_run(run_dir, steps, quiet)
-
-
-def _resume_run(run_dir: Path, steps: int | None, quiet: bool) -> dict:
-    _refuse_a_diverged_run(run_dir)
-    seeds = run_seeds(run_dir)
-    run = resolve_run_dir(run_dir, steps=steps, seeds=seeds)
-    dirs = checkpoint_dirs(run_dir)
-    env = make_run_env(run.env, run.config.env_cfg.n_envs)
-    plans: list[Plan] = []
-    try:
-        if None in dirs:  # one folder: one seed, or seeds trained together in one program
-            agent = run.make_agent()
-            payload, restored = restore_payload(agent, env, run.executor, dirs[None], resuming=True)
-            batched = payload.meta.get("seeds")
-            done = not batched and restored.step >= run.total
-            if done:
-                apply_loop_state(agent, payload.state)
-            plans.append(
-                Plan(
-                    dirs[None],
-                    run.config.seed,
-                    seeds=batched,
-                    agent=agent,
-                    env=env,
-                    start=payload.state,
-                    finished=done,
-                )
-            )
-            keep = dict.fromkeys(batched or [run.config.seed], restored.step)
-        else:  # a host run of several seeds, one after the other
-            keep = {}
-            for i, seed in enumerate(seeds or []):
-                agent = run.make_agent(seed)
-                directory = dirs.get(seed, run_dir / "checkpoints" / f"seed-{seed}")
-                try:
-                    payload, restored = restore_payload(agent, None, run.executor, directory, resuming=True)
-                except CheckpointError as error:
-                    if i == 0 or not str(error).startswith("no checkpoint in"):
-                        raise
-                    plans.append(Plan(directory, seed, agent=agent))  # not started yet
-                    keep[seed] = 0
-                    continue
-                step = restored.step
-                plans.append(
-                    Plan(
-                        directory,
-                        seed,
-                        agent=agent,
-                        env=env if not plans else None,
-                        start=payload.state,
-                        finished=step >= run.total,
-                    )
-                )
-                if step >= run.total:
-                    apply_loop_state(agent, payload.state)
-                keep[seed] = step
-    except CheckpointError as error:
-        env.close()
-        raise restore_error(error, run) from None
-    try:
-        # killed (or a sweep stopped) after its last checkpoint, before its summary was written:
-        # every seed is where a run of this total ends (whole iterations: a run of 6,000 steps may
-        # end at 6,144), so only the summary is left to write
-        ends = plans[0].agent.schedule.run_steps(run.total)
-        finishing = (
-            all(plan.finished for plan in plans)
-            and max(keep.values()) <= ends
-            and not (run_dir / "summary.json").exists()
-        )
-        if not finishing:
-            _check_total(run_dir, min(keep.values()), run.total)
-    except (RunError, ValueError):
-        env.close()
-        raise
-    first_step = keep[(seeds or [run.config.seed])[0]]
-    _prepare_resume(run, keep)
-    if finishing:
-        env.close()
-        for plan in plans:
-            plan.env = None
-        if not quiet:
-            print(f"finishing {run_dir}: it reached step {first_step:,} of {run.total:,}", file=sys.stderr)
-    elif not quiet:
-        print(f"resuming {run_dir} from step {first_step:,} to {run.total:,} steps", file=sys.stderr)
-    return execute(
-        run,
-        plans,
-        run.total,
-        quiet=quiet,
-        purge_step=first_step + 1,
-        describe_config=False,
-        extra_summary={} if finishing else {"resumed_from": first_step},
-    )[0]
-
-
-def resume_agent(
-    agent: Any, env: Any, n_env_steps: int | None = None, *, callbacks: Any = (), quiet: bool = True
-) -> RunResult:
-    """``agent.resume(env, n_env_steps)``: restores ``agent`` from the newest readable checkpoint in
-    ``<run_dir>/checkpoints`` and trains on until ``n_env_steps`` in all (default
-    ``config.train_cfg.n_env_steps``), writing the run directory as ``kitae resume`` does.
-
-    Raises:
-        RunError: no readable checkpoint, or one already at ``n_env_steps``.
-        RunDiverged: the run diverged (its ``summary.json`` says so), before anything is restored.
-    """
-    run = resolve_agent(agent, env)
-    total = agent.config.train_cfg.n_env_steps if n_env_steps is None else n_env_steps
-    check_positive_int("n_env_steps", total)
-    refuse_a_run_of_several_seeds(run.run_dir, agent, env)
-    # a directory that does not exist holds no checkpoint: restoring says so
-    held = in_use_by_this_process(run.run_dir) if run.run_dir.is_dir() else contextlib.nullcontext()
-    with held:
-        return _resume_agent(agent, env, run, total, callbacks, quiet)
-
-
-def _resume_agent(agent: Any, env: Any, run: ResolvedRun, total: int, callbacks: Any, quiet: bool) -> RunResult:
-    _refuse_a_diverged_run(run.run_dir, env)
-    directory = run.run_dir / "checkpoints"
-    try:
-        payload, restored = restore_payload(agent, env, run.executor, directory, resuming=True)
-    except CheckpointError as error:
-        raise restore_error(error) from None
-    batched = payload.meta.get("seeds")
-    if not batched:
-        apply_loop_state(agent, payload.state)
-    _check_total(run.run_dir, restored.step, total)
-    truncate_metrics(run.run_dir / "metrics.jsonl", dict.fromkeys(batched or [agent.config.seed], restored.step))
-    plan = Plan(directory, agent.config.seed, seeds=batched, agent=agent, env=env, start=payload.state)
-    _, results = execute(
-        dataclasses.replace(run, seeds=batched),
-        [plan],
-        total,
-        quiet=quiet,
-        purge_step=restored.step + 1,
-        describe_config=False,
-        callbacks=list(callbacks) if not hasattr(callbacks, "on_start") else [callbacks],
-        extra_summary={"resumed_from": restored.step},
-    )
     return results[0]

@@ -63,8 +63,9 @@ from kitae.runs.presets import did_you_mean, parse_value, settable_keys
 from kitae.runs.progress import ProgressBar
 from kitae.runs.ray_tasks import check_workers, in_ray_tasks
 from kitae.runs.resolve import ResolvedRun, RunSpec, resolve_train
+from kitae.runs.resume import resume_run
 from kitae.runs.rundir import SWEEP_PLAN, MetricsFile, claim_new_run_dir, read_metrics, state_fingerprint, write_config
-from kitae.runs.session import execute, plot_run, resume_run, stopped_early, train_plans
+from kitae.runs.session import execute, plot_run, stopped_early, train_plans
 from kitae.runs.signals import stop_on_signals
 from kitae.runs.summary import run_divergences, write_run_summary
 from kitae.runs.sweep_report import combination_name, counted, format_table, write_sweep

@@ -98,9 +98,11 @@ def resume_sweep(sweep_dir: str | Path, steps: int | None = None, quiet: bool = 
         stopped, compile_seconds, train_seconds = None, float("nan"), float("nan")
         finished = len(_where_each_stopped(combos)["finished"]) == len(combos)
         reached = 0
-        if finished:  # a diverged combination stays so: the others' steps say how far the sweep is
+        # a combination whose every seed diverged is done at any total (kitae resume reports it
+        # again, kitae.runs.resume): the others' steps say how far the sweep is
+        if finished:
             summaries = [_summary(c) or {} for _, c in combos]
-            reached = min((s["steps"] for s in summaries if not _diverged(s)), default=total)
+            reached = min((s["steps"] for s in summaries if not every_seed_diverged(s)), default=total)
         if finished and reached >= total:
             if (sweep_dir / "sweep.json").exists():
                 raise RunError(
@@ -181,7 +183,7 @@ def _go_on_host(
     left, resume = [], set()
     for values, combo in combos:
         summary = _summary(combo)
-        if summary is not None and (summary["steps"] >= combo.total or _diverged(summary)):
+        if summary is not None and (summary["steps"] >= combo.total or every_seed_diverged(summary)):
             continue
         reached = _reached(combo)
         if reached:
@@ -201,12 +203,6 @@ def _summary(combo: ResolvedRun) -> dict | None:
     """The combination's ``summary.json`` (written when it finished), or ``None``."""
     path = combo.run_dir / "summary.json"
     return json.loads(path.read_text()) if path.exists() else None
-
-
-def _diverged(summary: dict) -> bool:
-    """A combination whose every seed diverged: ``kitae resume`` reports it instead of training it
-    on (``kitae.runs.session``), so it is done at any total."""
-    return every_seed_diverged(summary)
 
 
 def _run_steps(combo: ResolvedRun) -> int:

@@ -121,11 +121,16 @@ def test_vmapped_values_train_as_separate_programs_with_those_values():
 @pytest.mark.parametrize(("key", "values"), [(LR, (1e-3, 1e-2)), ("algo_params.exploration", (0.1, 0.6))])
 def test_the_guide_agent_sweeps_its_learning_rate_and_its_exploration(key, values):
     """The custom-agent guide's agent, swept in one program: each row trains as the plain program
-    of its value. Two faults: its state keeps ``optax.adam(lr)``, which computes ``-lr`` when it
-    is made, and the sweep made it under ``jax.eval_shape``, whose dead trace value then failed
-    the program ("Computation compiled for 50 inputs but called with 49"); its ``explore`` reads
-    ``self.algo_params``, which the sweep's copy kept from the original config, so every row
-    explored at the original rate (the rows were bit-identical)."""
+    of its value. Two faults it found: the guide's state then kept ``optax.adam(lr)``, which
+    computes ``-lr`` when it is made, and the sweep made it under ``jax.eval_shape``, whose dead
+    trace value then failed the program ("Computation compiled for 50 inputs but called with
+    49"); its ``explore`` reads ``self.algo_params``, which the sweep's copy kept from the original
+    config, so every row explored at the original rate (the rows were bit-identical).
+
+    A traced learning rate rounds otherwise than a constant one (docs/experiments.md): with the
+    guide's [256, 256] network, one weight of 512 in the last layer ended 3.5e-6 (7e-5 relative)
+    from the plain program's after 400 steps, hence ``atol=1e-5``; a row trained at the other
+    value differs by orders of magnitude more."""
     sys.path.insert(0, str(Path(__file__).parents[1] / "examples"))
     try:
         import custom_dqn
@@ -156,8 +161,8 @@ def test_the_guide_agent_sweeps_its_learning_rate_and_its_exploration(key, value
     compiled_train(plain, env, 400, use_cache=False)
     rows = _leaves(result.state.agent_state.qvalue.params)
     for row, expected in zip(rows, _leaves(plain.state.qvalue.params)):
-        np.testing.assert_allclose(row[1], expected, rtol=1e-5, atol=1e-6)
-    assert any(not np.allclose(row[0], row[1]) for row in rows)  # the two values train apart
+        np.testing.assert_allclose(row[1], expected, rtol=1e-5, atol=1e-5)
+    assert any(not np.allclose(row[0], row[1], atol=1e-3) for row in rows)  # the two values train apart
 
 
 def test_a_compiled_sweep_writes_one_run_directory_per_combination(tmp_path, capsys):

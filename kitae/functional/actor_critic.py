@@ -44,12 +44,12 @@ class ActorCriticAgent(BaseAgent):
 
     def probe_inputs(self) -> tuple[Any, jax.Array]:
         """``(observations, actions)``, ``PROBE_BATCH`` zeros of each: what ``init_params`` checks
-        the networks' output shapes on (``output_shapes``)."""
+        the networks' output shapes on (``jax.eval_shape``)."""
         action = jnp.zeros((PROBE_BATCH, *(self.action_space.shape or ())), jnp.float32)
         return probe_observation(self.observation_space), action
 
     def check_actor_output(self, output: Any, allowed: str) -> None:
-        """Raises ``TypeError`` unless the actor's ``output`` (an ``output_shapes`` leaf on
+        """Raises ``TypeError`` unless the actor's ``output`` (a ``jax.eval_shape`` leaf on
         ``probe_inputs``) is ``(B, d)`` for this ``Box(d,)`` action space; ``allowed`` names what
         the actor returns."""
         d = int(self.action_space.shape[0])  # type: ignore[index]  # a Box of shape (d,): check_action_space

@@ -169,7 +169,7 @@ def critic_ensemble(critic: Network, copies: int) -> Network:
         if isinstance(shape, tuple) and len(shape) == 3 and shape[1:] == (batch, 1):  # an ensemble (k, B, 1)
             return q[..., 0]
         raise TypeError(
-            f"the critic returned {_shape_text(q)} for a batch of B={batch} actions, which is not allowed; "
+            f"the critic returned {shape_text(q)} for a batch of B={batch} actions, which is not allowed; "
             f"required: Q-values of shape ({batch},) or ({batch}, 1), that is (B,) or (B, 1), or (k, {batch}) or "
             f"(k, {batch}, 1) for an ensemble of k critics"
         )
@@ -245,17 +245,13 @@ ensemble's ``(k, B)``, a ``(B, n)`` output for ``(k, B)``)."""
 
 
 def probe_observation(observation_space: gym.Space) -> Any:
-    """``PROBE_BATCH`` zero observations, the input of ``output_shapes``."""
+    """``PROBE_BATCH`` zero observations, the input of the shape checks (``jax.eval_shape``)."""
     return dummy_observation(observation_space, PROBE_BATCH)
 
 
-def output_shapes(fn: Callable[..., Any], *inputs: Any) -> Any:
-    """``fn(*inputs)``'s outputs as ``jax.ShapeDtypeStruct`` leaves (``jax.eval_shape``: traced,
-    not run; works under ``jax.jit`` and ``jax.vmap``)."""
-    return jax.eval_shape(fn, *inputs)
-
-
-def _shape_text(output: Any) -> str:
+def shape_text(output: Any) -> str:
+    """How the shape errors name an output: ``"shape (B, n)"`` for an array, ``"a tuple, not an
+    array"`` for anything else."""
     shape = getattr(output, "shape", None)
     if isinstance(shape, tuple):
         return f"shape {shape}"
@@ -263,7 +259,7 @@ def _shape_text(output: Any) -> str:
 
 
 def check_output_shape(output: Any, required: tuple[int, ...], what: str, allowed: str) -> None:
-    """Raises ``TypeError`` unless ``output`` (one of ``output_shapes``' leaves, computed on
+    """Raises ``TypeError`` unless ``output`` (a ``jax.eval_shape`` leaf, computed on
     ``PROBE_BATCH`` observations) is an array of shape ``required``.
 
     The message names ``what`` (e.g. ``"DQN's network (Q-values)"``), the shape found, the shape
@@ -272,7 +268,7 @@ def check_output_shape(output: Any, required: tuple[int, ...], what: str, allowe
     if getattr(output, "shape", None) == tuple(required):
         return
     raise TypeError(
-        f"{what} returned {_shape_text(output)} for a batch of B={PROBE_BATCH} observations, which is not "
+        f"{what} returned {shape_text(output)} for a batch of B={PROBE_BATCH} observations, which is not "
         f"allowed; required: shape {tuple(required)}, that is {allowed}"
     )
 

@@ -43,7 +43,6 @@ from kitae.functional.base import (
     as_key,
     check_output_shape,
     dummy_observation,
-    output_shapes,
     probe_observation,
 )
 from kitae.modules.pytree import TrainState
@@ -160,7 +159,7 @@ class DQN(BaseAgent):
         assert isinstance(self.action_space, gym.spaces.Discrete)  # check_action_space
         n = int(self.action_space.n)
         check_output_shape(
-            output_shapes(self.network.apply, policy, probe_observation(self.observation_space)),
+            jax.eval_shape(self.network.apply, policy, probe_observation(self.observation_space)),
             (PROBE_BATCH, n),
             "DQN's network (Q-values)",
             f"(B, n_actions) with n_actions={n} for the action space {self.action_space}",

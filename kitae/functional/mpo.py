@@ -27,7 +27,7 @@ import optax
 
 from kitae.algos.collections import mpo as collection
 from kitae.functional.actor_critic import ActorCriticAgent
-from kitae.functional.base import OFF_POLICY_DATA_KEYS, Network, OptimState, critic_ensemble, output_shapes
+from kitae.functional.base import OFF_POLICY_DATA_KEYS, Network, OptimState, critic_ensemble
 from kitae.modules.pytree import TrainState
 
 __all__ = ["MPO", "DATA_KEYS"]
@@ -182,9 +182,9 @@ class MPO(ActorCriticAgent):
         policy, critic = self.actor.init(actor_key, obs), self.critic.init(critic_key, obs, action)
         # the outputs' shapes, checked now on PROBE_BATCH observations (_gaussian, _one_critic)
         probe_obs, probe_action = self.probe_inputs()
-        mean, _ = output_shapes(self.actor.apply, policy, probe_obs)
+        mean, _ = jax.eval_shape(self.actor.apply, policy, probe_obs)
         self.check_actor_output(mean, "(mean, L) with mean")
-        output_shapes(self.critic.apply, critic, probe_obs, probe_action)
+        jax.eval_shape(self.critic.apply, critic, probe_obs, probe_action)
         policy_target, critic_target = jax.tree_util.tree_map(jnp.copy, (policy, critic))
         return MPO.Params(
             policy, critic, policy_target, critic_target, collection.initial_dual_params(self.algo_params)

@@ -41,7 +41,6 @@ from kitae.functional.base import (
     check_output_shape,
     data_fields,
     dummy_observation,
-    output_shapes,
     probe_observation,
     update_key,
 )
@@ -284,7 +283,7 @@ class PPO(BaseAgent):
                 return jnp.broadcast_to(dist.loc, dist.shape), value
             return dist.logits, value
 
-        policy, value = output_shapes(outputs, network_params, probe_observation(self.observation_space))
+        policy, value = jax.eval_shape(outputs, network_params, probe_observation(self.observation_space))
         check_output_shape(policy, (PROBE_BATCH, *want), f"{name}'s network (the policy)", allowed)
         check_output_shape(
             value, (PROBE_BATCH, *self.value_shape), f"{name}'s network (the values)", self.value_allowed

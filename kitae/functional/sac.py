@@ -44,7 +44,7 @@ from kitae.functional.base import (
     OptimState,
     check_output_shape,
     critic_ensemble,
-    output_shapes,
+    shape_text,
 )
 from kitae.modules.pytree import TrainState
 
@@ -94,9 +94,8 @@ def _discrete_critics(critic: Network, copies: int, n: int) -> Network:
             return q[None]
         if isinstance(shape, tuple) and len(shape) == 3 and shape[1:] == (batch, n):
             return q
-        found = f"shape {shape}" if isinstance(shape, tuple) else f"a {type(q).__name__}, not an array"
         raise TypeError(
-            f"SAC's critic returned {found} for a batch of B={batch} observations, which is not allowed; "
+            f"SAC's critic returned {shape_text(q)} for a batch of B={batch} observations, which is not allowed; "
             f"required: shape ({batch}, {n}), that is Q-values (B, n) with n={n} (one per action), or "
             f"(k, {batch}, {n}) for an ensemble of k critics"
         )
@@ -245,22 +244,22 @@ class SAC(ActorCriticAgent):
         obs, action = self.probe_inputs()
         if self.discrete:
             n = int(self.action_space.n)  # type: ignore[attr-defined]
-            logits = output_shapes(lambda p, o: self.actor.apply(p, o).logits, policy, obs)
+            logits = jax.eval_shape(lambda p, o: self.actor.apply(p, o).logits, policy, obs)
             check_output_shape(
                 logits,
                 (PROBE_BATCH, n),
                 "SAC's actor",
                 f"logits (B, n) with n={n} for the action space {self.action_space}",
             )
-            output_shapes(self.critic.apply, qvalue, obs)  # _discrete_critics checks the shapes
+            jax.eval_shape(self.critic.apply, qvalue, obs)  # _discrete_critics checks the shapes
             return
 
         def loc(params: Any, observations: Any) -> jax.Array:
             dist = self.actor.apply(params, observations)
             return jnp.broadcast_to(dist.loc, dist.base.shape)
 
-        self.check_actor_output(output_shapes(loc, policy, obs), "(loc, log_std) with loc")
-        output_shapes(self.critic.apply, qvalue, obs, action)  # critic_ensemble checks the shapes
+        self.check_actor_output(jax.eval_shape(loc, policy, obs), "(loc, log_std) with loc")
+        jax.eval_shape(self.critic.apply, qvalue, obs, action)  # critic_ensemble checks the shapes
 
     def init_policy(self, rng: Any) -> PolicyState:
         """``PolicyState(count=0)``; ``rng`` is not used."""

@@ -26,7 +26,7 @@ import optax
 
 from kitae.algos.collections import td3 as collection
 from kitae.functional.actor_critic import ActorCriticAgent
-from kitae.functional.base import OptimState, critic_ensemble, output_shapes
+from kitae.functional.base import OptimState, critic_ensemble
 from kitae.modules.pytree import TrainState
 
 __all__ = ["TD3"]
@@ -128,8 +128,8 @@ class TD3(ActorCriticAgent):
         actor = self.actor.init(actor_key, obs)
         critic = self.critic.init(critic_key, obs, action)
         probe_obs, probe_action = self.probe_inputs()
-        self.check_actor_output(output_shapes(self.actor.apply, actor, probe_obs), "actions in [-1, 1]")
-        output_shapes(self.critic.apply, critic, probe_obs, probe_action)  # critic_ensemble checks the shapes
+        self.check_actor_output(jax.eval_shape(self.actor.apply, actor, probe_obs), "actions in [-1, 1]")
+        jax.eval_shape(self.critic.apply, critic, probe_obs, probe_action)  # critic_ensemble checks the shapes
         copy = jax.tree_util.tree_map(jnp.copy, (actor, critic))
         return TD3.Params(actor, critic, *copy)
 

@@ -162,3 +162,51 @@ def test_all_finite_finds_one_bad_number_in_any_leaf_under_jit_and_vmap(bad):
 def test_a_float64_leaf_beyond_float32_range_is_finite():
     with jax.enable_x64(True):
         assert bool(jax.jit(all_finite)({"w": np.array([1e300], np.float64), "b": np.ones(2, np.float32)}))
+
+
+def test_a_host_seed_that_diverged_is_not_trained_on_when_its_run_is_resumed(tmp_path, capsys, monkeypatch):
+    """A host run of several seeds trains them one after the other; one whose update diverged
+    stays so through ``kitae resume``: the others go on to the new total, the diverged one is not
+    trained again (from its last finite checkpoint the same config diverges again, as it did before
+    this was fixed), its ``diverged`` entry goes on into the new summary and the run exits with
+    status 3 as it did; a resume with nothing left to train reports it again and writes nothing.
+    Seed 1's updates are made to diverge (its learning rate 1e12, without gradient clipping)."""
+    import dataclasses
+
+    from kitae.runs.resolve import ResolvedRun
+
+    make_agent = ResolvedRun.make_agent
+
+    def seed_1_diverges(self, seed=None):
+        agent = make_agent(self, seed)
+        if agent.config.seed != 1:
+            return agent
+        update_cfg = dataclasses.replace(agent.config.update_cfg, learning_rate=1e12, max_grad_norm=None)
+        return make_agent(dataclasses.replace(self, config=dataclasses.replace(self.config, update_cfg=update_cfg)), 1)
+
+    monkeypatch.setattr(ResolvedRun, "make_agent", seed_1_diverges)
+    run_dir = tmp_path / "run"
+    flags = ["--run-dir", str(run_dir), "--quiet", "--set", "train_cfg.save_frequency=1024"]
+    assert main(["train", "dqn", "CartPole-v1", "--seeds", "2", "--steps", "2048", *flags]) == 3
+    line = capsys.readouterr().err
+    assert line.startswith("kitae: seed 1 diverged at step") and len(line.splitlines()) == 1
+    first = json.loads((run_dir / "summary.json").read_text())
+    (entry,) = first["diverged"]
+    seed_1_checkpoints = sorted((run_dir / "checkpoints" / "seed-1").iterdir())
+
+    assert main(["resume", str(run_dir), "--steps", "3072", "--quiet"]) == 3
+    assert capsys.readouterr().err == line  # the same seed, step and losses
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["diverged"] == [entry] and summary["resumed_from"] == 2048
+    assert sorted((run_dir / "checkpoints" / "seed-1").iterdir()) == seed_1_checkpoints  # not trained
+    assert max(int(p.name) for p in (run_dir / "checkpoints" / "seed-0").iterdir()) >= 3072  # seed 0 went on
+    seed_1_rows = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["seed"] == 1]
+    assert seed_1_rows and max(r["step"] for r in seed_1_rows) <= entry["step"]
+
+    def snapshot():
+        return {str(p): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+    before = snapshot()
+    assert main(["resume", str(run_dir), "--steps", "3072", "--quiet"]) == 3  # nothing left to train
+    assert capsys.readouterr().err == line
+    assert snapshot() == before

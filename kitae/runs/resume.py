@@ -6,7 +6,8 @@ a new total); ``metrics.jsonl`` drops the rows logged after the checkpoint; the 
 event file purges the old file's events past it. A compiled run comes back whole (environments
 included) and ends bit for bit where an uninterrupted one ends; a host run's environments are
 reset and the episodes that were running are marked truncated at the cut. A run that diverged
-(every seed of it) is reported again (``RunDiverged``) instead of trained on; a run whose
+(every seed of it) is reported again (``RunDiverged``) instead of trained on, and a host run's seed
+that diverged is not trained on by a resume of the others; a run whose
 checkpoints end where its total ends but which has no ``summary.json`` gets its summary written.
 """
 
@@ -34,27 +35,47 @@ from kitae.validation import check_positive_int
 __all__ = ["resume_run", "resume_agent"]
 
 
+def _read_summary(run_dir: Path) -> dict:
+    """The run's ``summary.json``, or ``{}`` when it has none or it cannot be read (the
+    checkpoints decide then, as without one)."""
+    path = run_dir / "summary.json"
+    try:
+        summary = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return summary if isinstance(summary, dict) else {}
+
+
+def _report_again(summary: dict, env: Any = None) -> RunDiverged:
+    """The ``RunDiverged`` a run's ``summary.json`` records, with the line ``kitae train`` printed
+    (``env`` closed)."""
+    if hasattr(env, "close"):
+        env.close()
+    several = "seeds" in summary
+    return RunDiverged("; ".join(describe_divergence(entry, several=several) for entry in summary["diverged"]))
+
+
 def _refuse_a_diverged_run(run_dir: Path, env: Any = None) -> None:
     """A run whose ``summary.json`` records that it diverged, every seed of it
     (``every_seed_diverged``: a run of one seed, a sweep's combination), is reported again with
     the line ``kitae train`` printed, before anything is made or compiled: its newest checkpoint
     holds the last finite parameters, from which the same config diverges again. (A run of seeds
-    trained together where some did not diverge goes on: the diverged ones stay so.)
+    where some did not diverge goes on: the diverged ones stay so.)
 
     Raises:
         RunDiverged: naming the step and the losses, as when it diverged (``env`` closed).
     """
-    path = run_dir / "summary.json"
-    try:
-        summary = json.loads(path.read_text()) if path.is_file() else {}
-    except (OSError, json.JSONDecodeError):  # unreadable: the checkpoints decide, as without one
-        return
-    if not isinstance(summary, dict) or not every_seed_diverged(summary):
-        return
-    if hasattr(env, "close"):
-        env.close()
-    several = "seeds" in summary
-    raise RunDiverged("; ".join(describe_divergence(entry, several=several) for entry in summary["diverged"]))
+    summary = _read_summary(run_dir)
+    if every_seed_diverged(summary):
+        raise _report_again(summary, env)
+
+
+def _diverged_seeds(run_dir: Path) -> dict[int, dict]:
+    """``{seed: its summary.json "diverged" entry}`` of a host run of several seeds: a seed that
+    diverged is not trained on by a resume (its newest checkpoint holds the last finite parameters,
+    from which the same config diverges again); its entry goes on into the new summary."""
+    summary = _read_summary(run_dir)
+    return {entry["seed"]: entry for entry in summary.get("diverged") or [] if isinstance(entry, dict)}
 
 
 def _check_total(run_dir: Path, reached: int, total: int) -> None:
@@ -118,6 +139,7 @@ def _resume_run(run_dir: Path, steps: int | None, quiet: bool) -> dict:
             keep = dict.fromkeys(batched or [run.config.seed], restored.step)
         else:  # a host run of several seeds, one after the other
             keep = {}
+            diverged = _diverged_seeds(run_dir)
             for i, seed in enumerate(seeds or []):
                 agent = run.make_agent(seed)
                 directory = dirs.get(seed, run_dir / "checkpoints" / f"seed-{seed}")
@@ -130,6 +152,7 @@ def _resume_run(run_dir: Path, steps: int | None, quiet: bool) -> dict:
                     keep[seed] = 0
                     continue
                 step = restored.step
+                done = step >= run.total or seed in diverged
                 plans.append(
                     Plan(
                         directory,
@@ -137,12 +160,14 @@ def _resume_run(run_dir: Path, steps: int | None, quiet: bool) -> dict:
                         agent=agent,
                         env=env if not plans else None,
                         start=payload.state,
-                        finished=step >= run.total,
+                        finished=done,
+                        diverged=diverged.get(seed),
                     )
                 )
-                if step >= run.total:
+                if done:
                     apply_loop_state(agent, payload.state)
-                keep[seed] = step
+                # a diverged seed keeps its rows up to where it diverged (past its last checkpoint)
+                keep[seed] = max(step, int(diverged[seed]["step"])) if seed in diverged else step
     except CheckpointError as error:
         env.close()
         raise restore_error(error, run) from None
@@ -157,8 +182,11 @@ def _resume_run(run_dir: Path, steps: int | None, quiet: bool) -> dict:
             and not (run_dir / "summary.json").exists()
         )
         if not finishing:
+            if all(plan.finished for plan in plans) and any(plan.diverged for plan in plans):
+                # every seed reached the total or diverged: the run ended as it did, diverged
+                raise _report_again(_read_summary(run_dir))
             _check_total(run_dir, min(keep.values()), run.total)
-    except (RunError, ValueError):
+    except (RunError, ValueError):  # RunDiverged too
         env.close()
         raise
     first_step = keep[(seeds or [run.config.seed])[0]]

@@ -73,7 +73,9 @@ class Plan:
         agent: its agent (made from the run when ``None``).
         env: its environments (made from the run when ``None``).
         start: the ``LoopState`` it goes on from (``None``: the agent's own state, or fresh seeds).
-        finished: the seed had already reached the total (nothing to train).
+        finished: the seed had already reached the total, or diverged (nothing to train).
+        diverged: the ``summary.json`` ``diverged`` entry of a host seed that diverged before a
+            resume (it stays so: the entry goes on into the new summary).
     """
 
     directory: Path
@@ -83,6 +85,7 @@ class Plan:
     env: Any = None
     start: LoopState | None = None
     finished: bool = False
+    diverged: dict | None = None
 
 
 def _fingerprints(result: RunResult) -> list[str]:
@@ -133,6 +136,7 @@ def execute(
                 if plan.finished:
                     fingerprints.append(state_fingerprint(agent.state))
                     steps = max(steps, int(agent.env_step))
+                    divergences.extend([plan.diverged] if plan.diverged else [])
                     continue
                 if run.executor.makes_envs:  # the executor's workers make their own from the id
                     if plan.env is not None and not isinstance(plan.env, (str, EnvSpec)):

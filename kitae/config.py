@@ -23,12 +23,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import functools
 import math
 import types
 import typing
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, Union
+from typing import TYPE_CHECKING, Any, TypeVar, Union, cast
 
 import gymnasium as gym
 import yaml
@@ -125,6 +126,26 @@ def unknown_field_message(field: Any, where: str, names: list[str], prefix: str 
     return f"unknown field {prefix}{field} in {where}{hint}; allowed fields: {', '.join(names)}"
 
 
+def hint_unknown_keywords(cls: type[D]) -> type[D]:
+    """Makes a dataclass's constructor refuse an unknown keyword with ``unknown_field_message``
+    (``UpdateConfig(learnig_rate=1e-3)``: "unknown field learnig_rate in UpdateConfig; did you mean
+    learning_rate?; allowed fields: ...") instead of Python's bare "unexpected keyword argument";
+    still a ``TypeError``. Applied to every config section and, by ``register_algo_params``, to
+    every algorithm's params."""
+    init = cls.__init__
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        unknown = sorted(set(kwargs) - set(names))
+        if unknown:
+            raise TypeError(unknown_field_message(unknown[0], cls.__name__, names))
+        init(self, *args, **kwargs)
+
+    cls.__init__ = __init__  # type: ignore[method-assign]
+    return cls
+
+
 def _fields_text(names: list[str]) -> str:
     """``"the field a"`` or ``"the fields a, b"``: every missing field named at once, not the first only."""
     return f"the field {names[0]}" if len(names) == 1 else f"the fields {', '.join(names)}"
@@ -180,6 +201,7 @@ def register_algo_params(cls: type[T]) -> type[T]:
     """
     if not dataclasses.is_dataclass(cls):
         raise TypeError(f"register_algo_params expects a dataclass, got {cls!r}")
+    hint_unknown_keywords(cast(Any, cls))
     _ALGO_PARAMS_REGISTRY[params_class_name(cls)] = cls
     return cls
 
@@ -240,6 +262,7 @@ def _plain(value: Any) -> bool:
     return False
 
 
+@hint_unknown_keywords
 @dataclasses.dataclass
 class EnvConfig:
     """What the agent trains on.
@@ -302,6 +325,7 @@ class EnvConfig:
         return _from_mapping(cls, data, "env_cfg.")
 
 
+@hint_unknown_keywords
 @dataclasses.dataclass
 class UpdateConfig:
     """How the agent's parameters are updated.
@@ -353,6 +377,7 @@ every array), so the step counters of the compiled loop, the schedules and the u
 wrap around past it (negative steps, learning rates annealed the wrong way)."""
 
 
+@hint_unknown_keywords
 @dataclasses.dataclass
 class TrainConfig:
     """How long to train and how often to save.
@@ -429,6 +454,7 @@ class TrainConfig:
 HER_STRATEGIES = ("future", "final", "episode")
 
 
+@hint_unknown_keywords
 @dataclasses.dataclass(frozen=True)
 class ReplayConfig:
     """What an off-policy agent's replay buffer feeds its updates (``kitae.replay``; guide:
@@ -511,6 +537,7 @@ def _distributed_count(name: str, value: Any, least: int) -> None:
         raise ValueError(f"distributed.{name}={value!r} is not allowed; allowed: an int >= {least}")
 
 
+@hint_unknown_keywords
 @dataclasses.dataclass(frozen=True)
 class DistributedConfig:
     """The layout of a distributed run (``kitae train ... --workers N``).
@@ -566,6 +593,7 @@ class DistributedConfig:
         return cls(**data)
 
 
+@hint_unknown_keywords
 @dataclasses.dataclass
 class AlgoConfig:
     """The whole configuration of an agent.

@@ -10,6 +10,9 @@ import numpy as np
 import pytest
 import yaml
 
+import kitae.config as cfg
+from kitae.algos.collections.dqn import DQNParams
+from kitae.algos.collections.ppo import PPOParams
 from kitae.config import (
     AlgoConfig,
     AlgoParams,
@@ -315,6 +318,35 @@ def test_from_dict_unknown_top_level_field_named():
     data["sed"] = 3
     with pytest.raises(ValueError, match=r"unknown field sed in AlgoConfig; did you mean seed\?"):
         AlgoConfig.from_dict(data)
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (
+            lambda: cfg.UpdateConfig(learnig_rate=1e-3),
+            "unknown field learnig_rate in UpdateConfig; did you mean learning_rate?",
+        ),
+        (lambda: cfg.TrainConfig(n_env_step=10), "unknown field n_env_step in TrainConfig; did you mean n_env_steps?"),
+        (lambda: cfg.ReplayConfig(nstep=3), "unknown field nstep in ReplayConfig; did you mean n_step?"),
+        (lambda: cfg.DistributedConfig(worker=2), "unknown field worker in DistributedConfig; did you mean workers?"),
+        (lambda: DQNParams(gama=0.9), "unknown field gama in DQNParams; did you mean gamma?"),
+        (lambda: PPOParams(optimizer="sgd"), "unknown field optimizer in PPOParams; allowed fields: gamma,"),
+    ],
+)
+def test_a_constructor_given_an_unknown_keyword_names_it_and_the_closest_field(make, message):
+    """Python's own error said only "got an unexpected keyword argument 'learnig_rate'"."""
+    with pytest.raises(TypeError) as raised:
+        make()
+    assert str(raised.value).startswith(message)
+
+
+def test_constructors_keep_their_signatures_and_positional_arguments():
+    import inspect
+
+    assert list(inspect.signature(cfg.UpdateConfig).parameters)[:2] == ["learning_rate", "learning_rate_annealing"]
+    assert cfg.UpdateConfig(1e-2).learning_rate == 1e-2 and DQNParams(0.9).gamma == 0.9
+    assert dataclasses.replace(cfg.TrainConfig(n_env_steps=10), n_env_steps=20).n_env_steps == 20
 
 
 def test_from_dict_missing_top_level_field_named():

@@ -217,14 +217,19 @@ def env_spaces(env: Any) -> tuple[gym.Space, gym.Space]:
 
 
 def check_learning_rate(learning_rate: Any) -> None:
-    """Raises ``ValueError`` naming ``learning_rate`` unless it is a float > 0 or a schedule
-    (a callable ``count -> rate``)."""
+    """Checks ``learning_rate``: a float > 0 or a schedule (a callable ``count -> rate``).
+
+    Raises:
+        TypeError: for another type (``"1e-3"``, ``True``), as the configs do.
+        ValueError: for a number that is not > 0.
+    """
+    allowed = "a float > 0 or an optax schedule (count -> rate)"
     if callable(learning_rate):
         return
-    if isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float)) or not learning_rate > 0:
-        raise ValueError(
-            f"learning_rate={learning_rate!r} is not allowed; allowed: a float > 0 or an optax schedule (count -> rate)"
-        )
+    if isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float)):
+        raise TypeError(f"learning_rate={learning_rate!r} has type {type(learning_rate).__name__}; allowed: {allowed}")
+    if not learning_rate > 0:
+        raise ValueError(f"learning_rate={learning_rate!r} is not allowed; allowed: {allowed}")
 
 
 def dummy_observation(observation_space: gym.Space, batch: int = 1) -> Any:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import pickle
+import re
 
 import jax
 import numpy as np
@@ -192,6 +193,24 @@ def test_gradients_come_back_as_host_arrays_and_apply_defaults_to_the_last_ones(
     assert _same_bits(explicit.state, algorithm.state)
     with pytest.raises(RuntimeError, match="no gradients"):
         AgentAlgorithm(agent).apply_gradients()
+
+
+def test_compute_gradients_takes_the_batch_as_a_dict_of_its_fields(dqn_setup):
+    """Seed 003's ``compute_gradients(batch)`` takes "a dict containing all required tensors": the
+    batch's fields by name give the gradients of the batch itself; a dict missing one or with an
+    unknown key names them and the fields allowed (it was DQNBatch's "missing 2 required
+    positional arguments")."""
+    agent, _, buffer_state = dqn_setup
+    algorithm = AgentAlgorithm(agent)
+    batch, update_key = algorithm.gradient_batch(jax.random.PRNGKey(0), buffer_state)
+    grads, info = algorithm.compute_gradients(batch, key=update_key)
+    as_dict, info_from_dict = algorithm.compute_gradients(batch._asdict(), key=update_key)
+    assert _same_bits(grads, as_dict) and info == info_from_dict
+    fields = "allowed: a DQNBatch, a tuple in its order or a dict of its fields (observation, action, target, weight)"
+    with pytest.raises(TypeError, match=re.escape("(missing target; unknown targets); " + fields)):
+        algorithm.compute_gradients({"observation": batch.observation, "action": batch.action, "targets": 0})
+    with pytest.raises(TypeError, match=re.escape("batch is list; " + fields)):
+        algorithm.compute_gradients([batch.observation, batch.action, batch.target])
 
 
 def test_acting_step_returns_actions_clipped_actions_rhs_and_log_probs():

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 
 import kitae.algos.collections.ppo as ppo
 import kitae.config as cfg
-from kitae.algos.gradients import update_step_from_gradients
+from kitae.algos.gradients import BatchLike, as_batch, update_step_from_gradients
 from kitae.config import AlgoParams, register_algo_params, validate_types
 from kitae.modules.optimizer import OPTIMIZERS, n_gradient_steps, optimizer_factory
 from kitae.types import AlgoType, Params
@@ -185,9 +185,9 @@ def compute_gradients_factory(config: cfg.AlgoConfig) -> Callable:
     ``normalize_advantages``)."""
     p: A2CParams = config.algo_params
 
-    def compute_gradients_fn(state: ppo.PPOState, key: jax.Array, batch: tuple) -> tuple[Params, dict]:
+    def compute_gradients_fn(state: ppo.PPOState, key: jax.Array, batch: BatchLike) -> tuple[Params, dict]:
         del key
-        batch = ppo.PPOBatch(*batch)
+        batch = as_batch(ppo.PPOBatch, batch)
         ac = state.actor_critic
         advantages = ppo.normalize_advantages(batch.advantage) if p.normalize_advantages else batch.advantage
 

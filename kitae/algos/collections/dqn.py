@@ -76,7 +76,7 @@ import optax
 
 import kitae.config as cfg
 from kitae.action_masks import check_action_mask_space, get_action_mask, masked_argmax, masked_max
-from kitae.algos.gradients import update_step_from_gradients
+from kitae.algos.gradients import BatchLike, as_batch, update_step_from_gradients
 from kitae.base import OffPolicyAgent, agent_keys
 from kitae.buffer import Experience
 from kitae.config import AlgoParams, register_algo_params
@@ -553,9 +553,9 @@ def compute_gradients_factory(config: cfg.AlgoConfig) -> Callable:
     loss_type = config.algo_params.loss
     prioritized = config.replay.prioritized
 
-    def compute_gradients_fn(state: DQNState, key: jax.Array, batch: tuple) -> tuple[Params, dict]:
+    def compute_gradients_fn(state: DQNState, key: jax.Array, batch: BatchLike) -> tuple[Params, dict]:
         del key
-        batch = DQNBatch(*batch)
+        batch = as_batch(DQNBatch, batch)
 
         def loss_fn(params: Params) -> tuple[jax.Array, dict]:
             q_values = state.qvalue.apply_fn(params, batch.observation)

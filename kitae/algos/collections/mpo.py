@@ -84,7 +84,7 @@ from jax.scipy.linalg import solve_triangular
 import kitae.algos.collections.td3 as td3
 import kitae.config as cfg
 from kitae.action_masks import refuse_action_mask
-from kitae.algos.gradients import update_step_from_gradients
+from kitae.algos.gradients import BatchLike, as_batch, update_step_from_gradients
 from kitae.algos.utils import critic_td_errors, gaussian_kl, weighted_mean
 from kitae.base import OffPolicyAgent, agent_keys
 from kitae.buffer import Experience
@@ -478,8 +478,8 @@ def compute_gradients_factory(config: cfg.AlgoConfig) -> Callable:
     n = p.n_action_samples
     prioritized = config.replay.prioritized
 
-    def compute_gradients_fn(state: MPOState, key: jax.Array, batch: tuple) -> tuple[dict, dict]:
-        batch = td3.TD3Batch(*batch)
+    def compute_gradients_fn(state: MPOState, key: jax.Array, batch: BatchLike) -> tuple[dict, dict]:
+        batch = as_batch(td3.TD3Batch, batch)
         actor, critic, dual = state.actor, state.critic, state.dual
         assert critic is not None and dual is not None  # a full state (acting params have neither)
         target_key, sample_key = jax.random.split(key)

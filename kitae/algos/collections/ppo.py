@@ -108,7 +108,7 @@ import numpy as np
 
 import kitae.config as cfg
 from kitae.action_masks import check_action_mask_space, get_action_mask
-from kitae.algos.gradients import update_step_from_gradients
+from kitae.algos.gradients import BatchLike, as_batch, update_step_from_gradients
 from kitae.algos.update import UpdateHooks, with_update_hooks
 from kitae.base import OnPolicyAgent, agent_keys
 from kitae.buffer import Experience
@@ -835,8 +835,8 @@ def compute_gradients_factory(config: cfg.AlgoConfig) -> Callable:
     p: PPOParams = config.algo_params
     value_clip = (p.clip_coef if p.value_clip_coef is None else p.value_clip_coef) if p.clip_value_loss else None
 
-    def compute_gradients_fn(state: PPOState, key: jax.Array, batch: tuple) -> tuple[Params, dict]:
-        batch = PPOBatch(*batch)
+    def compute_gradients_fn(state: PPOState, key: jax.Array, batch: BatchLike) -> tuple[Params, dict]:
+        batch = as_batch(PPOBatch, batch)
         ac = state.actor_critic
         advantages = normalize_advantages(batch.advantage) if p.normalize_advantages else batch.advantage
 

@@ -66,7 +66,7 @@ from kitae.algos.collections.ppo import (
     scale_rewards,
     update_hooks_factory,
 )
-from kitae.algos.gradients import update_step_from_gradients
+from kitae.algos.gradients import BatchLike, as_batch, update_step_from_gradients
 from kitae.algos.update import UpdateHooks
 from kitae.base import OnPolicyAgent, agent_keys
 from kitae.config import register_algo_params
@@ -504,9 +504,9 @@ def compute_gradients_factory(config: cfg.AlgoConfig) -> Callable:
     p: RecurrentPPOParams = config.algo_params
     value_clip = (p.clip_coef if p.value_clip_coef is None else p.value_clip_coef) if p.clip_value_loss else None
 
-    def compute_gradients_fn(state: RecurrentPPOState, key: jax.Array, batch: tuple) -> tuple[Params, dict]:
+    def compute_gradients_fn(state: RecurrentPPOState, key: jax.Array, batch: BatchLike) -> tuple[Params, dict]:
         del key
-        batch = RecurrentPPOBatch(*batch)
+        batch = as_batch(RecurrentPPOBatch, batch)
         ac = state.actor_critic
         advantages = batch.advantage.reshape(-1)
         advantages = normalize_advantages(advantages) if p.normalize_advantages else advantages

@@ -87,7 +87,7 @@ import jax.numpy as jnp
 
 import kitae.algos.collections.ppo as ppo
 import kitae.config as cfg
-from kitae.algos.gradients import update_step_from_gradients
+from kitae.algos.gradients import BatchLike, as_batch, update_step_from_gradients
 from kitae.algos.update import UpdateHooks
 from kitae.buffer import Experience
 from kitae.config import register_algo_params
@@ -588,8 +588,8 @@ def compute_gradients_factory(config: cfg.AlgoConfig) -> Callable:
     value_clip = (p.clip_coef if p.value_clip_coef is None else p.value_clip_coef) if p.clip_value_loss else None
     target, _ = rnd_networks(config)
 
-    def compute_gradients_fn(state: RNDPPOState, key: jax.Array, batch: tuple) -> tuple[Params, dict]:
-        batch = RNDPPOBatch(*batch)
+    def compute_gradients_fn(state: RNDPPOState, key: jax.Array, batch: BatchLike) -> tuple[Params, dict]:
+        batch = as_batch(RNDPPOBatch, batch)
         ac, predictor = state.actor_critic, state.rnd_predictor
         advantages = ppo.normalize_advantages(batch.advantage) if p.normalize_advantages else batch.advantage
 

@@ -64,7 +64,7 @@ import numpy as np
 
 import kitae.config as cfg
 from kitae.action_masks import refuse_action_mask
-from kitae.algos.gradients import update_step_from_gradients
+from kitae.algos.gradients import BatchLike, as_batch, update_step_from_gradients
 from kitae.algos.utils import critic_td_errors, n_step_gamma, weighted_mean
 from kitae.base import OffPolicyAgent, agent_keys
 from kitae.config import AlgoParams, register_algo_params, validate_types
@@ -564,8 +564,8 @@ def compute_gradients_factory(config: cfg.AlgoConfig) -> Callable:
     gamma, autotune, prioritized = params.gamma, params.autotune, config.replay.prioritized
     target_entropy = _target_entropy(config)
 
-    def compute_gradients_fn(state: SACState, key: jax.Array, batch: tuple) -> tuple[dict, dict]:
-        batch = SACBatch(*batch)
+    def compute_gradients_fn(state: SACState, key: jax.Array, batch: BatchLike) -> tuple[dict, dict]:
+        batch = as_batch(SACBatch, batch)
         next_key, actor_key = jax.random.split(key)
         policy, qvalue = state.policy, state.qvalue
         assert qvalue is not None and state.alpha is not None  # a full state (acting params have the policy only)

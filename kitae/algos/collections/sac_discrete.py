@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import kitae.algos.collections.sac as sac
 import kitae.config as cfg
 from kitae.action_masks import refuse_action_mask
-from kitae.algos.gradients import update_step_from_gradients
+from kitae.algos.gradients import BatchLike, as_batch, update_step_from_gradients
 from kitae.algos.utils import critic_td_errors, n_step_gamma, weighted_mean
 from kitae.distributions import Categorical
 from kitae.modules.optimizer import optimizer_from_config
@@ -224,9 +224,9 @@ def compute_gradients_factory(config: cfg.AlgoConfig) -> Callable:
     gamma, autotune, target = p.gamma, p.autotune, target_entropy(config)
     prioritized = config.replay.prioritized
 
-    def compute_gradients_fn(state: sac.SACState, key: jax.Array, batch: tuple) -> tuple[dict, dict]:
+    def compute_gradients_fn(state: sac.SACState, key: jax.Array, batch: BatchLike) -> tuple[dict, dict]:
         del key  # expectations over actions: nothing is sampled
-        batch = sac.SACBatch(*batch)
+        batch = as_batch(sac.SACBatch, batch)
         policy, qvalue = state.policy, state.qvalue
         assert qvalue is not None and state.alpha is not None  # a full state
         log_alpha = state.alpha.params["log_alpha"]

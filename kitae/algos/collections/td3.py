@@ -70,7 +70,7 @@ import numpy as np
 
 import kitae.config as cfg
 from kitae.action_masks import refuse_action_mask
-from kitae.algos.gradients import update_step_from_gradients
+from kitae.algos.gradients import BatchLike, as_batch, update_step_from_gradients
 from kitae.algos.utils import critic_td_errors, weighted_mean
 from kitae.base import OffPolicyAgent, agent_keys
 from kitae.buffer import Experience
@@ -498,8 +498,8 @@ def compute_gradients_factory(config: cfg.AlgoConfig) -> Callable:
     p = config.algo_params
     prioritized = config.replay.prioritized
 
-    def compute_gradients_fn(state: TD3State, key: jax.Array, batch: tuple) -> tuple[dict, dict]:
-        batch = TD3Batch(*batch)
+    def compute_gradients_fn(state: TD3State, key: jax.Array, batch: BatchLike) -> tuple[dict, dict]:
+        batch = as_batch(TD3Batch, batch)
         actor, critic = state.actor, state.critic
         assert critic is not None  # a full state (acting params have no critic)
         targets = td3_targets(

@@ -658,11 +658,15 @@ class BaseAgent(IAgent):
         """Trains on Ray (``kitae.distributed``), as ``kitae train ... --workers N`` does: ``workers``
         collection workers each step ``env_cfg.n_envs / workers`` copies of ``env_id``, gradient
         workers compute the updates, and this process applies them and writes the run directory.
-        The layout is recorded in ``config.distributed`` (and ``config.yaml``), so ``resume``
-        goes on distributed.
+        The layout is recorded in the agent's ``config.distributed`` (and ``config.yaml``), and
+        stays there: ``resume`` and later ``train`` calls go on distributed and take an environment
+        id (an environment object is refused); ``agent.config = dataclasses.replace(agent.config,
+        distributed=None)`` trains in this process again.
 
         Args:
-            env_id: the environment id (``"CartPole-v1"``, ``"envpool:Pong-v5"``...).
+            env_id: the environment id (``"CartPole-v1"``, ``"envpool:Pong-v5"``...); one other
+                than the config's own must have ``env_cfg``'s spaces (checked before Ray starts)
+                and becomes the run's ``env_cfg.task_name`` in ``config.yaml``.
             n_env_steps: transitions to train for, summed over all environments.
             workers, gradient_workers, async_collection, async_gradients, address: see
                 ``kitae.config.DistributedConfig``.

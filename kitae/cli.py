@@ -214,7 +214,7 @@ def _add_train_flags(parser: argparse.ArgumentParser, seeds: bool = False) -> No
         "--async",
         dest="async_mode",
         action="store_true",
-        help="with --workers: asynchronous collection and gradients (the policy lag is logged)",
+        help="with --workers: asynchronous collection, and gradients with 2+ gradient workers (lags are logged)",
     )
     parser.add_argument(
         "--address", help="with --workers: HOST:PORT of an existing Ray cluster (default: start one on 127.0.0.1)"
@@ -744,7 +744,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"kitae: error: {error.strerror or error}{where}".replace("\n", " "), file=sys.stderr)
             return 1
         except WorkersLost as error:  # the run saved a checkpoint before stopping
-            print(f"kitae: error: {error}; continue with: kitae resume RUN_DIR", file=sys.stderr)
+            print(f"kitae: error: {error}; continue with: kitae resume {error.run_dir or 'RUN_DIR'}", file=sys.stderr)
             return 1
         except RuntimeError as error:  # XLA's "RESOURCE_EXHAUSTED: Out of memory allocating N bytes."
             if "RESOURCE_EXHAUSTED" not in str(error):

@@ -630,6 +630,15 @@ class AlgoConfig:
                 f"{self.distributed.gradient_workers}: priorities change at every gradient step, which one worker "
                 "makes; allowed: distributed.gradient_workers=1 (or uniform replay)"
             )
+        if self.distributed is not None and self.distributed.gradient_workers > 1:
+            workers, batch = self.distributed.gradient_workers, self.update_cfg.batch_size
+            _require(
+                batch % workers == 0,
+                "distributed.gradient_workers",
+                workers,
+                f"a divisor of update_cfg.batch_size={batch} (each gradient worker takes an equal part of every "
+                "minibatch)",
+            )
         capacity = self.update_cfg.max_buffer_size * self.env_cfg.n_envs * self.env_cfg.n_agents
         _require(
             self.update_cfg.batch_size <= capacity,

@@ -103,6 +103,67 @@ def test_config_round_trips_and_rejects_unknown_fields():
         DistributedConfig.from_dict({"worker": 2})
 
 
+@pytest.mark.parametrize(
+    ("algo", "sets", "message"),
+    [
+        ("ppo", ["update_cfg.batch_size=2"], "a divisor of update_cfg.batch_size=2 "),
+        ("ppo", [], "a divisor of update_cfg.batch_size=256 "),
+        ("dqn", ["update_cfg.batch_size=64"], "a divisor of update_cfg.batch_size=64 "),
+        (
+            "ppo_lstm",
+            ["update_cfg.max_buffer_size=96", "update_cfg.batch_size=96", "algo_params.sequence_length=6"],
+            "a divisor of the 16 sequences",
+        ),
+    ],
+)
+def test_gradient_workers_must_split_every_minibatch_in_equal_parts(tmp_path, capsys, algo, sets, message):
+    """Three gradient workers on a minibatch of two rows gave worker 0 an empty part, whose mean
+    loss is NaN: the run was reported as diverged (exit 3). 256 rows over three were averaged as
+    equal parts (85, 85, 86). Both are refused when the config is made, in one line."""
+    from kitae.cli import main
+
+    flags = [f"--set={s}" for s in sets]
+    code = main(["train", algo, "CartPole-v1", "--workers", "2", "--gradient-workers", "3", *flags,
+                 "--steps", "512", "--run-dir", str(tmp_path / "run")])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
+    assert "distributed.gradient_workers=3 is not allowed; allowed: " + message in err
+
+
+def _closed_port():
+    import socket
+
+    with socket.socket() as sock:  # a port this machine just gave out and nothing listens on now
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_an_address_where_no_cluster_answers_is_refused_at_once_in_one_line(tmp_path, capsys):
+    """``--address 127.0.0.1:1`` waited over five minutes in ``ray.init``, printing Ray's GCS client
+    retries, and left a run directory of a run that never started."""
+    import socket
+
+    from kitae.cli import main
+    from kitae.distributed.runtime import check_reachable
+
+    port = _closed_port()
+    clock = time.perf_counter()
+    code = main(["train", "ppo", "CartPole-v1", "--workers", "2", "--address", f"127.0.0.1:{port}",
+                 "--steps", "512", "--run-dir", str(tmp_path / "run")])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 1 and time.perf_counter() - clock < 10 and not (tmp_path / "run").exists()
+    assert err == (
+        f"kitae: error: distributed.address='127.0.0.1:{port}': no Ray cluster answers there (Connection refused, "
+        "10 s); allowed: the HOST:PORT of a running cluster's head (`ray start --head` prints it), or no address "
+        "to start a local runtime\n"
+    )
+    with socket.socket() as listening:  # something answers: Ray's own handshake decides
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        check_reachable(f"127.0.0.1:{listening.getsockname()[1]}")
+    check_reachable(None)
+
+
 def test_bad_runs_are_rejected_before_anything_starts(tmp_path):
     agent, env = preset_agent("ppo", "CartPole-v1", steps=1024, run_dir=tmp_path / "a")
     executor = DistributedExecutor(DistributedConfig(workers=3))
@@ -129,9 +190,9 @@ def test_the_configs_own_id_is_not_made_again_to_check_its_spaces(monkeypatch, t
     env.close()
     made = []
     monkeypatch.setattr(executor_module, "make_env", lambda spec, n: made.append(spec.id) or env)
-    executor_module._check_spaces(agent, EnvSpec.parse("CartPole-v1"))
+    executor_module.check_spaces(agent.config.env_cfg, EnvSpec.parse("CartPole-v1"))
     assert made == []
-    executor_module._check_spaces(agent, EnvSpec.parse("gymnax:CartPole-v1"))  # same spaces, another id
+    executor_module.check_spaces(agent.config.env_cfg, EnvSpec.parse("gymnax:CartPole-v1"))  # same spaces, another id
     assert made == ["gymnax:CartPole-v1"]
 
 

@@ -4,6 +4,7 @@ by the tests of this module."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import subprocess
@@ -63,6 +64,29 @@ def test_the_python_road_trains_distributed_and_loads_back(ray_shared, tmp_path)
     assert state_fingerprint(loaded.state) == state_fingerprint(agent.state)
 
 
+def test_train_distributed_collects_from_the_id_it_is_given_and_checks_its_spaces(ray_shared, tmp_path):
+    """``agent.train_distributed(env_id)`` once trained on the config's own id whatever it was
+    given: ``Pendulum-v1`` for a CartPole agent trained CartPole. Now the given id is the run's
+    (its summary and ``config.yaml`` say so), one whose spaces differ is refused before Ray starts,
+    and an agent left distributed refuses an environment object in one line."""
+    import yaml
+
+    from kitae.envs.make import make_vec_env
+
+    agent, env = preset_agent("ppo", "CartPole-v1", steps=512, n_envs=8, run_dir=tmp_path / "other")
+    env.close()
+    with pytest.raises(ValueError, match=r"observation_space"):
+        agent.train_distributed("Pendulum-v1", 512, workers=2)
+    assert not (tmp_path / "other" / "summary.json").exists()
+    agent.train_distributed("gymnax:CartPole-v1", 512, workers=2)
+    assert json.loads((tmp_path / "other" / "summary.json").read_text())["env"] == "gymnax:CartPole-v1"
+    written = yaml.safe_load((tmp_path / "other" / "config.yaml").read_text())
+    assert written["env_cfg"]["task_name"] == "gymnax:CartPole-v1"
+    env = make_vec_env("CartPole-v1", 8)
+    with pytest.raises(TypeError, match=r"allowed: an environment id or EnvSpec"):
+        agent.train(env, 512)
+
+
 class KillCollector(Callback):
     """Kills one collection worker's process (a ``ray::CollectionWorker`` descendant of this test
     process, whose runtime the module shares), once, at the first update after ``after``."""
@@ -103,11 +127,14 @@ def test_when_replacements_run_out_the_run_stops_with_a_checkpoint(ray_shared, t
         def on_checkpoint(self, payload):
             saved.append(int(payload.state.env_step))
 
-    with pytest.raises(WorkersLost, match="max_restarts=0"):
-        DistributedExecutor(DistributedConfig(workers=2, max_restarts=0)).run(
-            agent, "CartPole-v1", 1536, callbacks=[KillCollector(after=512), Saved()]
-        )
+    # on the run road (agent.train, as kitae train): the error names the run directory, which the
+    # command line's line names for `kitae resume` (it said RUN_DIR)
+    agent.config = dataclasses.replace(agent.config, distributed=DistributedConfig(workers=2, max_restarts=0))
+    with pytest.raises(WorkersLost, match="max_restarts=0") as raised:
+        agent.train("CartPole-v1", 1536, callbacks=[KillCollector(after=512), Saved()])
     assert saved and 512 <= saved[-1] < 1536  # the state it had learned is in the last checkpoint
+    assert raised.value.run_dir == str(agent.run_dir)
+    assert max(int(p.name) for p in (agent.run_dir / "checkpoints").iterdir()) == saved[-1]
 
 
 def test_ctrl_c_stops_every_actor_and_saves_a_checkpoint(tmp_path):

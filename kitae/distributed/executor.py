@@ -53,12 +53,18 @@ from kitae.loops.result import Divergence, Episodes, RunResult, concat_episodes
 from kitae.loops.state import LoopState, Payload, mark_episodes_cut, payload_from_agent, strongly_typed
 from kitae.validation import check_positive_int
 
-__all__ = ["DistributedExecutor", "WorkersLost", "default_agent_factory"]
+__all__ = ["DistributedExecutor", "WorkersLost", "default_agent_factory", "check_spaces"]
 
 
 class WorkersLost(RuntimeError):
     """Workers died after the run used its ``max_restarts`` replacements; the run stopped and
-    saved a checkpoint first."""
+    saved a checkpoint first.
+
+    Attributes:
+        run_dir: the run directory to resume, where a run of ``kitae.runs`` set it, else ``None``.
+    """
+
+    run_dir: str | None = None
 
 
 def default_agent_factory(agent: Any) -> Callable[[], Any]:
@@ -144,7 +150,7 @@ class DistributedExecutor(EvaluatesBySource):
         """
         check_positive_int("n_env_steps", n_env_steps)
         spec = self.check(env, agent.config.env_cfg.n_envs)
-        _check_spaces(agent, spec)
+        check_spaces(agent.config.env_cfg, spec)
         seeds = [agent.config.seed] if seeds is None else list(seeds)
         if len(seeds) != 1:
             raise ValueError(f"seeds={seeds} is not allowed here; allowed: one seed per distributed run")
@@ -153,7 +159,7 @@ class DistributedExecutor(EvaluatesBySource):
             return _Run(self, ray, agent, spec, n_env_steps, start, seeds[0], callbacks).run()
 
 
-def _check_spaces(agent: Any, spec: EnvSpec) -> None:
+def check_spaces(env_cfg: Any, spec: EnvSpec) -> None:
     """The rule of every executor (``kitae.envs.spaces.check_env_spaces``), before Ray starts, for
     an id other than the one the config was made from (``agent.train_distributed(env_id)`` takes
     any): the workers make their environments from the id, so one copy is made here to check.
@@ -164,14 +170,14 @@ def _check_spaces(agent: Any, spec: EnvSpec) -> None:
         ValueError: for spaces that differ from ``env_cfg``'s.
     """
     try:
-        own = EnvSpec.parse(agent.config.env_cfg.task_name).id == spec.id
+        own = EnvSpec.parse(env_cfg.task_name).id == spec.id
     except ValueError:  # a task name that is not an id ("CartPole-pixels")
         own = False
     if own:
         return
     env = make_env(spec, 1)
     try:
-        check_env_spaces(agent.config.env_cfg, env.single_observation_space, env.single_action_space)
+        check_env_spaces(env_cfg, env.single_observation_space, env.single_action_space)
     finally:
         if hasattr(env, "close"):
             env.close()

@@ -14,13 +14,42 @@ installed on them.
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["ray_runtime", "import_ray"]
+__all__ = ["ray_runtime", "import_ray", "check_reachable", "CONNECT_TIMEOUT"]
+
+# Seconds to wait for a cluster's head to accept a connection before the run is refused. Ray's own
+# ray.init(address=...) waits minutes on an address where nothing listens, printing its GCS
+# client's retries.
+CONNECT_TIMEOUT = 10.0
+
+
+def check_reachable(address: str | None, timeout: float = CONNECT_TIMEOUT) -> None:
+    """Refuses, before Ray is started or anything is written, a cluster address where nothing
+    accepts a TCP connection within ``timeout`` seconds (``None``, a local runtime, passes).
+
+    Raises:
+        ConnectionError: naming the address, the reason and what is allowed.
+    """
+    if address is None:
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not port.isdigit():  # not HOST:PORT: Ray's own check says what it wants
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as error:
+        reason = "no answer" if isinstance(error, TimeoutError) else (error.strerror or type(error).__name__)
+        raise ConnectionError(
+            f"distributed.address={address!r}: no Ray cluster answers there ({reason}, {timeout:g} s); allowed: the "
+            "HOST:PORT of a running cluster's head (`ray start --head` prints it), or no address to start a local "
+            "runtime"
+        ) from None
 
 
 _LOCAL_ONLY = {"RAY_AUTH_MODE": "token", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
@@ -164,7 +193,8 @@ def ray_runtime(address: str | None = None, *, num_cpus: int | None = None) -> I
 
     Args:
         address: ``None`` to start a local runtime (127.0.0.1, token authentication, no
-            dashboard), or the ``"HOST:PORT"`` of an existing cluster's head.
+            dashboard), or the ``"HOST:PORT"`` of an existing cluster's head (refused at once
+            where nothing answers: ``check_reachable``).
         num_cpus: CPUs the local runtime offers its actors (default: Ray's count). Workers
             reserve none, so the number of actors is not bound by the number of cores.
     """
@@ -174,6 +204,7 @@ def ray_runtime(address: str | None = None, *, num_cpus: int | None = None) -> I
         return
     kwargs: dict[str, Any] = {"log_to_driver": False, "configure_logging": False}
     if address is not None:
+        check_reachable(address)
         with _no_jax_fork_warning():
             ray.init(address=address, **kwargs)
         try:

@@ -17,7 +17,7 @@ from typing import Any, cast
 
 from kitae.algos.collections import ALGORITHMS, algorithm_name, algorithm_of_params_name, get_algorithm
 from kitae.config import AlgoConfig
-from kitae.distributed.executor import DistributedExecutor
+from kitae.distributed.executor import DistributedExecutor, check_spaces
 from kitae.envs.make import EnvSpec, make_env
 from kitae.loops.executor import Executor, executor_for
 from kitae.runs.errors import RunError
@@ -213,11 +213,34 @@ def resolve_train(spec: RunSpec) -> tuple[ResolvedRun, Any]:
 
 def resolve_agent(agent: Any, env: Any) -> ResolvedRun:
     """The run of an agent trained from Python (``agent.train(env)``): its class, its config, its
-    ``run_dir`` and the executor of ``env``."""
-    env_spec = run_env_spec(agent.config)
-    algo = algorithm_name(agent.config) or type(agent).__name__.lower()
-    executor = executor_of(agent.config, env)
-    return ResolvedRun(algo, type(agent), env_spec, agent.config, None, Path(agent.run_dir), executor)
+    ``run_dir`` and the executor of ``env``.
+
+    An agent whose config trains distributed (``agent.train_distributed(env_id)``) takes an
+    environment id, which its workers make: an id other than the config's own becomes the run's
+    (its ``config.yaml``'s ``env_cfg.task_name``, so ``kitae resume`` goes on with it; the
+    executor checks its spaces against ``env_cfg``'s before Ray starts).
+
+    Raises:
+        TypeError: an environment object for a distributed config (``env`` is closed).
+        ValueError: ``env_cfg.n_envs`` that does not split over the workers.
+    """
+    config = agent.config
+    env_spec = run_env_spec(config)
+    algo = algorithm_name(config) or type(agent).__name__.lower()
+    executor = executor_of(config, env)
+    if isinstance(executor, DistributedExecutor):
+        try:
+            given = executor.check(env, config.env_cfg.n_envs)
+        except (TypeError, ValueError):
+            if hasattr(env, "close"):
+                env.close()
+            raise
+        if given.id != env_spec.id:  # checked before the run directory is written
+            check_spaces(config.env_cfg, given)
+            env_spec = given
+            env_cfg = dataclasses.replace(config.env_cfg, task_name=given.id, env_kwargs=dict(given.env_kwargs))
+            config = dataclasses.replace(config, env_cfg=env_cfg)
+    return ResolvedRun(algo, type(agent), env_spec, config, None, Path(agent.run_dir), executor)
 
 
 def resolve_run_dir(

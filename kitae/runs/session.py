@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kitae.distributed.executor import WorkersLost
+from kitae.distributed.runtime import check_reachable
 from kitae.envs.make import EnvSpec
 from kitae.loops.callbacks import WriterLogger
 from kitae.loops.result import RunResult
@@ -181,6 +183,9 @@ def execute(
                             ImportWhileTraining(*CHECKPOINT_MODULES, *PLOT_MODULES),
                         ],
                     )
+                except WorkersLost as error:  # it saved a checkpoint: the command line names the run to resume
+                    error.run_dir = str(run_dir)
+                    raise
                 finally:
                     bar.close()
                 if not result.batched:
@@ -275,6 +280,12 @@ def train_run(spec: RunSpec) -> dict:
         written (the run directory is created only once the config is valid).
     """
     run, env = resolve_train(spec)
+    if run.config.distributed is not None:  # a cluster that does not answer: refused before anything is written
+        try:
+            check_reachable(run.config.distributed.address)
+        except ConnectionError:
+            env.close()
+            raise
     if spec.run_dir is None:
         # The default directory is named by the second the run starts, so runs started together
         # (several `kitae train ... &` of one algorithm, environment and seed) would share it:

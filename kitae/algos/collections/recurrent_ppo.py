@@ -166,6 +166,13 @@ def check_config(config: cfg.AlgoConfig) -> None:
             f"update_cfg.batch_size={batch} is not a multiple of algo_params.sequence_length={length}; minibatches "
             "hold whole sequences"
         )
+    workers = config.distributed.gradient_workers if config.distributed is not None else 1
+    if (batch // length) % workers:
+        raise ValueError(
+            f"distributed.gradient_workers={workers} is not allowed; allowed: a divisor of the {batch // length} "
+            f"sequences of a minibatch (update_cfg.batch_size={batch} / algo_params.sequence_length={length}): "
+            "each gradient worker takes an equal part of every minibatch"
+        )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -103,6 +103,8 @@ def test_a_config_file_given_is_named_and_its_values_kept(capsys, tmp_path):
         (["ppo", "CartPole-v1", "--async"], "--async needs --workers N"),
         # whole iterations of 512 steps take it past the int32 step counters: refused, as by train
         (["ppo", "gymnax:CartPole-v1", "--steps", "2147483647"], "in whole iterations of 512 steps it is 2,147,"),
+        # an algorithm's own rule, checked when its agent is made: config printed it, train refused it
+        (["a2c", "CartPole-v1", "--set", "update_cfg.n_epochs=2"], "update_cfg.n_epochs=2 is not allowed for A2C"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(capsys, tmp_path, argv, expected):

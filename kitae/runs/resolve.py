@@ -346,7 +346,13 @@ def config_text(spec: RunSpec, imports: list[str] | tuple[str, ...] = ()) -> str
         RunError, ValueError, TypeError, FileNotFoundError: for bad input, as ``resolve_train``.
     """
     run, env = resolve_train(spec)
-    env.close()  # made for its spaces only
+    try:
+        # the algorithm's own rules (A2C: one epoch over the whole rollout) are checked when its
+        # agent is made: a config kitae train would refuse is refused here too (its state is
+        # computed when first used, so nothing is compiled)
+        run.make_agent()
+    finally:
+        env.close()  # made for its spaces only
     imported = [f"--import\N{NO-BREAK SPACE}{name}" for name in imports]
     command = " ".join(["kitae train", spec.algo, run.env.id, *_config_flags(spec), *imported])
     preset, tuned = preset_path(spec.algo), preset_ids(spec.algo)

@@ -37,6 +37,7 @@ import numpy as np
 from flax import struct
 
 from kitae.envs.jax_env import JaxTimeStep
+from kitae.envs.options import LIBRARY_REFUSALS, check_options, constructor_options, refused
 from kitae.validation import check_positive_int, closest_names
 
 DEFAULT_BACKEND = "generalized"
@@ -95,7 +96,9 @@ class BraxEnv:
         name: a Brax registry name, e.g. ``"inverted_pendulum"``, ``"ant"`` (``brax_env_names()``).
         backend: Brax's physics pipeline: one of ``BACKENDS`` (default ``"generalized"``).
         episode_length: the default ``params.episode_length`` (time limit, >= 1).
-        **env_kwargs: passed to the Brax environment's constructor.
+        **env_kwargs: passed to the Brax environment's constructor: the named parameters of its
+            class's ``__init__`` and of its bases' (``constructor_options``), e.g. ``ant``'s
+            ``ctrl_cost_weight``, each of its default's type.
 
     Attributes:
         observation_space: ``Box(-inf, inf, (observation_size,), float32)``.
@@ -103,7 +106,10 @@ class BraxEnv:
         default_params: ``BraxParams(episode_length)``.
 
     Raises:
-        ValueError: for an unknown name (listing the known ones), backend or episode length.
+        ValueError: for an unknown name (listing the known ones), backend or episode length, an
+            option the environment does not take (listing those it takes), or options its
+            constructor refuses (with Brax's message).
+        TypeError: for an option whose value has another type than its default.
     """
 
     def __init__(
@@ -118,6 +124,11 @@ class BraxEnv:
         if backend not in BACKENDS:
             raise ValueError(f"backend={backend!r} is not allowed; allowed: {', '.join(BACKENDS)}")
         check_positive_int("episode_length", episode_length)
+        # Brax's registry holds the classes (get_environment calls them): their options are known
+        # before the (slow) loading of the system, and so are refused before it
+        learned = constructor_options(envs._envs[name])
+        options = {**learned, "episode_length": DEFAULT_EPISODE_LENGTH} if learned else {}
+        check_options(env_kwargs, options, f"Brax's {name!r}")
         self.name = name
         self.backend = backend
         with warnings.catch_warnings():
@@ -125,7 +136,12 @@ class BraxEnv:
             # is loaded: docs/brax.md says it once; printed on every run, it says nothing the
             # user can act on.
             warnings.filterwarnings("ignore", message="Brax System, piplines and environments are not actively")
-            self.env = envs.get_environment(name, backend=backend, **env_kwargs)
+            try:
+                self.env = envs.get_environment(name, backend=backend, **env_kwargs)
+            except LIBRARY_REFUSALS as error:
+                if not env_kwargs:
+                    raise
+                raise refused(env_kwargs, f"Brax's {name!r}", error) from error
         self.default_params = BraxParams(episode_length=episode_length)
         # Brax's observation_size runs a reset op by op (seconds); the shape alone is enough
         obs_shape = jax.eval_shape(self.env.reset, jax.random.PRNGKey(0)).obs

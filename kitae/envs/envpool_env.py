@@ -38,6 +38,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
+from kitae.envs.options import check_options
 from kitae.validation import check_positive_int, closest_names
 
 ATARI_DEFAULTS: dict[str, Any] = {
@@ -81,8 +82,13 @@ def check_envpool_id(name: str) -> None:
         )
 
 
+def _config(name: str) -> dict[str, Any]:
+    """The options of ``name`` with their defaults (``envpool.make_spec(name).config``)."""
+    return dict(_envpool().make_spec(name).config._asdict())
+
+
 def _config_keys(name: str) -> set[str]:
-    return set(_envpool().make_spec(name).config._fields)
+    return set(_config(name))
 
 
 def is_atari(name: str) -> bool:
@@ -109,12 +115,8 @@ def _check_kwargs(name: str, kwargs: dict[str, Any]) -> None:
             f"env_kwargs {reserved} are set by kitae (num_envs from n_envs, seed from the run's seed, "
             f"batch_size = num_envs, one player, EnvPool's own assets and reset infos); remove them"
         )
-    known = _config_keys(name) - set(_RESERVED)
-    unknown = sorted(set(kwargs) - known)
-    if unknown:
-        raise ValueError(
-            f"env_kwargs {unknown} are not options of EnvPool's {name!r}; allowed: {', '.join(sorted(known))}"
-        )
+    options = {key: default for key, default in _config(name).items() if key not in _RESERVED}
+    check_options(kwargs, options, f"EnvPool's {name!r}")
 
 
 class EnvPoolVectorEnv(gym.vector.VectorEnv):

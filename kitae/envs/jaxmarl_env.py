@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kitae.envs.jax_env import JaxTimeStep, VecJaxEnv
+from kitae.envs.options import LIBRARY_REFUSALS, check_options, constructor_options, refused
 from kitae.validation import closest_names
 
 EPISODE_ENDS = ("truncation", "termination")
@@ -101,6 +102,41 @@ def jaxmarl_space_to_gym(space: Any, what: str) -> gym.Space:
     raise ValueError(f"{what} is a JaxMARL {kind} space; allowed: Discrete or Box")
 
 
+def _make(jaxmarl: Any, name: str, env_kwargs: dict[str, Any]) -> Any:
+    """``jaxmarl.make(name, **env_kwargs)``, its options checked (``kitae.envs.options``).
+
+    ``jaxmarl.make`` picks the class in code (no registry to read it from), so the options are
+    checked once the environment is made (making an MPE environment takes milliseconds, and
+    nothing outside it); where its constructor refuses them, an environment with the defaults tells
+    the class, whose checks say what is allowed, else the library's message is passed on.
+    """
+    if not env_kwargs:
+        return jaxmarl.make(name)
+    where = f"JaxMARL's {name!r}"
+    try:
+        env = jaxmarl.make(name, **env_kwargs)
+    except LIBRARY_REFUSALS as error:
+        _check_kwargs(type(jaxmarl.make(name)), env_kwargs, where)
+        raise refused(env_kwargs, where, error) from error
+    _check_kwargs(type(env), env_kwargs, where)
+    return env
+
+
+def _check_kwargs(cls: type, env_kwargs: dict[str, Any], where: str) -> None:
+    """``check_options`` with the options of JaxMARL's class ``cls`` (and ``JaxMARLEnv``'s
+    ``episode_end``)."""
+    choices: dict[str, tuple[str, ...]] = {}
+    if cls.__module__.startswith("jaxmarl.environments.mpe."):
+        # SimpleMPE takes these two action types (its module's constants) and raises
+        # NotImplementedError, without naming them, for any other
+        from jaxmarl.environments.mpe.default_params import CONTINUOUS_ACT, DISCRETE_ACT
+
+        choices["action_type"] = (DISCRETE_ACT, CONTINUOUS_ACT)
+    learned = constructor_options(cls)
+    options = {**learned, "episode_end": None} if learned else {}  # episode_end: JaxMARLEnv's own
+    check_options(env_kwargs, options, where, choices=choices)
+
+
 class JaxMARLEnv:
     """Adapts a JaxMARL ``MultiAgentEnv`` to kitae's ``JaxEnv`` protocol, keyed by agent.
 
@@ -111,7 +147,8 @@ class JaxMARLEnv:
             limit) or ``"termination"`` (a terminal state). Default: ``"truncation"`` for ``MPE_*``
             environments (they end only at ``max_steps``); required for the others.
         **env_kwargs: passed to ``jaxmarl.make`` (e.g. ``action_type="Continuous"``,
-            ``max_steps=25``, ``num_agents=3``).
+            ``max_steps=25``, ``num_agents=3``): the options of the environment's class
+            (``kitae.envs.options.constructor_options``), each of its default's type.
 
     Attributes:
         agents: the agent names, in JaxMARL's order (a tuple).
@@ -121,8 +158,10 @@ class JaxMARLEnv:
 
     Raises:
         ValueError: for an unknown name (the message lists the registered ones), an
-            ``episode_end`` that is not allowed or missing, agents whose spaces differ, or spaces
+            ``episode_end`` that is not allowed or missing, an option the environment does not
+            take or a value its constructor refuses, agents whose spaces differ, or spaces
             other than ``Discrete`` / ``Box``.
+        TypeError: for an option whose value has another type than its default.
     """
 
     default_params: Any = None
@@ -136,7 +175,7 @@ class JaxMARLEnv:
                     f"unknown JaxMARL environment {env!r}{hint}; registered: {', '.join(jaxmarl.registered_envs)}"
                 )
             self.name = env
-            self.env = jaxmarl.make(env, **env_kwargs)
+            self.env = _make(jaxmarl, env, env_kwargs)
         else:
             if env_kwargs:
                 raise ValueError(

@@ -392,7 +392,11 @@ def build_parser() -> argparse.ArgumentParser:
     resume.add_argument(
         "--steps", type=_positive_int, help="the run's new TOTAL of environment steps (default: its n_env_steps)"
     )
-    resume.add_argument("--quiet", action="store_true", help="no progress bar (for scripts and CI)")
+    resume.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress bar; after the result line, one JSON line, as kitae train --quiet",
+    )
     _add_import_flag(resume)
 
     evaluate = sub.add_parser(

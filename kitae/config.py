@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 D = TypeVar("D", bound="DataclassInstance")
 
+_FLOAT32_MAX = 3.4028234663852886e38
+
 # ---------------------------------------------------------------------------------------------
 # Validation helpers
 # ---------------------------------------------------------------------------------------------
@@ -352,7 +354,13 @@ class UpdateConfig:
 
     def __post_init__(self) -> None:
         validate_types(self, "update_cfg.")
-        _require(self.learning_rate > 0, "update_cfg.learning_rate", self.learning_rate, "a float > 0")
+        # float32's range: the optimizer computes in float32, where 1e300 is inf
+        _require(
+            0 < self.learning_rate <= _FLOAT32_MAX,
+            "update_cfg.learning_rate",
+            self.learning_rate,
+            "a finite float > 0 (at most float32's 3.4e38)",
+        )
         _require(
             self.max_grad_norm is None or self.max_grad_norm > 0,
             "update_cfg.max_grad_norm",
@@ -585,12 +593,7 @@ class DistributedConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DistributedConfig:
-        unknown = sorted(set(data) - set(cls.__dataclass_fields__))
-        if unknown:
-            raise ValueError(
-                unknown_field_message(unknown[0], "DistributedConfig", list(cls.__dataclass_fields__), "distributed.")
-            )
-        return cls(**data)
+        return _from_mapping(cls, data, "distributed.")
 
 
 @hint_unknown_keywords

@@ -105,6 +105,13 @@ def test_a_config_file_given_is_named_and_its_values_kept(capsys, tmp_path):
         (["ppo", "gymnax:CartPole-v1", "--steps", "2147483647"], "in whole iterations of 512 steps it is 2,147,"),
         # an algorithm's own rule, checked when its agent is made: config printed it, train refused it
         (["a2c", "CartPole-v1", "--set", "update_cfg.n_epochs=2"], "update_cfg.n_epochs=2 is not allowed for A2C"),
+        # an infinite learning rate trained and diverged; 1e300, inf in float32, printed numpy's warnings
+        (
+            ["ppo", "CartPole-v1", "--set", "update_cfg.learning_rate=inf"],
+            "update_cfg.learning_rate=inf is not allowed",
+        ),
+        (["ppo", "CartPole-v1", "--set", "update_cfg.learning_rate=1e300"], "learning_rate=1e+300 is not allowed"),
+        (["ppo", "CartPole-v1", "--gradient-workers", "0"], "--gradient-workers needs --workers N"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(capsys, tmp_path, argv, expected):
@@ -114,6 +121,47 @@ def test_bad_input_is_one_line_and_writes_nothing(capsys, tmp_path, argv, expect
     lines = [line for line in captured.err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("kitae: error:") and expected in lines[0], captured.err
     assert not any(tmp_path.iterdir())  # the test's working directory: no runs/ or anything else
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("update_cfg: 3\n", "update_cfg must be a mapping of fields, got 3"),  # was "'int' object is not iterable"
+        ("distributed: 3\n", "distributed must be a mapping of fields, got 3"),
+        ("train_cfg: [1]\n", "train_cfg must be a mapping of fields, got [1]"),
+    ],
+)
+def test_a_config_file_section_that_is_not_a_mapping_is_named(capsys, tmp_path, text, message):
+    (tmp_path / "c.yaml").write_text(text)
+    assert main(["config", "ppo", "CartPole-v1", "--config", str(tmp_path / "c.yaml")]) == 2
+    assert capsys.readouterr().err == f"kitae: error: {message}\n"
+
+
+@pytest.mark.parametrize("command", ["train", "sweep", "tune"])
+def test_seeds_past_the_seed_range_are_refused_before_anything_is_written(capsys, tmp_path, command):
+    """``--seed 4294967295 --seeds 2`` was refused at the second seed's agent, naming a seed the user
+    never typed, after the run (sweep, study) directory was written."""
+    extra = {"train": [], "sweep": ["--grid", "update_cfg.learning_rate=1e-3,2e-3"], "tune": ["--trials", "1"]}
+    env_id = "CartPole-v1" if command == "train" else "gymnax:CartPole-v1"
+    argv = [command, "ppo", env_id, "--steps", "2048", "--seed", "4294967295", "--seeds", "2", *extra[command]]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (
+        "kitae: error: --seeds 2 from seed 4294967295 is not allowed: its last seed would be 4294967296; allowed: "
+        "seed + seeds - 1 < 2**32 (--seed at most 4294967294)\n"
+    )
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_run_directory_given_as_config_file_names_its_config_yaml(capsys, tmp_path):
+    """It said the directory "does not exist"."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text("seed: 0\n")
+    assert main(["config", "ppo", "CartPole-v1", "--config", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"kitae: error: config file {str(tmp_path / 'run')!r} is a directory; allowed: a YAML file; a run "
+        f"directory's is {str(tmp_path / 'run' / 'config.yaml')!r}\n"
+    )
 
 
 def test_a_custom_agent_without_a_preset_file_and_its_import(capsys):

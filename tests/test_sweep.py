@@ -502,7 +502,7 @@ def test_sweep_run_refuses_a_bad_worker_count():
         ("algo_params.nope=0.1,0.2", "algo_params.nope cannot be swept: not a field of the config; allowed"),
         ("learning_rate=1e-3,1e-4", "not a field of the config; did you mean 'update_cfg.learning_rate'?"),
         ("algo_params.clip_cof=0.1,0.2", "did you mean 'algo_params.clip_coef'?"),
-        ("update_cfg.learning_rate=1e-3,-1", "update_cfg.learning_rate=-1.0 is not allowed; allowed: a float > 0"),
+        ("update_cfg.learning_rate=1e-3,-1", "update_cfg.learning_rate=-1.0 is not allowed; allowed: a finite float"),
     ],
 )
 def test_what_cannot_be_swept_is_refused_before_anything_is_written(tmp_path, capsys, grid, message):

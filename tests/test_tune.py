@@ -80,7 +80,7 @@ def test_space_items_parse_and_bad_ones_are_refused():
     ("space", "message"),
     [
         ("update_cfg.batch_size=32:64", "update_cfg.batch_size cannot be searched: not a float field"),
-        ("update_cfg.learning_rate=-1:1", "update_cfg.learning_rate=-1.0 is not allowed; allowed: a float > 0"),
+        ("update_cfg.learning_rate=-1:1", "update_cfg.learning_rate=-1.0 is not allowed; allowed: a finite float > 0"),
     ],
 )
 def test_what_cannot_be_searched_is_refused_before_the_study_is_made(tmp_path, capsys, space, message):
@@ -89,6 +89,26 @@ def test_what_cannot_be_searched_is_refused_before_the_study_is_made(tmp_path, c
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, err
     assert not study_dir.exists()
+
+
+def test_a_study_dir_that_holds_no_study_or_a_damaged_one_is_refused_in_one_line(tmp_path, capsys):
+    """A run's directory took a study beside its checkpoints; a damaged study.db was a traceback of
+    SQLAlchemy's. Both are refused, and left as they were."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text("{}")
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    (damaged / "study.db").write_text("hello")
+    for study_dir, message in (
+        (run, "already exists and holds no study (study.db); choose another --study-dir"),
+        (damaged, "study.db is not a study kitae tune can open (file is not a database)"),
+    ):
+        before = {p.name: p.read_bytes() for p in study_dir.iterdir()}
+        code = main(["tune", "ppo", "gymnax:CartPole-v1", "--trials", "1", "--study-dir", str(study_dir)])
+        err = capsys.readouterr().err
+        assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, err
+        assert {p.name: p.read_bytes() for p in study_dir.iterdir()} == before
 
 
 def test_the_reporter_reports_intermediate_returns_and_prunes_as_the_median_pruner_says():

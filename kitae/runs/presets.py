@@ -102,6 +102,9 @@ def load_config_file(path: str | Path, params_cls: type | None = None) -> dict:
     RUN_DIR/config.yaml`` trains again with a run's whole config (``params_cls``: ALGO's params
     class, which such a file must name)."""
     path = Path(path)
+    if path.is_dir():
+        hint = f"; a run directory's is {str(path / 'config.yaml')!r}" if (path / "config.yaml").is_file() else ""
+        raise FileNotFoundError(f"config file {str(path)!r} is a directory; allowed: a YAML file{hint}")
     if not path.is_file():
         raise FileNotFoundError(f"config file {str(path)!r} does not exist")
     try:
@@ -258,7 +261,15 @@ def _rollout_batch(update: dict, n_envs: int, n_agents: int) -> int:
 
 
 def build_config(params_cls: type, env_spec: EnvSpec, env: Any, resolved: dict) -> cfg.AlgoConfig:
-    """Builds the ``AlgoConfig`` from a resolved section and the environment's spaces."""
+    """Builds the ``AlgoConfig`` from a resolved section and the environment's spaces.
+
+    Raises:
+        TypeError: a section that is not a mapping of fields (``update_cfg: 3`` in a config file).
+    """
+    for name in ("update_cfg", "train_cfg", "distributed"):
+        section = resolved.get(name)
+        if section is not None and not isinstance(section, dict):
+            raise TypeError(f"{name} must be a mapping of fields, got {section!r}")
     algo_params: Any = cfg._from_mapping(params_cls, resolved.get("algo_params") or {}, "algo_params.")
     update = dict(resolved.get("update_cfg") or {})
     if "learning_rate" in update:

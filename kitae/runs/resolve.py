@@ -63,7 +63,8 @@ class RunSpec:
     def distributed(self) -> dict:
         """The ``distributed`` section the flags ask for (empty without ``--workers``)."""
         if self.workers is None:
-            given = [f for f, v in (("--gradient-workers", self.gradient_workers), ("--address", self.address)) if v]
+            flags = (("--gradient-workers", self.gradient_workers), ("--address", self.address))
+            given = [flag for flag, value in flags if value is not None]
             if given or self.async_mode:
                 raise RunError(f"{(given or ['--async'])[0]} needs --workers N (a distributed run)")
             return {}
@@ -159,6 +160,21 @@ def make_run_env(env: EnvSpec, n_envs: int) -> Any:
         raise RunError(str(error)) from None
 
 
+def check_seed_range(seed: int, seeds: int) -> None:
+    """Refuses ``--seeds`` from ``seed`` whose last seed (``seed + seeds - 1``) is past the seeds'
+    range, before anything is written (it was refused at the last seed's agent, after).
+
+    Raises:
+        RunError: naming both flags and the largest ``--seed`` allowed.
+    """
+    last = seed + seeds - 1
+    if last >= 2**32:
+        raise RunError(
+            f"--seeds {seeds} from seed {seed} is not allowed: its last seed would be {last}; allowed: "
+            f"seed + seeds - 1 < 2**32 (--seed at most {2**32 - seeds})"
+        )
+
+
 def resolve_train(spec: RunSpec) -> tuple[ResolvedRun, Any]:
     """Resolves ``kitae train``: returns the run and its environments (made, for their spaces).
 
@@ -197,6 +213,11 @@ def resolve_train(spec: RunSpec) -> tuple[ResolvedRun, Any]:
         raise
     run_dir = Path(spec.run_dir) if spec.run_dir else default_run_dir(spec.algo, env_spec.name, config.seed)
     seeds = [config.seed + i for i in range(spec.seeds)] if spec.seeds else None
+    try:
+        check_seed_range(config.seed, spec.seeds or 1)
+    except RunError:
+        env.close()
+        raise
     executor = executor_of(config, env_spec)
     try:
         # a total that whole iterations take past the step counters' range: refused here, so that

@@ -53,7 +53,7 @@ from kitae.loops.result import Episodes, RunResult
 from kitae.runs.errors import RunError
 from kitae.runs.progress import ProgressBar
 from kitae.runs.ray_tasks import check_workers, in_ray_tasks
-from kitae.runs.resolve import ResolvedRun, RunSpec, make_run_env, resolve_train
+from kitae.runs.resolve import ResolvedRun, RunSpec, check_seed_range, make_run_env, resolve_train
 from kitae.runs.rundir import final_return_from_rows
 from kitae.runs.signals import stop_on_signals
 from kitae.runs.sweep import with_values
@@ -225,16 +225,22 @@ class _Reporter(Callback):
 
 def _open_study(study_dir: Path, run: ResolvedRun, space: Space, seeds: int) -> Any:
     import optuna
+    import sqlalchemy.exc  # Optuna's RDB storage is SQLAlchemy: its errors are what a bad study.db raises
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(
-        study_name=STUDY_NAME,
-        storage=f"sqlite:///{(study_dir / 'study.db').absolute()}",
-        load_if_exists=True,
-        direction="maximize",
-        sampler=optuna.samplers.TPESampler(seed=run.config.seed),
-        pruner=_pruner(run),
-    )
+    path = study_dir / "study.db"
+    try:
+        study = optuna.create_study(
+            study_name=STUDY_NAME,
+            storage=f"sqlite:///{path.absolute()}",
+            load_if_exists=True,
+            direction="maximize",
+            sampler=optuna.samplers.TPESampler(seed=run.config.seed),
+            pruner=_pruner(run),
+        )
+    except sqlalchemy.exc.SQLAlchemyError as error:  # not a database, or not Optuna's
+        reason = str(getattr(error, "orig", None) or error).splitlines()[0]
+        raise RunError(f"{path} is not a study kitae tune can open ({reason}); give another --study-dir") from None
     spec = {"algo": run.algo, "env": run.env.id, "steps": run.total, "seeds": seeds,
             "space": {k: list(v) for k, v in space.items()}}  # fmt: skip
     if run.config.train_cfg.eval_episodes:  # another score: a search that evaluates is another search
@@ -410,6 +416,7 @@ def tune_run(spec: TuneSpec) -> dict:
                 config_file=spec.config_file, sets=list(spec.sets))
     )  # fmt: skip
     try:
+        check_seed_range(run.config.seed, spec.seeds)
         allowed = sweepable_keys(run.config)
         space = space or _default_space(run.algo, run.config)
         if not space:
@@ -435,9 +442,19 @@ def tune_run(spec: TuneSpec) -> dict:
     study_dir = (
         Path(spec.study_dir) if spec.study_dir else Path("runs") / f"tune-{run.algo}-{run.env.name}-s{run.config.seed}"
     )
+    if study_dir.is_dir() and any(study_dir.iterdir()) and not (study_dir / "study.db").exists():
+        env.close()  # a run's or a sweep's directory, or anything else: not a search to continue
+        raise RunError(
+            f"--study-dir {str(study_dir)!r} already exists and holds no study (study.db); choose another "
+            "--study-dir (an existing one is continued only where it holds kitae tune's study)"
+        )
     study_dir.mkdir(parents=True, exist_ok=True)
     seeds = [run.config.seed + i for i in range(spec.seeds)]
-    study = _open_study(study_dir, run, space, spec.seeds)
+    try:
+        study = _open_study(study_dir, run, space, spec.seeds)
+    except RunError:
+        env.close()
+        raise
     import optuna
 
     distributions = {k: optuna.distributions.FloatDistribution(lo, hi, log=log) for k, (lo, hi, log) in space.items()}

@@ -773,14 +773,22 @@ def sweepable_keys(config: AlgoConfig) -> list[str]:
     """The dotted keys of ``config`` a sweep may vary: its float fields (``update_cfg.learning_rate``,
     ``algo_params.clip_eps``...), which the agent reads as numbers in its computations. Integers,
     booleans, strings and ``None`` decide shapes or the program's structure: one program cannot
-    vary them."""
+    vary them. Replay's floats count only where they are read: the prioritized ones with
+    ``replay.prioritized``, ``her_ratio`` with ``replay.her`` (a sweep of one unused changed
+    nothing: every row the same)."""
+    unused = set()
+    if not config.replay.prioritized:
+        unused |= {"replay.priority_exponent", "replay.importance_exponent", "replay.priority_epsilon"}
+    if config.replay.her is None:
+        unused.add("replay.her_ratio")
     keys = []
     for section in SWEEP_SECTIONS:
         obj = getattr(config, section)
         for field in dataclasses.fields(obj):
             value = getattr(obj, field.name)
-            if isinstance(value, float):
-                keys.append(f"{section}.{field.name}")
+            key = f"{section}.{field.name}"
+            if isinstance(value, float) and key not in unused:
+                keys.append(key)
     return sorted(keys)
 
 

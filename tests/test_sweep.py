@@ -79,6 +79,24 @@ def test_sweepable_keys_are_the_float_fields_and_traced_config_refuses_others():
     assert changed.update_cfg.learning_rate == 1e-3 and agent.config.update_cfg.learning_rate != 1e-3
 
 
+def test_replay_keys_are_sweepable_only_where_they_are_read():
+    """A sweep of ``replay.her_ratio`` for PPO ran and gave identical rows (PPO reads no replay
+    field); prioritized replay's floats count with ``replay.prioritized``, ``her_ratio`` with HER."""
+    prioritized = ("replay.priority_exponent", "replay.importance_exponent", "replay.priority_epsilon")
+    for algo, sets, listed in (
+        ("ppo", [], ()),
+        ("dqn", [], ()),
+        ("dqn", ["replay.prioritized=true"], prioritized),
+    ):
+        agent, env = preset_agent(algo, "gymnax:CartPole-v1", steps=1024, sets=sets)
+        replay = {key for key in sweepable_keys(agent.config) if key.startswith("replay.")}
+        assert replay == set(listed), (algo, sets, replay)
+    agent, env = preset_agent("dqn", "gymnax:BitFlipping-v0", steps=1024, sets=["replay.her=future"])
+    assert "replay.her_ratio" in sweepable_keys(agent.config)
+    with pytest.raises(ValueError, match="'replay.her_ratio' cannot be swept"):
+        traced_config(preset_agent("ppo", "gymnax:CartPole-v1", steps=1024)[0].config, {"replay.her_ratio": 0.5})
+
+
 def test_with_config_rebuilds_the_update_as_a_fresh_agent_of_that_config():
     agent, env = preset_agent("ppo", "gymnax:CartPole-v1", steps=1024, seed=3)
     config = dataclasses.replace(

@@ -296,3 +296,22 @@ def test_the_envpool_options_it_takes_still_work():
     env = make_vec_env("envpool:CartPole-v1", 2, env_kwargs={"reward_threshold": 400, "max_episode_steps": 100})
     assert env.env_kwargs == {"reward_threshold": 400, "max_episode_steps": 100}
     env.close()
+
+
+@pytest.mark.parametrize(
+    "env_id, option, message",
+    [
+        # Python's "CartPole.__init__() got an unexpected keyword argument 'foo'" named neither
+        ("gymnax:CartPole-v1", "foo=1", "env_kwargs ['foo'] are not options of gymnax's 'CartPole-v1': it takes none"),
+        ("gymnax:Catch-bsuite", "row=6", "env_kwargs ['row'] are not options of gymnax's 'Catch-bsuite'; allowed: "
+         "columns, rows; did you mean 'rows'?"),
+        ("gymnax:Catch-bsuite", "rows=6.5", "env_kwargs.rows=6.5 is not allowed; allowed: an int"),
+    ],
+)  # fmt: skip
+def test_a_gymnax_option_its_constructor_does_not_take_is_refused_in_one_line(capsys, env_id, option, message):
+    assert main(["config", "ppo", env_id, "--set", f"env_kwargs.{option}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kitae: error: {message}") and len(err.splitlines()) == 1, err
+    with pytest.raises((ValueError, TypeError), match=r"env_kwargs"):
+        name, _, value = option.partition("=")
+        make_jax_env(env_id, 1, **{name: yaml.safe_load(value)})

@@ -17,6 +17,7 @@ and ``render(state)`` (an RGB frame), with which ``kitae eval --video`` plays an
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, NamedTuple, Protocol
 
 import gymnasium as gym
@@ -24,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kitae.envs.options import LIBRARY_REFUSALS, check_options, refused
 from kitae.validation import check_positive_int, closest_names
 
 
@@ -105,6 +107,28 @@ def _import_lazily(name: str) -> None:
     sys.modules[name] = stand_in
 
 
+def _check_gymnax_options(name: str, env_kwargs: dict[str, Any]) -> None:
+    """Refuses options gymnax's constructor of ``name`` does not name (``CartPole-v1`` takes none:
+    Python's "unexpected keyword argument 'foo'" named neither ``env_kwargs`` nor what is allowed)
+    or values of another type than their defaults (``kitae.envs.options.check_options``)."""
+    from gymnax.registration import _registry  # gymnax's registry of constructors: no public accessor
+
+    factory = _registry[name]
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: gymnax's own call decides
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):  # it takes any name
+        return
+    options = {p.name: p.default for p in parameters if p.kind in _NAMED_KINDS}
+    if not options:
+        raise ValueError(f"env_kwargs {sorted(env_kwargs)} are not options of gymnax's {name!r}: it takes none")
+    check_options(env_kwargs, options, f"gymnax's {name!r}")
+
+
+_NAMED_KINDS = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+
+
 class GymnaxEnv:
     """Adapts a gymnax 1.x environment to ``JaxEnv``.
 
@@ -128,7 +152,14 @@ class GymnaxEnv:
                 f"unknown gymnax environment {name!r}{hint}; registered: {', '.join(gymnax.registered_envs)}"
             )
         self.name = name
-        self.env, self.default_params = gymnax.make(name, **env_kwargs)
+        if env_kwargs:
+            _check_gymnax_options(name, env_kwargs)
+        try:
+            self.env, self.default_params = gymnax.make(name, **env_kwargs)
+        except LIBRARY_REFUSALS as error:
+            if not env_kwargs:
+                raise
+            raise refused(env_kwargs, f"gymnax's {name!r}", error) from error
         self.observation_space = _float32_box(
             gymnax_space_to_gym_space(self.env.observation_space(self.default_params))
         )

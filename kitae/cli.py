@@ -155,6 +155,10 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"kitae: error: {message}\n")
 
 
+# The subcommands, in the order the help lists them.
+COMMANDS = ("train", "sweep", "tune", "resume", "eval", "plot", "config")
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -297,9 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=_version(), help="kitae's version and its JAX's")
-    sub = parser.add_subparsers(
-        dest="command", parser_class=_Parser, metavar="{train,sweep,tune,resume,eval,plot,config}"
-    )
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser, metavar="{" + ",".join(COMMANDS) + "}")
 
     train = sub.add_parser(
         "train",
@@ -704,8 +706,11 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exit_:  # --help (0) or a usage error (2, already printed in one line)
         return int(exit_.code or 0)
-    if args.command is None:
-        parser.print_help()
+    if args.command is None:  # a wrong input is one line, as every other
+        print(
+            f"kitae: error: a command is needed; allowed: {', '.join(COMMANDS)} (kitae --help tells more)",
+            file=sys.stderr,
+        )
         return 2
     from kitae.compilation_cache import use_compilation_cache
     from kitae.distributed.executor import WorkersLost

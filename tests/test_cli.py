@@ -233,6 +233,16 @@ def test_version(capsys):
     )
 
 
+def test_no_command_is_one_line_naming_the_commands(capsys):
+    """It printed the whole help (about 30 lines) to stdout and exited 2."""
+    assert main([]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == (
+        "kitae: error: a command is needed; allowed: train, sweep, tune, resume, eval, plot, config "
+        "(kitae --help tells more)\n"
+    )
+
+
 @pytest.mark.parametrize("command", [["train", "--help"], ["--help"]])
 def test_help_says_what_and_shows_an_example(capsys, command):
     assert main(command) == 0

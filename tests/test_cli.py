@@ -862,3 +862,19 @@ def test_kitaes_own_warnings_print_in_one_line(capsys):
     assert capsys.readouterr().err == "kitae: warning: envpool: environments train in the host loop\n"
     show(UserWarning("elsewhere"), UserWarning, json.__file__, 1)
     assert len(seen) == 1 and capsys.readouterr().err == ""
+
+
+def test_a_run_named_in_a_script_the_font_lacks_plots_without_warnings(tmp_path):
+    """A run directory named "my run 日本" printed one matplotlib "Glyph ... missing from font"
+    warning per character, as kitae's own, also with --quiet."""
+    import warnings
+
+    import numpy as np
+
+    from kitae.runs.plotting import plot_curves
+
+    curves = {0: (np.asarray([10.0, 20.0, 30.0]), np.asarray([1.0, 2.0, 3.0]))}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plot_curves({"ppo CartPole-v1": curves}, tmp_path / "curve.png", title="my run 日本")
+    assert (tmp_path / "curve.png").stat().st_size > 0

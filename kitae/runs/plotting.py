@@ -137,9 +137,13 @@ def plot_curves(
             notes.append("dots: deterministic policy at each checkpoint")
         if notes:
             legend.set_title("; ".join(notes), prop=FontProperties(size=7))
-    fig.tight_layout()
     path = Path(path)
-    fig.savefig(path)
+    with warnings.catch_warnings():
+        # a run directory's name in a script the font lacks (CJK with DejaVu Sans) is drawn as boxes;
+        # matplotlib's warning, one per character, would be printed as the run's own
+        warnings.filterwarnings("ignore", message=r"Glyph \d+ .* missing from font")
+        fig.tight_layout()
+        fig.savefig(path)
     return path
 
 

@@ -296,6 +296,10 @@ def test_the_envpool_options_it_takes_still_work():
     env = make_vec_env("envpool:CartPole-v1", 2, env_kwargs={"reward_threshold": 400, "max_episode_steps": 100})
     assert env.env_kwargs == {"reward_threshold": 400, "max_episode_steps": 100}
     env.close()
+    # num_threads, an option EnvPool lists, was also passed by kitae: "got multiple values" (one line)
+    env = make_vec_env("envpool:CartPole-v1", 2, env_kwargs={"num_threads": 1})
+    assert env.env_kwargs == {"num_threads": 1} and env.reset(seed=0)[0].shape == (2, 4)
+    env.close()
 
 
 @pytest.mark.parametrize(

@@ -201,8 +201,8 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
                 num_envs=self.num_envs,
                 batch_size=self.num_envs,
                 seed=seed % limit,
-                num_threads=self.num_threads,
-                **self.env_kwargs,
+                # env_kwargs' num_threads (--set env_kwargs.num_threads=N) over the argument's
+                **{"num_threads": self.num_threads, **self.env_kwargs},
                 **({"render_mode": self.render_mode} if self.render_mode else {}),
             )
             _ = pool.observation_space, pool.action_space  # made (and cached) here, where the warning is off

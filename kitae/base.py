@@ -666,7 +666,7 @@ class BaseAgent(IAgent):
         Args:
             env_id: the environment id (``"CartPole-v1"``, ``"envpool:Pong-v5"``...); one other
                 than the config's own must have ``env_cfg``'s spaces (checked before Ray starts)
-                and becomes the run's ``env_cfg.task_name`` in ``config.yaml``.
+                and becomes ``env_cfg.task_name`` in this agent's config and ``config.yaml``.
             n_env_steps: transitions to train for, summed over all environments.
             workers, gradient_workers, async_collection, async_gradients, address: see
                 ``kitae.config.DistributedConfig``.

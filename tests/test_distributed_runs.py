@@ -64,13 +64,14 @@ def test_the_python_road_trains_distributed_and_loads_back(ray_shared, tmp_path)
     assert state_fingerprint(loaded.state) == state_fingerprint(agent.state)
 
 
-def test_train_distributed_collects_from_the_id_it_is_given_and_checks_its_spaces(ray_shared, tmp_path):
+def test_train_distributed_collects_from_the_id_it_is_given_and_checks_its_spaces(ray_shared, tmp_path, monkeypatch):
     """``agent.train_distributed(env_id)`` once trained on the config's own id whatever it was
     given: ``Pendulum-v1`` for a CartPole agent trained CartPole. Now the given id is the run's
     (its summary and ``config.yaml`` say so), one whose spaces differ is refused before Ray starts,
     and an agent left distributed refuses an environment object in one line."""
     import yaml
 
+    import kitae.distributed.executor as executor_module
     from kitae.envs.make import make_vec_env
 
     agent, env = preset_agent("ppo", "CartPole-v1", steps=512, n_envs=8, run_dir=tmp_path / "other")
@@ -78,7 +79,11 @@ def test_train_distributed_collects_from_the_id_it_is_given_and_checks_its_space
     with pytest.raises(ValueError, match=r"observation_space"):
         agent.train_distributed("Pendulum-v1", 512, workers=2)
     assert not (tmp_path / "other" / "summary.json").exists()
+    made = []  # copies made in this process to check spaces: one (resolve_agent's), not a second in the executor
+    make_env = executor_module.make_env
+    monkeypatch.setattr(executor_module, "make_env", lambda spec, n: made.append(spec.id) or make_env(spec, n))
     agent.train_distributed("gymnax:CartPole-v1", 512, workers=2)
+    assert made == ["gymnax:CartPole-v1"] and agent.config.env_cfg.task_name == "gymnax:CartPole-v1"
     assert json.loads((tmp_path / "other" / "summary.json").read_text())["env"] == "gymnax:CartPole-v1"
     written = yaml.safe_load((tmp_path / "other" / "config.yaml").read_text())
     assert written["env_cfg"]["task_name"] == "gymnax:CartPole-v1"

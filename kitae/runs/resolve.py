@@ -237,9 +237,11 @@ def resolve_agent(agent: Any, env: Any) -> ResolvedRun:
     ``run_dir`` and the executor of ``env``.
 
     An agent whose config trains distributed (``agent.train_distributed(env_id)``) takes an
-    environment id, which its workers make: an id other than the config's own becomes the run's
-    (its ``config.yaml``'s ``env_cfg.task_name``, so ``kitae resume`` goes on with it; the
-    executor checks its spaces against ``env_cfg``'s before Ray starts).
+    environment id, which its workers make: an id other than the config's own has its spaces
+    checked against ``env_cfg``'s here, before anything is written, and becomes the run's and the
+    agent's (``agent.config`` and ``config.yaml``'s ``env_cfg.task_name``, so ``kitae resume`` and
+    ``agent.resume`` go on with it, and the executor, seeing the config's own id, makes no second
+    copy to check).
 
     Raises:
         TypeError: an environment object for a distributed config (``env`` is closed).
@@ -260,7 +262,7 @@ def resolve_agent(agent: Any, env: Any) -> ResolvedRun:
             check_spaces(config.env_cfg, given)
             env_spec = given
             env_cfg = dataclasses.replace(config.env_cfg, task_name=given.id, env_kwargs=dict(given.env_kwargs))
-            config = dataclasses.replace(config, env_cfg=env_cfg)
+            config = agent.config = dataclasses.replace(config, env_cfg=env_cfg)
     return ResolvedRun(algo, type(agent), env_spec, config, None, Path(agent.run_dir), executor)
 
 

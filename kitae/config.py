@@ -153,10 +153,16 @@ def _fields_text(names: list[str]) -> str:
     return f"the field {names[0]}" if len(names) == 1 else f"the fields {', '.join(names)}"
 
 
+def require_mapping(what: str, data: Any) -> None:
+    """Raises ``TypeError`` ("update_cfg must be a mapping of fields, got 3") unless ``data`` is a
+    dict: a config section read from YAML."""
+    if not isinstance(data, dict):
+        raise TypeError(f"{what} must be a mapping of fields, got {data!r}")
+
+
 def _from_mapping(cls: type[D], data: Any, prefix: str) -> D:
     """Builds a dataclass from a mapping, rejecting unknown keys by name."""
-    if not isinstance(data, dict):
-        raise TypeError(f"{prefix.rstrip('.') or cls.__name__} must be a mapping of fields, got {data!r}")
+    require_mapping(prefix.rstrip(".") or cls.__name__, data)
     names = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(data) - set(names))
     if unknown:

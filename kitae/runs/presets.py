@@ -266,10 +266,9 @@ def build_config(params_cls: type, env_spec: EnvSpec, env: Any, resolved: dict) 
     Raises:
         TypeError: a section that is not a mapping of fields (``update_cfg: 3`` in a config file).
     """
-    for name in ("update_cfg", "train_cfg", "distributed"):
-        section = resolved.get(name)
-        if section is not None and not isinstance(section, dict):
-            raise TypeError(f"{name} must be a mapping of fields, got {section!r}")
+    for name in ("update_cfg", "train_cfg", "distributed"):  # read with dict() below: checked first
+        if resolved.get(name) is not None:
+            cfg.require_mapping(name, resolved[name])
     algo_params: Any = cfg._from_mapping(params_cls, resolved.get("algo_params") or {}, "algo_params.")
     update = dict(resolved.get("update_cfg") or {})
     if "learning_rate" in update:

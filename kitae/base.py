@@ -506,6 +506,24 @@ class BaseAgent(IAgent):
         finally:
             self._first, self.env_step, self._pure_keys = saved
 
+    def act_extras(self, acting_params: Any, observation: Any, hidden: Any = None, start: Any = None) -> dict[str, Any]:
+        """What the acting parameters predict besides the action, as a pure function of them:
+        seed 003's ``acting_step`` returns it in ``other`` beside the log-probability.
+
+        Args:
+            acting_params: ``acting_params(state)``.
+            observation: ``(E, *obs_shape)`` (dicts keyed by agent in multi-agent mode).
+            hidden, start: a recurrent agent's hidden state before the step and its ``start``
+                flags ``(E,)`` (``act_recurrent``'s); feed-forward agents ignore them.
+
+        Returns:
+            A dict of arrays with a leading ``E`` (each a dict keyed by agent in multi-agent
+            mode). Default ``{}``: agents without a state-value critic (DQN, SAC, ...) predict
+            nothing else. The actor-critics return ``{"value": V(observation) (E,)}``.
+        """
+        del acting_params, observation, hidden, start
+        return {}
+
     def initial_hidden(self, n: int) -> Any:
         """A recurrent agent's initial hidden state of ``n`` rows (leaves ``(n, ...)``)."""
         raise TypeError(f"{type(self).__name__} is feed-forward: it has no hidden state")

@@ -223,7 +223,8 @@ def test_acting_step_returns_actions_clipped_actions_rhs_and_log_probs():
     assert action.shape == (3, 1) and clipped.shape == (3, 1)
     assert np.all(clipped <= 2.0) and np.all(clipped >= -2.0)
     np.testing.assert_array_equal(clipped, np.clip(action, -2.0, 2.0))
-    assert rhs_out is rhs and other["log_prob"].shape == (3,)
+    assert rhs_out is rhs and list(other) == ["log_prob"]  # SAC has no state-value critic
+    assert other["log_prob"].shape == (3,)
     _, _, zeros, _ = algorithm.acting_step(obs, None, np.zeros(3))
     np.testing.assert_array_equal(zeros, np.zeros((3, 1), np.float32))
     assert algorithm.env_step == 6
@@ -234,6 +235,56 @@ def test_acting_step_returns_actions_clipped_actions_rhs_and_log_probs():
     with pytest.raises(ValueError, match=r"does not fit env_cfg.observation_space.*shape \(3, 4\) where \(3,\)"):
         algorithm.acting_step(np.zeros((3, 4), np.float32), None, np.zeros(3))
     assert algorithm.env_step == 12
+    env.close()
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_acting_step_reports_ppos_value_of_each_observation(normalize):
+    """Seed 003's ``other`` holds PPO's value score beside the log-probability: the critic's
+    value of the observations as acting sees them (normalised with the state's statistics)."""
+    env = make_vec_env("CartPole-v1", 3)
+    params = PPOParams(normalize_observations=normalize)
+    agent = PPO("ppo", _config(env, params, n_envs=3, buffer=8, batch=8, epochs=1), run_dir="unused")
+    if normalize:  # statistics that are not the identity, so that normalising shows
+        stats = agent.state.observation_statistics._replace(mean=np.full(4, 0.5, np.float32))
+        agent.state = agent.state.replace(observation_statistics=stats)
+    algorithm = AgentAlgorithm(agent)
+    obs, _ = env.reset(seed=0)
+    _, _, _, other = algorithm.acting_step(obs, None, np.zeros(3))
+    assert sorted(other) == ["log_prob", "value"] and other["value"].shape == (3,)
+    ac = agent.state.actor_critic
+    seen = np.clip((obs - 0.5) / np.sqrt(1.0 + 1e-8), -10.0, 10.0) if normalize else obs
+    np.testing.assert_allclose(other["value"], ac.apply_fn(ac.params, seen, method="value"), rtol=1e-6, atol=1e-7)
+    env.close()
+
+
+def test_acting_step_in_multi_agent_mode_keys_everything_by_agent(tmp_path):
+    """Multi-agent (PettingZoo): a recurrent agent starts every agent from the initial state
+    where one ``done`` ``(E,)`` says so (a copy's episode ends for all its agents at once), and a
+    ``Box`` action is clipped per agent. Both failed before: the hidden state and the flags were
+    not keyed by agent, and ``np.clip`` was given the dict of actions."""
+    from kitae.runs import preset_agent
+
+    agent, env = preset_agent("ppo_lstm", "pettingzoo:mpe2.simple_spread_v3", steps=4800, run_dir=tmp_path / "r")
+    obs, _ = env.reset(seed=0)
+    n = env.num_envs
+    algorithm = AgentAlgorithm(agent)
+    fresh = algorithm.acting_step(obs, None, np.zeros(n), deterministic=True)
+    _, _, rhs, _ = algorithm.acting_step(obs, fresh[2], np.zeros(n))  # a memory that is not the initial one
+    restarted = algorithm.acting_step(obs, rhs, np.ones(n), deterministic=True)
+    assert sorted(restarted[3]) == ["log_prob", "value"] and set(restarted[3]["value"]) == set(obs)
+    for got, want in zip(jax.tree_util.tree_leaves(restarted[:3]), jax.tree_util.tree_leaves(fresh[:3]), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    env.close()
+
+    sets = ["env_kwargs.continuous_actions=true"]
+    agent, env = preset_agent("sac", "pettingzoo:mpe2.simple_spread_v3", steps=4800, run_dir=tmp_path / "s", sets=sets)
+    obs, _ = env.reset(seed=0)
+    action, clipped, _, other = AgentAlgorithm(agent).acting_step(obs, None, np.zeros(env.num_envs))
+    space = agent.config.env_cfg.action_space
+    assert set(clipped) == set(obs) and list(other) == ["log_prob"]
+    for name in obs:
+        np.testing.assert_array_equal(clipped[name], np.clip(action[name], space.low, space.high))
     env.close()
 
 

@@ -159,7 +159,14 @@ def test_acting_step_resets_where_done_says_the_previous_episode_ended(tmp_path)
     for got, want in zip(_rows(after, [0, 3]), _rows(fresh, [0, 3]), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
     assert not np.allclose(_rows(after, [1])[0], _rows(fresh, [1])[0])
-    assert action.shape == (4,) and other["log_prob"].shape == (4,)
+    assert action.shape == (4,) and other["log_prob"].shape == (4,) and other["value"].shape == (4,)
+    # the value is the critic's after the same step (from the initial state where done holds)
+    acting, start = agent.acting_params(agent.state), jnp.asarray(done, bool)
+    ac = acting.actor_critic
+    _, _, values = ac.apply_fn(ac.params, rhs, jnp.asarray(observation), start, method="step")
+    np.testing.assert_allclose(other["value"], values, rtol=1e-6, atol=1e-6)
+    with pytest.raises(TypeError, match="needs hidden and start"):
+        agent.act_extras(acting, observation)
     assert jax.tree_util.tree_map(np.shape, after) == jax.tree_util.tree_map(np.shape, agent.initial_hidden(4))
     env.close()
 

@@ -265,6 +265,21 @@ def test_acting_reads_ppos_state_without_rnd(agent):
     assert get_algorithm("rnd_ppo") == (RNDPPO, RNDPPOParams)
 
 
+def test_acting_step_reports_both_heads_values(agent):
+    """Seed 003's ``other``: the log-probability and the two heads' values of the observations,
+    normalised with the actor-critic's statistics as acting does."""
+    algorithm = AgentAlgorithm(agent)
+    obs = np.array([[-0.5, 0.01], [0.3, -0.05], [-1.0, 0.0]], np.float32)
+    _, _, _, other = algorithm.acting_step(obs, None, np.zeros(3))
+    assert sorted(other) == ["log_prob", "value", "value_intrinsic"]
+    ac, stats = agent.state.actor_critic, agent.state.observation_statistics
+    normalized = np.clip((obs - stats.mean) / np.sqrt(stats.var + 1e-8), -10.0, 10.0)
+    values = np.asarray(ac.apply_fn(ac.params, normalized, method="value"))
+    assert values.shape == (3, 2)
+    np.testing.assert_allclose(other["value"], values[:, 0], rtol=1e-6)
+    np.testing.assert_allclose(other["value_intrinsic"], values[:, 1], rtol=1e-6)
+
+
 # ---------------------------------------------------------------------------------------------
 # What it refuses
 # ---------------------------------------------------------------------------------------------

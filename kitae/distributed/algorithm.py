@@ -197,6 +197,7 @@ class AgentAlgorithm(Algorithm):
         self._params: dict[str, Any] = {}  # learning parameters changed during training
         self._functions: dict[tuple[str, ...], Any] = {}  # compiled functions per changed-parameter set
         self._act = jax.jit(agent.act, static_argnames=("deterministic",))
+        self._extras = jax.jit(agent.act_extras)
         if agent.recurrent:
             self._act_recurrent = jax.jit(agent.act_recurrent, static_argnames=("deterministic",))
 
@@ -231,12 +232,17 @@ class AgentAlgorithm(Algorithm):
         the step; ``done`` ``(E,)`` says, per row, that the episode of the previous step ended, so
         ``obs`` is the first observation of a new one: the step starts from the initial state
         there. Feed-forward agents return ``rhs`` as it came (zeros ``(E, 1)`` if ``None``) and do
-        not read ``done``.
+        not read ``done``. Multi-agent (``obs`` a dict keyed by agent): actions, ``rhs`` and
+        ``other``'s entries are dicts keyed by agent; ``done`` ``(E,)`` holds for every agent (a
+        copy's episode ends for all its agents at once) or is a dict keyed by agent.
 
         Returns:
-            ``(action (E, ...), clipped_action (E, ...), rhs, {"log_prob": (E,)})``; actions are
-            numpy arrays; ``clipped_action`` is ``action`` clipped to a ``Box`` action space
-            (the same array for other spaces).
+            ``(action (E, ...), clipped_action (E, ...), rhs, other)``; actions are numpy arrays;
+            ``clipped_action`` is ``action`` clipped to a ``Box`` action space (the same array
+            for other spaces); ``other`` holds ``"log_prob"`` ``(E,)`` and what the agent's
+            ``act_extras`` predicts besides: the actor-critics' (PPO, A2C, recurrent PPO)
+            ``"value"`` ``(E,)``, RND-PPO's ``"value"`` and ``"value_intrinsic"``; nothing more
+            for the others. Multi-agent: each a dict keyed by agent.
 
         Raises:
             ValueError: for observations that do not fit ``config.env_cfg.observation_space``.
@@ -247,19 +253,36 @@ class AgentAlgorithm(Algorithm):
         self.key, act_key = jax.random.split(self.key)
         step = np.asarray(self.env_step, np.int32)
         if self.agent.recurrent:
-            hidden = self.agent.initial_hidden(n) if rhs is None else rhs
-            start = np.asarray(done, bool).reshape(n)
+            hidden, start = self._hidden_and_starts(obs, rhs, done, n)
+            extras = self._extras(self._acting, obs, hidden, start)
             action, log_prob, rhs = self._act_recurrent(self._acting, act_key, obs, hidden, start, step, deterministic)
             rhs = jax.tree_util.tree_map(np.asarray, rhs)
         else:
+            extras = self._extras(self._acting, obs)
             action, log_prob = self._act(self._acting, act_key, obs, step, deterministic)
             if rhs is None:
                 rhs = np.zeros((n, 1), np.float32)
         self.env_step += n * (self.agent.config.env_cfg.n_agents if self.agent.parallel else 1)
         action = jax.tree_util.tree_map(np.asarray, action)
         space = self.agent.config.env_cfg.action_space
-        clipped = np.clip(action, space.low, space.high) if isinstance(space, gym.spaces.Box) else action
-        return action, clipped, rhs, {"log_prob": jax.tree_util.tree_map(np.asarray, log_prob)}
+        clipped = action
+        if isinstance(space, gym.spaces.Box):
+            clipped = jax.tree_util.tree_map(lambda a: np.clip(a, space.low, space.high), action)
+        other = {"log_prob": log_prob, **extras}
+        return action, clipped, rhs, jax.tree_util.tree_map(np.asarray, other)
+
+    def _hidden_and_starts(self, obs: Any, rhs: Any, done: Any, n: int) -> tuple[Any, Any]:
+        """A recurrent agent's hidden state (``rhs``, or the initial one) and start flags from
+        ``done`` ``(E,)``. Multi-agent: both keyed by agent, as ``act_recurrent`` takes them; a
+        copy's episode ends for all its agents at once, so one ``done`` ``(E,)`` serves every
+        agent (a dict keyed by agent is taken as it is)."""
+        if not self.agent.parallel:
+            return (self.agent.initial_hidden(n) if rhs is None else rhs), np.asarray(done, bool).reshape(n)
+        hidden = {agent: self.agent.initial_hidden(n) for agent in obs} if rhs is None else rhs
+        if isinstance(done, dict):
+            return hidden, {agent: np.asarray(done[agent], bool).reshape(n) for agent in obs}
+        flags = np.asarray(done, bool).reshape(n)
+        return hidden, dict.fromkeys(obs, flags)
 
     def set_weights(self, actor_weights: Any, *args: Any) -> None:
         """Sets the acting weights from what ``get_weights`` returns: their arrays, in order, with

@@ -108,6 +108,7 @@ import numpy as np
 
 import kitae.config as cfg
 from kitae.action_masks import check_action_mask_space, get_action_mask
+from kitae.algos.factory import explore_general_factory
 from kitae.algos.gradients import BatchLike, as_batch, update_step_from_gradients
 from kitae.algos.update import UpdateHooks, with_update_hooks
 from kitae.base import OnPolicyAgent, agent_keys
@@ -636,6 +637,20 @@ def explore_factory(config: cfg.AlgoConfig) -> Callable:
     return jax.jit(explore_fn, static_argnames=("deterministic",))
 
 
+def value_factory(config: cfg.AlgoConfig) -> Callable:
+    """Makes ``value_fn(state, observations) -> values``: the critic's ``V(observation)`` of raw
+    observations ``(B, *obs_shape)`` (normalised inside as ``explore_fn`` does), ``(B,)``
+    (``(B, 2)`` for RND-PPO's two heads). What acting reports besides the action
+    (``PPO.act_extras``)."""
+    normalize = _observation_normalizer(config)
+
+    def value_fn(state: PPOState, observations: Any) -> jax.Array:
+        ac = state.actor_critic
+        return ac.apply_fn(ac.params, normalize(state, observations), method="value")
+
+    return value_fn
+
+
 # ---------------------------------------------------------------------------------------------
 # 4. Process experience
 # ---------------------------------------------------------------------------------------------
@@ -1081,6 +1096,7 @@ class PPO(OnPolicyAgent):
         self.compute_gradients_fn = factories.compute_gradients(config)
         self.gradient_factories = (factories.compute_gradients, factories.apply_gradients)
         self.apply_gradients_fn = factories.apply_gradients(config)
+        self.value_fn = explore_general_factory(value_factory(config), self.vectorized, self.parallel)
 
     @staticmethod
     def collection_factories() -> CollectionFactories:
@@ -1115,3 +1131,11 @@ class PPO(OnPolicyAgent):
         return self.explore_fn(
             acting_params, agent_keys(key, observation, self.parallel), observation, deterministic=deterministic
         )
+
+    def act_extras(
+        self, acting_params: PPOState, observation: Any, hidden: Any = None, start: Any = None
+    ) -> dict[str, Any]:
+        """``{"value": V(observation)}``, the critic's value of each observation ``(E,)`` (a dict
+        keyed by agent in multi-agent mode); pure. ``hidden`` and ``start`` are not used."""
+        del hidden, start
+        return {"value": self.value_fn(acting_params, observation)}

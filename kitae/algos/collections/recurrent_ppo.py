@@ -66,6 +66,7 @@ from kitae.algos.collections.ppo import (
     scale_rewards,
     update_hooks_factory,
 )
+from kitae.algos.factory import explore_general_factory
 from kitae.algos.gradients import BatchLike, as_batch, update_step_from_gradients
 from kitae.algos.update import UpdateHooks
 from kitae.base import OnPolicyAgent, agent_keys
@@ -342,6 +343,19 @@ def explore_factory(config: cfg.AlgoConfig) -> Callable:
     return explore_fn
 
 
+def value_factory(config: cfg.AlgoConfig) -> Callable:
+    """Makes ``value_fn(state, observations, hidden, start) -> values (B,)``: the critic's value
+    of raw observations ``(B, ...)`` after one step of the core from ``hidden`` (the initial
+    state where ``start`` holds), as ``explore_fn``'s step computes it."""
+    normalize = _observation_normalizer(config)
+
+    def value_fn(state: RecurrentPPOState, observations: Any, hidden: Any, start: jax.Array) -> jax.Array:
+        ac = state.actor_critic
+        return ac.apply_fn(ac.params, hidden, normalize(state, observations), start, method="step")[2]
+
+    return value_fn
+
+
 # ---------------------------------------------------------------------------------------------
 # Process experience
 # ---------------------------------------------------------------------------------------------
@@ -589,6 +603,7 @@ class RecurrentPPO(OnPolicyAgent):
         super()._configure()
         self.algo_params = self.config.algo_params
         self.gradient_factories = (compute_gradients_factory, apply_gradients_factory)
+        self.value_fn = explore_general_factory(value_factory(self.config), self.vectorized, self.parallel)
 
     def update_hooks(self, config: cfg.AlgoConfig) -> UpdateHooks:
         """PPO's running statistics around the update (``ppo.update_hooks_factory``)."""
@@ -625,6 +640,16 @@ class RecurrentPPO(OnPolicyAgent):
         del env_step
         keys = agent_keys(key, observation, self.parallel)
         return self.explore_fn(acting_params, keys, observation, hidden, start, deterministic=deterministic)
+
+    def act_extras(
+        self, acting_params: RecurrentPPOState, observation: Any, hidden: Any = None, start: Any = None
+    ) -> dict[str, Any]:
+        """``{"value": V (E,)}``: the critic's value of each observation after the step from
+        ``hidden`` and ``start`` (``act_recurrent``'s inputs, both required); pure. Multi-agent:
+        dicts keyed by agent."""
+        if hidden is None or start is None:
+            raise TypeError("RecurrentPPO.act_extras needs hidden and start, as act_recurrent takes them")
+        return {"value": self.value_fn(acting_params, observation, hidden, start)}
 
     def act(
         self, acting_params: Any, key: jax.Array, observation: Any, env_step: Any, deterministic: bool = False

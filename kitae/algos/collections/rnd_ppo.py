@@ -691,3 +691,14 @@ class RNDPPO(ppo.PPO):
             return_statistics=state.return_statistics,
             discounted_returns=state.discounted_returns,
         )
+
+    def act_extras(
+        self, acting_params: ppo.PPOState, observation: Any, hidden: Any = None, start: Any = None
+    ) -> dict[str, Any]:
+        """``{"value": V_ext(observation), "value_intrinsic": V_int(observation)}``, each ``(E,)``
+        (dicts keyed by agent in multi-agent mode); pure."""
+        values = super().act_extras(acting_params, observation)["value"]
+        return {
+            "value": jax.tree_util.tree_map(lambda v: v[..., 0], values),
+            "value_intrinsic": jax.tree_util.tree_map(lambda v: v[..., 1], values),
+        }

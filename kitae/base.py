@@ -356,10 +356,36 @@ class BaseAgent(IAgent):
         self.config.algo_params``) holds the new config's in the copy.
         """
         clone = copy.copy(self)
+        clone._use_config(config)
+        return clone
+
+    def reconfigure(self, config: AlgoConfig) -> None:
+        """Makes this agent, in place, the agent ``config`` makes, with its state's arrays, key
+        and counters kept: its functions are rebuilt from ``config`` (as ``with_config``'s) and
+        so are the state's static parts, made from the config when the state is (each
+        ``TrainState``'s optimizer: a learning rate annealed over ``train_cfg.n_env_steps``).
+
+        ``agent.resume(env, n)`` with a new total uses it, as ``kitae resume --steps n`` makes
+        its agent from the config with that total. ``config`` must keep every shape of this
+        agent's (spaces, sizes, counts).
+        """
+        state = self.state
+        self._use_config(config)
+        try:  # the structure alone, without computing a state
+            _, template = jax.eval_shape(self.initial_state, np.uint32(self.config.seed))
+        except (jax.errors.JAXTypeError, TypeError):  # a factory that cannot be traced
+            with one_blas_thread():
+                _, template = self.initial_state(self.config.seed)
+        leaves = jax.tree_util.tree_leaves(state)
+        self.state = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(template), leaves)
+
+    def _use_config(self, config: AlgoConfig) -> None:
+        """Rebuilds this agent's functions from ``config``, in place (``with_config`` on its copy,
+        ``reconfigure``)."""
         # functions compiled for this agent and kept on it (the loops' steps, the evaluation)
-        # close over this agent's config: the clone compiles its own
+        # close over the old config: they are compiled again
         for cached in ("_compiled_steps", "_kitae_evaluation"):
-            clone.__dict__.pop(cached, None)
+            self.__dict__.pop(cached, None)
         # An attribute that is this agent's config or one of its sections (the custom-agent
         # guide's ``self.algo_params = self.config.algo_params``, read by its ``explore``) is the
         # new config's: kept, it made a swept exploration rate train every row with the old one.
@@ -369,12 +395,11 @@ class BaseAgent(IAgent):
             for f in dataclasses.fields(self.config)
             if dataclasses.is_dataclass(getattr(self.config, f.name))
         )
-        for name, value in list(vars(clone).items()):
+        for name, value in list(vars(self).items()):
             if id(value) in sections:
-                setattr(clone, name, sections[id(value)])
-        clone.config = config
-        clone._build_functions()
-        return clone
+                setattr(self, name, sections[id(value)])
+        self.config = config
+        self._build_functions()
 
     def _set_first_state(self, seed: int, tabulate: bool) -> None:
         """Checks ``initial_state(seed)`` by tracing it (``jax.eval_shape``: errors surface now)
@@ -646,7 +671,9 @@ class BaseAgent(IAgent):
         (``kitae.envs.make.make_jax_env("gymnax:CartPole-v1", 4)``) in the compiled loop: the
         whole run as one XLA program. A run is whole iterations (``kitae.schedule``): the
         transitions are rounded up. The agent's state, keys, buffer and counters are those at the
-        end, so a second call goes on from there.
+        end, so a second call goes on from there. A call that ends past
+        ``config.train_cfg.n_env_steps`` makes its end the run's total (``reconfigure``;
+        ``config.yaml`` records it), as ``kitae resume --steps`` does.
 
         Args:
             env: a Gymnasium environment or vector environment, a PettingZoo ``ParallelEnv``, a
@@ -711,7 +738,8 @@ class BaseAgent(IAgent):
     def resume(self, env: Any, n_env_steps: int | None = None, *, callbacks: Any = (), quiet: bool = True) -> Any:
         """Restores the newest readable checkpoint of ``<run_dir>/checkpoints`` and trains on until
         ``n_env_steps`` transitions IN ALL (default ``config.train_cfg.n_env_steps``), as
-        ``kitae resume`` does."""
+        ``kitae resume`` does. Another total becomes the run's, as with ``kitae resume --steps``:
+        ``config.yaml`` and the agent's config record it (``reconfigure``)."""
         return run_service().resume(self, env, n_env_steps, callbacks=callbacks, quiet=quiet)
 
     @classmethod

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -86,6 +87,52 @@ def test_a_run_started_from_python_saves_resumes_and_loads_like_one_from_the_com
         _dqn(run_dir)[0].train(make_vec_env("CartPole-v1", 2), 100)
 
 
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "gymnax:CartPole-v1"])
+def test_agent_resume_to_a_new_total_is_kitae_resume_steps(tmp_path, capsys, env_id):
+    """``agent.resume(env, n)`` past the config's total is ``kitae resume RUN_DIR --steps n``: the
+    same bits (the learning rate is annealed over the new total: it was over the old one) and
+    config.yaml records the new total (it kept the old one, which a later resume then read)."""
+    import shutil
+
+    from kitae.runs import preset_agent
+    from kitae.runs.rundir import read_run_config
+
+    agent, env = preset_agent("ppo", env_id, steps=1024, run_dir=tmp_path / "a")
+    assert agent.config.update_cfg.learning_rate_annealing
+    agent.train(env)
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    again, env = preset_agent("ppo", env_id, steps=1024, run_dir=tmp_path / "a")
+    result = again.resume(env, 2048)
+    assert result.env_steps == 2048 and again.config.train_cfg.n_env_steps == 2048
+    assert main(["resume", str(tmp_path / "b"), "--steps", "2048", "--quiet"]) == 0
+    summaries = [json.loads((tmp_path / d / "summary.json").read_text()) for d in "ab"]
+    assert summaries[0]["state_fingerprint"] == summaries[1]["state_fingerprint"]
+    assert [read_run_config(tmp_path / d).train_cfg.n_env_steps for d in "ab"] == [2048, 2048]
+    assert state_fingerprint(again.state) == summaries[0]["state_fingerprint"]
+
+
+def test_agent_train_past_the_configs_total_is_the_command_lines_run(tmp_path, capsys):
+    """``agent.train(env, n)`` past the config's total extends the run's total: a second call is
+    ``kitae resume --steps``, a first call past it is ``kitae train --steps`` (the same bits;
+    before, the learning rate annealed over the old total stayed at zero past it)."""
+    import shutil
+
+    from kitae.runs import preset_agent
+    from kitae.runs.rundir import read_run_config
+
+    agent, env = preset_agent("ppo", "CartPole-v1", steps=1024, run_dir=tmp_path / "a")
+    agent.train(env)
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    assert agent.train(env, 1024).env_steps == 2048 and agent.config.train_cfg.n_env_steps == 2048
+    assert main(["resume", str(tmp_path / "b"), "--steps", "2048", "--quiet"]) == 0
+    first, env = preset_agent("ppo", "CartPole-v1", steps=1024, run_dir=tmp_path / "c")
+    first.train(env, 2048)
+    assert main(["train", "ppo", "CartPole-v1", "--steps", "2048", "--run-dir", str(tmp_path / "d"), "--quiet"]) == 0
+    prints = {d: json.loads((tmp_path / d / "summary.json").read_text())["state_fingerprint"] for d in "abcd"}
+    assert prints["a"] == prints["b"] and prints["c"] == prints["d"] and prints["a"] != prints["c"]
+    assert all(read_run_config(tmp_path / d).train_cfg.n_env_steps == 2048 for d in "abcd")
+
+
 def test_the_command_line_names_a_custom_agents_run_and_plots_it(tmp_path, capsys):
     """kitae eval and resume cannot rebuild a custom agent (the class is the user's): one line
     says so and how to load it; kitae plot needs only the run's files, not its params class."""
@@ -104,6 +151,47 @@ def test_the_command_line_names_a_custom_agents_run_and_plots_it(tmp_path, capsy
     config.write_text("".join([lines[0], "algo_params_class: gone_module:GoneParams\n", *lines[2:]]))
     assert main(["plot", str(run_dir), "-o", str(tmp_path / "curve.png")]) == 0
     assert (tmp_path / "curve.png").stat().st_size > 0
+
+
+def test_a_scripts_run_is_found_again_where_the_script_is_imported(tmp_path, capsys, monkeypatch):
+    """``python my_agent.py`` writes ``__main__:MyParams``; ``kitae eval RUN_DIR --import
+    my_agent.py`` registers the class as ``my_agent:MyParams``: the command line finds it as
+    ``unserialize`` does (it said "trained by a custom agent", although the module was given)."""
+    from kitae.algos.collections import ALGORITHMS
+
+    run_dir = tmp_path / "run"
+    agent, env = _dqn(run_dir)
+    agent.train(env, 100)
+    config = run_dir / "config.yaml"
+    lines = config.read_text().splitlines(keepends=True)
+    text = "".join([lines[0], "algo_params_class: __main__:TinyDQNParams\n", *lines[2:]])
+    config.write_text(text.replace("task_name: test\n", "task_name: CartPole-v1\n"))
+    monkeypatch.setitem(ALGORITHMS, "kitae_test_tiny", (TinyDQN, TinyDQNParams))  # what --import registers
+    capsys.readouterr()
+    assert main(["eval", str(run_dir), "--episodes", "1"]) == 0, capsys.readouterr().err
+    assert "checkpoint step 100" in capsys.readouterr().out
+
+
+def test_a_run_that_crashed_before_its_first_checkpoint_says_how_to_start_again(tmp_path):
+    """A run that raised after some steps but before its first checkpoint (a custom agent's bug)
+    has recorded episodes and nothing to resume: a fresh agent.train and agent.resume say so and
+    what to do (they pointed at each other: "go on with agent.resume" / "start it again")."""
+    from kitae.loops.callbacks import Callback
+
+    class Crash(Callback):
+        def on_episodes(self, episodes):
+            raise RuntimeError("a bug in the user's code")
+
+    run_dir = tmp_path / "run"
+    agent, env = _dqn(run_dir, save_frequency=1000)
+    with pytest.raises(RuntimeError, match="a bug"):
+        agent.train(env, 200, callbacks=[Crash()])
+    assert not (run_dir / "checkpoints").exists() or not any((run_dir / "checkpoints").rglob("*"))
+    fresh = "stopped before its first checkpoint (nothing to go on from): delete the directory"
+    with pytest.raises(RunError, match=re.escape(fresh)):
+        _dqn(run_dir)[0].train(make_vec_env("CartPole-v1", 2), 100)
+    with pytest.raises(RunError, match=re.escape("delete its run directory and call agent.train(env)")):
+        _dqn(run_dir)[0].resume(make_vec_env("CartPole-v1", 2))
 
 
 def test_a_run_that_refused_its_environment_can_be_trained_again_in_its_directory(tmp_path):

@@ -182,10 +182,18 @@ def refuse_a_run_of_several_seeds(run_dir: Path, agent: Any, env: Any) -> None:
     )
 
 
-def restore_error(error: Exception, run: Any = None) -> RunError:
+def restore_error(error: Exception, run: Any = None, python: bool = False) -> RunError:
     """A ``CheckpointError`` in the command line's words; for a run with no checkpoint at all, the
-    ``kitae train`` command that starts it again (``run``: its ``ResolvedRun``, if known)."""
+    ``kitae train`` command that starts it again (``run``: its ``ResolvedRun``, if known), or,
+    for ``agent.resume`` (``python``), the calls that do."""
     text = str(error)
+    if isinstance(error, CheckpointError) and text.startswith("no checkpoint in") and python:
+        return RunError(
+            f"{text}: the run stopped before its first checkpoint (checkpoints are written every "
+            "train_cfg.save_frequency steps, at the end and on Ctrl-C/SIGTERM) and holds nothing to go on from; "
+            "delete its run directory and call agent.train(env) to start it again, or give the agent another "
+            "run_name or run_dir"
+        )
     if isinstance(error, CheckpointError) and text.startswith("no checkpoint in"):
         command = "kitae train ALGO ENV --config RUN_DIR/config.yaml --run-dir NEW_DIR"
         if run is not None:

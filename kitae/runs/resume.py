@@ -237,12 +237,20 @@ def _resume_agent(agent: Any, env: Any, run: ResolvedRun, total: int, callbacks:
     try:
         payload, restored = restore_payload(agent, env, run.executor, directory, resuming=True)
     except CheckpointError as error:
-        raise restore_error(error) from None
+        raise restore_error(error, python=True) from None
     batched = payload.meta.get("seeds")
     if not batched:
         apply_loop_state(agent, payload.state)
     _check_total(run.run_dir, restored.step, total)
-    truncate_metrics(run.run_dir / "metrics.jsonl", dict.fromkeys(batched or [agent.config.seed], restored.step))
+    if total != agent.config.train_cfg.n_env_steps:
+        # the run's total becomes ``total``, as with kitae resume --steps: config.yaml records it
+        # and the agent is the one that config makes (a learning rate annealed over the new total)
+        run = run.with_total(total)
+        agent.reconfigure(run.config)
+        payload, restored = restore_payload(agent, env, run.executor, directory, resuming=True)
+        if not batched:
+            apply_loop_state(agent, payload.state)
+    _prepare_resume(run, dict.fromkeys(batched or [agent.config.seed], restored.step))
     plan = Plan(directory, agent.config.seed, seeds=batched, agent=agent, env=env, start=payload.state)
     _, results = execute(
         dataclasses.replace(run, seeds=batched),

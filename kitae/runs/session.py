@@ -349,32 +349,47 @@ def train_plans(run: ResolvedRun, agent: Any, env: Any) -> list[Plan]:
 
 def train_agent(agent: Any, env: Any, n_env_steps: int | None, *, callbacks: Any = (), quiet: bool = True) -> RunResult:
     """``agent.train(env, n_env_steps)``: trains ``n_env_steps`` more steps (default
-    ``train_cfg.n_env_steps``) from the agent's state into ``agent.run_dir``, as ``kitae train`` does."""
+    ``train_cfg.n_env_steps``) from the agent's state into ``agent.run_dir``, as ``kitae train`` does.
+    Past the config's total, the run's total becomes the call's end (``agent.reconfigure``,
+    ``config.yaml``), as ``kitae resume --steps`` makes it."""
     n_env_steps = agent.config.train_cfg.n_env_steps if n_env_steps is None else n_env_steps
     check_positive_int("n_env_steps", n_env_steps)
     run = resolve_agent(agent, env)
     refuse_a_run_of_several_seeds(run.run_dir, agent, env)
     fresh = agent.env_step == 0 and agent.n_updates == 0
+    total = int(agent.env_step) + n_env_steps
+    # past the config's total, the run's total becomes the new one, as kitae resume --steps
+    # makes it: kept, a learning rate annealed over the old total stayed at zero past it
+    extended = total > agent.config.train_cfg.n_env_steps
+    run = run.with_total(total) if extended else run
     if fresh and _holds_a_run(run.run_dir) and not _not_started(run):
         if hasattr(env, "close"):
             env.close()
+        if not any((run.run_dir / "checkpoints").rglob("*")):
+            raise RunError(
+                f"run directory {str(run.run_dir)!r} already holds a run that stopped before its first checkpoint "
+                "(nothing to go on from): delete the directory to train it again from the start, or give the agent "
+                "another run_name or run_dir"
+            )
         raise RunError(
             f"run directory {str(run.run_dir)!r} already holds a run; go on with agent.resume(env), or give the "
             "agent another run_name or run_dir"
         )
     if fresh:
         _check_buffers_fit(agent, env)
+    if extended:
+        agent.reconfigure(run.config)
     run.run_dir.mkdir(parents=True, exist_ok=True)
     with in_use_by_this_process(run.run_dir):
         if fresh:  # a new directory, or one whose run never trained: started from scratch
             clear_before_training(run.run_dir)
-        if not (run.run_dir / "config.yaml").exists():
+        if extended or not (run.run_dir / "config.yaml").exists():
             write_config(run.run_dir, run.config)
         plan = Plan(run.run_dir / "checkpoints", agent.config.seed, agent=agent, env=env)
         summary, results = execute(
             run,
             [plan],
-            int(agent.env_step) + n_env_steps,
+            total,
             quiet=quiet,
             describe_config=fresh,
             callbacks=list(callbacks) if not hasattr(callbacks, "on_start") else [callbacks],

@@ -24,7 +24,7 @@ from kitae.algos.collections.recurrent_ppo import RecurrentPPO, RecurrentPPOPara
 from kitae.algos.collections.rnd_ppo import RNDPPO, RNDPPOParams
 from kitae.algos.collections.sac import SAC, SACParams
 from kitae.algos.collections.td3 import TD3, TD3Params
-from kitae.config import params_class_name
+from kitae.config import algo_params_class
 
 __all__ = ["ALGORITHMS", "get_algorithm", "algorithm_name", "register_algorithm"]
 
@@ -108,8 +108,14 @@ def algorithm_name(config: Any) -> str | None:
 
 def algorithm_of_params_name(name: str) -> str | None:
     """The algorithm (built-in or registered) whose params class ``config.yaml`` names ``name`` (its
-    ``algo_params_class``, ``kitae.config.params_class_name``), or ``None``."""
+    ``algo_params_class``, ``kitae.config.params_class_name``), or ``None``. The name is read as
+    ``kitae.config.algo_params_class`` reads it, so a script's ``__main__:MyParams`` names the
+    class of the module ``--import`` loaded from that script, as ``unserialize`` finds it."""
+    try:
+        cls = algo_params_class(name)
+    except ValueError:  # no registered class of that name
+        return None
     for algo, (_, params_cls) in ALGORITHMS.items():
-        if params_class_name(params_cls) == name:
+        if params_cls is cls:
             return algo
     return None

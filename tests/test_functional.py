@@ -22,7 +22,8 @@ import pytest
 import kitae.config as cfg
 from kitae.algos.collections import dqn as collection
 from kitae.buffer import Experience
-from kitae.functional import DQN, OptimState
+from kitae.functional import DQN, BaseAgent, OptimState
+from kitae.functional.base import as_key
 from kitae.functional.dqn import Params, PolicyState
 from kitae.modules.qvalue import qvalue_factory
 
@@ -1035,3 +1036,200 @@ def test_a_one_critic_ensemble_on_a_batch_of_one_is_read_as_an_ensemble():
     assert one.apply({}, jnp.zeros((1, 3)), jnp.zeros((1, 1))).shape == (1, 1)
     column = critic_ensemble(Network(lambda *_: {}, lambda params, obs, action: jnp.zeros((2, action.shape[0], 1))), 1)
     assert column.apply({}, jnp.zeros((4, 3)), jnp.zeros((4, 1))).shape == (2, 4)
+
+
+# ---- an agent of your own, and what the audit found ------------------------------------------
+
+
+class LinearQAgent(BaseAgent):
+    """Seed 002's subclass: the five public methods, nothing of kitae's internals. ``predict``
+    branches on ``evaluation`` in Python, so it only compiles with ``evaluation`` static."""
+
+    traces = 0
+
+    def init_params(self, rng):
+        return self.network.init(as_key(rng), jnp.zeros((1, 4)))
+
+    def init_policy(self, rng):
+        return jnp.zeros((), jnp.int32)
+
+    def init_optimizer(self, params, rng):
+        return OptimState(jnp.zeros((), jnp.int32), optax.sgd(self.learning_rate).init(params))
+
+    def predict(self, params, policy_state, obs, key, evaluation=False):
+        type(self).traces += 1  # counts Python runs: under jit, traces only
+        q = self.network.apply(params, obs)
+        if evaluation:
+            return jnp.argmax(q, -1), policy_state
+        return jax.random.randint(key, q.shape[:1], 0, q.shape[1]), policy_state + 1
+
+    def update(self, params, optimizer_state, data):
+        def loss(p):
+            q = jnp.take_along_axis(self.network.apply(p, data["obs"]), data["action"][:, None], 1)[:, 0]
+            return jnp.mean((q - data["reward"]) ** 2)
+
+        value, grads = jax.value_and_grad(loss)(params)
+        updates, opt_state = optax.sgd(self.learning_rate).update(grads, optimizer_state.opt_state)
+        return value, optax.apply_updates(params, updates), OptimState(optimizer_state.count + 1, opt_state)
+
+
+def test_a_subclass_that_defines_the_seeds_five_methods_works_and_jit_compiles_them():
+    """It failed with "Can't instantiate abstract class ... with abstract methods _predict, _update"."""
+    plain, jitted = LinearQAgent(haiku_network, ENV, 0.1), LinearQAgent(haiku_network, ENV, 0.1)
+    jitted.jit()
+    data, key = batch(jax.random.PRNGKey(20)), jax.random.PRNGKey(21)
+    results = []
+    for agent in (plain, jitted):
+        params, policy_state, optimizer_state = fresh(agent)
+        acted = [agent.predict(params, policy_state, data["obs"], key, evaluation) for evaluation in (False, True)]
+        loss, params, optimizer_state = agent.update(params, optimizer_state, data)
+        results.append((acted, loss, params, optimizer_state))
+    assert int(results[1][0][0][1]) == 1 and int(results[1][0][1][1]) == 0  # evaluation leaves the count alone
+    assert int(results[1][3].count) == 1 and not same(results[1][2], fresh(jitted)[0])  # one step made
+    for got, want in zip(jax.tree_util.tree_leaves(results[1]), jax.tree_util.tree_leaves(results[0]), strict=True):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
+    LinearQAgent.traces = 0
+    for _ in range(3):  # compiled once per evaluation value: the user's predict is traced, not rerun
+        jitted.predict(params, policy_state, data["obs"], hk.PRNGSequence(0), evaluation=True)
+    assert LinearQAgent.traces == 0
+    jitted.predict(params, policy_state, data["obs"][:3], key, True)
+    assert LinearQAgent.traces == 1
+
+
+def test_a_subclass_missing_a_seed_method_is_refused_by_name():
+    class NoUpdate(BaseAgent):
+        init_params = LinearQAgent.init_params
+        init_policy = LinearQAgent.init_policy
+        init_optimizer = LinearQAgent.init_optimizer
+        predict = LinearQAgent.predict
+
+    with pytest.raises(TypeError, match=r"abstract method '?update'?$"):
+        NoUpdate(haiku_network, ENV, 0.1)
+
+
+@pytest.mark.parametrize("jitted", [False, True])
+@pytest.mark.parametrize(
+    ("action", "shown"), [(7, "7"), (-1, "-1"), (1.7, "1.7"), (float("nan"), "nan")], ids=["7", "-1", "1.7", "nan"]
+)
+def test_update_refuses_actions_outside_a_discrete_space(jitted, action, shown):
+    """7 on Discrete(2) gave a NaN loss, -1 was read as action 1, 1.7 as 1: silently."""
+    agent = DQN(haiku_network, ENV, 1e-3)
+    if jitted:
+        agent.jit()
+    params, _, optimizer_state = fresh(agent)
+    data = batch(jax.random.PRNGKey(0))
+    data["action"] = np.array(data["action"], np.float32 if isinstance(action, float) else np.int32)
+    data["action"][3] = action
+    expected = (
+        f"DQN.update: data['action'] holds {shown} (at index 3), outside Discrete(2); allowed: integers in [0, 2)"
+    )
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        agent.update(params, optimizer_state, data)
+
+
+def test_update_takes_integral_float_actions_as_their_integers():
+    agent = DQN(haiku_network, ENV, 1e-3)
+    params, _, optimizer_state = fresh(agent)
+    data = batch(jax.random.PRNGKey(0))
+    as_floats = {**data, "action": np.asarray(data["action"], np.float32)}
+    assert same(agent.update(params, optimizer_state, data), agent.update(params, optimizer_state, as_floats))
+
+
+def test_discrete_sac_and_ppo_refuse_actions_outside_the_space():
+    from kitae.functional import PPO, SAC
+
+    sac = SAC(discrete_sac_networks(OBS_SPACE), ENV, 1e-3)
+    params, _, optimizer_state = fresh(sac)
+    data = cartpole_batch(jax.random.PRNGKey(0))
+    data["action"] = data["action"].at[0].set(2)
+    with pytest.raises(ValueError, match=re.escape("SAC.update: data['action'] holds 2 (at index 0), outside")):
+        sac.update(params, optimizer_state, data)
+    ppo = PPO(ppo_network, ENV, 1e-3, batch_size=16)
+    params, _, optimizer_state = fresh(ppo)
+    data = rollout(ENV, jax.random.PRNGKey(0))
+    data["action"] = data["action"].at[2, 1].set(-1)
+    with pytest.raises(ValueError, match=re.escape("PPO.update: data['action'] holds -1 (at index (2, 1)), outside")):
+        ppo.update(params, optimizer_state, data)
+
+
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+def test_update_refuses_box_actions_outside_the_bounds(algo):
+    from kitae.functional import SAC, TD3
+
+    agent = (SAC if algo == "sac" else TD3)(actor_critic_network(algo), gym.make("Pendulum-v1"), 1e-3)
+    params, _, optimizer_state = fresh(agent)
+    data = off_policy_batch(jax.random.PRNGKey(0))
+    data["action"] = data["action"].at[:2, 0].set(jnp.asarray([2.0, -2.0]))  # on the bounds: taken
+    agent.update(params, optimizer_state, data)
+    for bad in (2.5, float("nan")):
+        data["action"] = data["action"].at[5, 0].set(bad)
+        name = type(agent).__name__
+        with pytest.raises(ValueError, match=rf"{name}.update: data\['action'\] holds {bad} \(at index \(5, 0\)\).*"
+                           r"allowed: finite values in \[low, high\]"):  # fmt: skip
+            agent.update(params, optimizer_state, data)
+
+
+def test_predict_under_jax_jit_asks_for_a_static_evaluation():
+    """``jax.jit(agent.predict)(..., True)`` failed inside JAX: "Non-hashable static arguments are
+    not supported ... DynamicJaxprTracer"."""
+    agent = DQN(haiku_network, ENV, 1e-3)
+    params, policy_state, _ = fresh(agent)
+    obs, key = batch(jax.random.PRNGKey(0))["obs"], jax.random.PRNGKey(1)
+    message = r"evaluation is a traced value.*allowed: a Python bool.*agent\.jit\(\).*static_argnames='evaluation'"
+    with pytest.raises(TypeError, match=message):
+        jax.jit(agent.predict)(params, policy_state, obs, key, True)
+    with pytest.raises(TypeError, match=r"evaluation is an array"):
+        agent.predict(params, policy_state, obs, key, jnp.asarray(True))
+    static = jax.jit(agent.predict, static_argnames="evaluation")
+    for evaluation in (False, True):
+        assert same(
+            static(params, policy_state, obs, key, evaluation),
+            agent.predict(params, policy_state, obs, key, evaluation),
+        )
+    agent.jit()
+    with pytest.raises(TypeError, match=message):
+        jax.jit(agent.predict)(params, policy_state, obs, key, True)
+
+
+@pytest.mark.parametrize("jitted", [False, True])
+@pytest.mark.parametrize(
+    ("key", "shape", "required"),
+    [("obs", (16, 5), "(B, 4)"), ("obs", (4,), "(B, 4)"), ("next_obs", (16, 3), "(16, 4)")],
+)
+def test_update_names_observations_of_another_shape(jitted, key, shape, required):
+    """A ``(B, 5)`` obs on CartPole failed inside the user's Haiku network."""
+    agent = DQN(haiku_network, ENV, 1e-3)
+    if jitted:
+        agent.jit()
+    params, _, optimizer_state = fresh(agent)
+    data = batch(jax.random.PRNGKey(0))
+    data[key] = jnp.zeros(shape)
+    expected = f"DQN.update: data[{key!r}] has shape {shape}, which is not allowed; required: {required}"
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        agent.update(params, optimizer_state, data)
+
+
+def test_ppo_update_names_a_rollout_of_observations_of_another_shape():
+    from kitae.functional import PPO
+
+    agent = PPO(ppo_network, ENV, 1e-3, batch_size=16)
+    params, _, optimizer_state = fresh(agent)
+    data = rollout(ENV, jax.random.PRNGKey(0))
+    data["obs"] = data["obs"].reshape(32, 4)  # T * E rows: not a rollout
+    with pytest.raises(
+        ValueError,
+        match=re.escape("PPO.update: data['obs'] has shape (32, 4), which is not allowed; required: (T, E, 4)"),
+    ):
+        agent.update(params, optimizer_state, data)
+
+
+@pytest.mark.parametrize("input_shapes", [(4,), [4], 4, {"x": (4,)}], ids=["a-shape", "ints", "int", "dict"])
+def test_init_params_names_input_shapes_that_are_not_a_list_of_shapes(input_shapes):
+    """``init_params(key, nn.Dense(2), (4,))`` failed with "Value after * must be an iterable, not int"."""
+    from kitae.modules.modules import init_params
+
+    with pytest.raises(
+        TypeError, match=rf"input_shapes={re.escape(repr(input_shapes))} is not allowed.*allowed: a list of shapes"
+    ):
+        init_params(jax.random.PRNGKey(0), nn.Dense(2), input_shapes)
+    assert init_params(jax.random.PRNGKey(0), nn.Dense(2), [(4,)])["params"]["kernel"].shape == (4, 2)

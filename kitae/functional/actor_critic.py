@@ -10,21 +10,14 @@ import jax
 import jax.numpy as jnp
 
 from kitae.action_masks import refuse_action_mask
-from kitae.functional.base import (
-    PROBE_BATCH,
-    BaseAgent,
-    as_key,
-    check_output_shape,
-    dummy_observation,
-    make_actor_critic,
-    probe_observation,
-)
+from kitae.functional.base import CollectionAgent, as_key, make_actor_critic
+from kitae.functional.checks import PROBE_BATCH, check_output_shape, dummy_observation, probe_observation
 
 __all__ = ["ActorCriticAgent"]
 
 
-class ActorCriticAgent(BaseAgent):
-    """A ``BaseAgent`` whose creator returns ``(actor, critic)`` (``make_actor_critic``) and whose
+class ActorCriticAgent(CollectionAgent):
+    """A ``CollectionAgent`` whose creator returns ``(actor, critic)`` (``make_actor_critic``) and whose
     action space is a 1-D ``Box`` with finite bounds (the collection module's
     ``check_action_space`` decides; ``collection_module`` is that module)."""
 

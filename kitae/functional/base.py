@@ -37,20 +37,26 @@ import jax.numpy as jnp
 import optax
 
 import kitae.config as cfg
-from kitae.buffer import Experience
 from kitae.compile_options import with_one_blas_thread
 from kitae.envs.spaces import check_observation
+from kitae.functional.checks import (
+    check_action_values,
+    check_evaluation,
+    check_learning_rate,
+    off_policy_experience,
+    shape_text,
+    update_key,
+)
 from kitae.modules.optimizer import optimizer_factory
 
 __all__ = [
     "BaseAgent",
+    "CollectionAgent",
     "OptimState",
     "Network",
     "make_network",
     "as_key",
     "env_spaces",
-    "check_learning_rate",
-    "check_output_shape",
 ]
 
 
@@ -216,133 +222,17 @@ def env_spaces(env: Any) -> tuple[gym.Space, gym.Space]:
     return observation_space, action_space
 
 
-def check_learning_rate(learning_rate: Any) -> None:
-    """Checks ``learning_rate``: a float > 0 or a schedule (a callable ``count -> rate``).
-
-    Raises:
-        TypeError: for another type (``"1e-3"``, ``True``), as the configs do.
-        ValueError: for a number that is not > 0.
-    """
-    allowed = "a float > 0 or an optax schedule (count -> rate)"
-    if callable(learning_rate):
-        return
-    if isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float)):
-        raise TypeError(f"learning_rate={learning_rate!r} has type {type(learning_rate).__name__}; allowed: {allowed}")
-    if not learning_rate > 0:
-        raise ValueError(f"learning_rate={learning_rate!r} is not allowed; allowed: {allowed}")
-
-
-def dummy_observation(observation_space: gym.Space, batch: int = 1) -> Any:
-    """A batch of ``batch`` zero observations ``(batch, *shape)`` (dicts of them for ``Dict``
-    spaces)."""
-    return jax.tree_util.tree_map(
-        lambda space: jnp.zeros((batch, *space.shape), space.dtype if space.dtype is not None else jnp.float32),
-        observation_space,
-        is_leaf=lambda x: isinstance(x, gym.Space) and not isinstance(x, gym.spaces.Dict),
-    )
-
-
-PROBE_BATCH = 7
-"""The batch of zero observations on which ``init_params`` checks the shapes of a network's
-outputs (``jax.eval_shape``: nothing is computed). Neither 1 nor a usual layer width, so that the
-batch axis is not mistaken for another axis of the same size (a critic's ``(B, 1)`` for an
-ensemble's ``(k, B)``, a ``(B, n)`` output for ``(k, B)``)."""
-
-
-def probe_observation(observation_space: gym.Space) -> Any:
-    """``PROBE_BATCH`` zero observations, the input of the shape checks (``jax.eval_shape``)."""
-    return dummy_observation(observation_space, PROBE_BATCH)
-
-
-def shape_text(output: Any) -> str:
-    """How the shape errors name an output: ``"shape (B, n)"`` for an array, ``"a tuple, not an
-    array"`` for anything else."""
-    shape = getattr(output, "shape", None)
-    if isinstance(shape, tuple):
-        return f"shape {shape}"
-    return f"a {type(output).__name__}, not an array"
-
-
-def check_output_shape(output: Any, required: tuple[int, ...], what: str, allowed: str) -> None:
-    """Raises ``TypeError`` unless ``output`` (a ``jax.eval_shape`` leaf, computed on
-    ``PROBE_BATCH`` observations) is an array of shape ``required``.
-
-    The message names ``what`` (e.g. ``"DQN's network (Q-values)"``), the shape found, the shape
-    required for this batch and ``allowed`` (the rule, e.g. ``"(B, n_actions) for Discrete(2)"``).
-    """
-    if getattr(output, "shape", None) == tuple(required):
-        return
-    raise TypeError(
-        f"{what} returned {shape_text(output)} for a batch of B={PROBE_BATCH} observations, which is not "
-        f"allowed; required: shape {tuple(required)}, that is {allowed}"
-    )
-
-
-def data_fields(data: Mapping[str, Any], keys: tuple[str, ...], algo: str) -> tuple[Any, ...]:
-    """The arrays of ``data`` under ``keys``, in that order.
-
-    Raises:
-        KeyError: naming the missing keys and the ones ``update`` reads.
-    """
-    if not isinstance(data, Mapping):
-        raise TypeError(f"data={type(data).__name__} is not allowed; allowed: a mapping with keys {list(keys)}")
-    missing = [k for k in keys if k not in data]
-    if missing:
-        raise KeyError(f"{algo}.update: data lacks {missing}; it reads {list(keys)}")
-    return tuple(data[k] for k in keys)
-
-
-OFF_POLICY_DATA_KEYS = ("obs", "action", "reward", "terminated", "next_obs")
-"""What an off-policy agent's ``update`` reads from ``data`` (DQN, SAC, TD3), leaves ``(B, ...)``:
-``obs`` and ``next_obs`` ``(B, *obs_shape)`` (``next_obs`` the real next observation, also where
-an episode was truncated), ``action`` ``(B,)`` or ``(B, d)`` in the environment's units,
-``reward`` ``(B,)``, ``terminated`` ``(B,)`` (bootstrapping stops only there). Optionally
-``key``: the PRNG key of the update (default ``fold_in(PRNGKey(seed), OptimState.count)``)."""
-
-
-def off_policy_experience(data: Mapping[str, Any], algo: str, action_space: gym.Space | None = None) -> Experience:
-    """``data`` (``OFF_POLICY_DATA_KEYS``) as the collection's ``Experience``.
-
-    Raises:
-        ValueError: naming the key, for ``reward`` or ``terminated`` not ``(B,)``, or ``action``
-            not ``(B,)`` for a ``Discrete`` / ``(B, *shape)`` for a ``Box`` ``action_space``, where
-            ``B`` is ``obs``'s leading axis (shapes are static: checked while traced, at no cost).
-    """
-    obs, action, reward, terminated, next_obs = data_fields(data, OFF_POLICY_DATA_KEYS, algo)
-    leaves = jax.tree_util.tree_leaves(obs)
-    batch = jnp.shape(leaves[0])[0] if leaves and jnp.ndim(leaves[0]) else None
-    if batch is not None:
-        required: dict[str, tuple[int, ...]] = {"reward": (batch,), "terminated": (batch,)}
-        if isinstance(action_space, gym.spaces.Discrete):
-            required["action"] = (batch,)
-        elif isinstance(action_space, gym.spaces.Box):
-            required["action"] = (batch, *action_space.shape)
-        for name, shape in required.items():
-            found = tuple(jnp.shape(data[name]))
-            if found != shape:
-                space = f" for {action_space}" if name == "action" else ""
-                raise ValueError(
-                    f"{algo}.update: data[{name!r}] has shape {found}, which is not allowed; required: {shape}{space} "
-                    f"(B={batch}, from data['obs'])"
-                )
-    return Experience(
-        observation=obs,
-        action=action,
-        reward=reward,
-        done=terminated,
-        next_observation=next_obs,
-        log_prob=None,
-        truncated=None,
-    )
-
-
-def update_key(data: Mapping[str, Any], seed: int, count: jax.Array) -> jax.Array:
-    """``data["key"]``, or ``fold_in(PRNGKey(seed), count)``: a pure function of explicit state."""
-    return data["key"] if "key" in data else jax.random.fold_in(jax.random.PRNGKey(seed), count)
-
-
 class BaseAgent(abc.ABC):
-    """A stateless agent: pure functions over explicit parameters, policy and optimizer state.
+    """A stateless agent (seed 002): pure functions over explicit parameters, policy and
+    optimizer state.
+
+    To write your own agent, subclass it and define the seed's five methods (docs/functional.md,
+    "An agent of your own"): ``init_params(rng)``, ``init_policy(rng)``,
+    ``init_optimizer(params, rng)``, ``predict(params, policy_state, obs, key, evaluation)`` and
+    ``update(params, optimizer_state, data)``. ``jit()`` then compiles your ``predict``
+    (``evaluation`` static) and ``update``. The constructor gives ``self.network`` (a ``Network``:
+    ``init(key, *inputs)``, ``apply(params, *inputs)``, whatever library made it),
+    ``self.observation_space``, ``self.action_space`` and ``self.learning_rate``.
 
     Args:
         network: ``network(action_space) -> net``, a Haiku ``hk.Transformed`` or a Flax
@@ -388,6 +278,79 @@ class BaseAgent(abc.ABC):
         self.learning_rate = learning_rate
         self._jitted = False
 
+    def make_networks(self, creator: Any, action_space: gym.Space) -> Any:
+        """The agent's networks from the creator (default ``make_network``: one ``Network``;
+        actor-critic agents: ``make_actor_critic``)."""
+        return make_network(creator, action_space)
+
+    def check_action_space(self, action_space: gym.Space) -> None:  # noqa: B027  (optional hook)
+        """Raises ``ValueError`` for an action space the algorithm cannot handle (default: none)."""
+
+    @abc.abstractmethod
+    def init_params(self, rng: Any) -> Any:
+        """The initial parameters, from a PRNG key or an ``hk.PRNGSequence``."""
+
+    @abc.abstractmethod
+    def init_policy(self, rng: Any) -> Any:
+        """The initial policy state."""
+
+    @abc.abstractmethod
+    def init_optimizer(self, params: Any, rng: Any) -> OptimState:
+        """The initial optimizer state for ``params``."""
+
+    @abc.abstractmethod
+    def predict(self, params: Any, policy_state: Any, obs: Any, key: Any, evaluation: bool = False) -> tuple[Any, Any]:
+        """Acts on a batch of observations ``(B, ...)``: ``(PolicyOutput, PolicyState)``.
+
+        ``key`` is a JAX key (an ``hk.PRNGSequence`` too, outside ``jax.jit``); ``evaluation`` a
+        Python bool, static under ``jit()``.
+        """
+
+    @abc.abstractmethod
+    def update(self, params: Any, optimizer_state: OptimState, data: Mapping[str, Any]) -> tuple[Any, Any, OptimState]:
+        """Trains on ``data`` (a mapping of arrays ``(B, ...)``): ``(OptimOutput, Params,
+        OptimState)``."""
+
+    def jit(self) -> None:
+        """Compiles ``predict`` (``evaluation`` static) and ``update`` in place: each is then
+        one XLA call. Calling it again changes nothing.
+
+        After it, ``predict`` takes a JAX key or an ``hk.PRNGSequence`` (its next key is taken
+        before the call) and refuses, with a ``TypeError``, an ``evaluation`` that is an array.
+        """
+        if self.__dict__.get("_jitted", False):  # a subclass's __init__ may not call ours
+            return
+        self.predict, self.update = self.jitted_methods()  # type: ignore[method-assign]
+        self._jitted = True
+
+    def jitted_methods(self) -> tuple[Callable[..., tuple[Any, Any]], Callable[..., tuple[Any, Any, OptimState]]]:
+        """``(predict, update)`` for ``jit()``: the subclass's own ``predict`` and ``update`` under
+        ``jax.jit``, ``evaluation`` (the fifth argument, whatever the subclass names it) static."""
+        compiled_predict = jax.jit(self.predict, static_argnums=(4,))
+        compiled_update = jax.jit(self.update)
+
+        def predict(
+            params: Any, policy_state: Any, obs: Any, key: Any, evaluation: bool = False, **kwargs: Any
+        ) -> tuple[Any, Any]:
+            check_evaluation(evaluation)
+            return compiled_predict(params, policy_state, obs, as_key(key), evaluation, **kwargs)
+
+        return predict, compiled_update
+
+
+class CollectionAgent(BaseAgent):
+    """A ``BaseAgent`` over the collection's algorithm (``kitae.algos.collections``): kitae's
+    built-in functional agents (DQN, PPO, SAC, TD3, ...).
+
+    Subclasses define ``_predict`` and ``_update``, the pure act and update; ``predict`` and
+    ``update`` run them through ``jax.jit`` on every call, after the checks that need concrete
+    values (``check_data_values``; the shapes are checked while traced).
+    """
+
+    check_box_action_bounds = True
+    """Whether ``update`` refuses ``Box`` actions outside the bounds (the off-policy agents: the
+    actions the environment received)."""
+
     def collection_config(
         self, algo_params: Any, max_grad_norm: float | None, seed: int = 0, **update: Any
     ) -> cfg.AlgoConfig:
@@ -429,29 +392,9 @@ class BaseAgent(abc.ABC):
     def off_policy_update(self, state: Any, data: Mapping[str, Any], count: jax.Array) -> tuple[Any, dict]:
         """The collection's processing then one update step on a batch (``OFF_POLICY_DATA_KEYS``),
         with ``(process_key, step_key) = split(update_key(data, seed, count))``."""
-        experience = off_policy_experience(data, type(self).__name__, self.action_space)
+        experience = off_policy_experience(data, type(self).__name__, self.action_space, self.observation_space)
         process_key, step_key = jax.random.split(update_key(data, self.seed, count))
         return self._update_step(state, step_key, self._process(state, process_key, experience))
-
-    def make_networks(self, creator: Any, action_space: gym.Space) -> Any:
-        """The agent's networks from the creator (default ``make_network``: one ``Network``;
-        actor-critic agents: ``make_actor_critic``)."""
-        return make_network(creator, action_space)
-
-    def check_action_space(self, action_space: gym.Space) -> None:  # noqa: B027  (optional hook)
-        """Raises ``ValueError`` for an action space the algorithm cannot handle (default: none)."""
-
-    @abc.abstractmethod
-    def init_params(self, rng: Any) -> Any:
-        """The initial parameters, from a PRNG key or an ``hk.PRNGSequence``."""
-
-    @abc.abstractmethod
-    def init_policy(self, rng: Any) -> Any:
-        """The initial policy state."""
-
-    @abc.abstractmethod
-    def init_optimizer(self, params: Any, rng: Any) -> OptimState:
-        """The initial optimizer state for ``params``."""
 
     @abc.abstractmethod
     def _predict(self, params: Any, policy_state: Any, obs: Any, key: jax.Array, evaluation: bool) -> tuple[Any, Any]:
@@ -463,11 +406,18 @@ class BaseAgent(abc.ABC):
 
     def predict(self, params: Any, policy_state: Any, obs: Any, key: Any, evaluation: bool = False) -> tuple[Any, Any]:
         """Acts on a batch of observations ``(B, ...)``; ``key`` a JAX key or an
-        ``hk.PRNGSequence``.
+        ``hk.PRNGSequence``; ``evaluation`` a Python bool (it picks the program: under your own
+        ``jax.jit``, make it static, ``jax.jit(agent.predict, static_argnames="evaluation")``, or
+        call ``agent.jit()``).
 
         Returns:
             ``(PolicyOutput, PolicyState)`` (the algorithm's types).
+
+        Raises:
+            TypeError: for an ``evaluation`` that is an array (traced by ``jax.jit(agent.predict)``).
+            ValueError: for observations that do not fit the observation space.
         """
+        check_evaluation(evaluation)
         return self._compiled_predict(params, policy_state, obs, as_key(key), evaluation)
 
     def update(self, params: Any, optimizer_state: OptimState, data: Mapping[str, Any]) -> tuple[Any, Any, OptimState]:
@@ -475,8 +425,21 @@ class BaseAgent(abc.ABC):
 
         Returns:
             ``(OptimOutput, Params, OptimState)`` (the algorithm's types).
+
+        Raises:
+            ValueError: for data of another shape than the spaces require (checked while traced,
+                under ``jax.jit`` too), or, where ``data`` is concrete (not under ``jax.jit`` /
+                ``jax.vmap``, where values cannot be read), an action outside the action space
+                (``check_action_values``).
         """
+        self.check_data_values(data)
         return self._compiled_update(params, optimizer_state, data)
+
+    def check_data_values(self, data: Mapping[str, Any]) -> None:
+        """Checks the values of a concrete ``data["action"]`` against the action space
+        (``check_action_values``); nothing for traced data."""
+        if isinstance(data, Mapping) and "action" in data:
+            check_action_values(self.action_space, data["action"], type(self).__name__, self.check_box_action_bounds)
 
     @functools.cached_property
     def _compiled_predict(self) -> Callable[..., tuple[Any, Any]]:
@@ -498,18 +461,27 @@ class BaseAgent(abc.ABC):
 
         ``predict`` and ``update`` run the same compiled programs before and after (each call
         already goes through ``jax.jit``; ``jit()`` drops the Python wrapper in front), so
-        ``jit()`` changes no result: bits are the same (tested).
+        ``jit()`` changes no result: bits are the same (tested). The checks stay: ``evaluation``
+        a Python bool, the values of a concrete ``data["action"]``.
         """
-        if self._jitted:
-            return
+        super().jit()
+
+    def jitted_methods(self) -> tuple[Callable[..., tuple[Any, Any]], Callable[..., tuple[Any, Any, OptimState]]]:
+        """The compiled ``_predict`` and ``_update`` behind their checks; a subclass that
+        overrides ``predict`` or ``update`` gets ``BaseAgent``'s (its own methods compiled)."""
+        if type(self).predict is not CollectionAgent.predict or type(self).update is not CollectionAgent.update:
+            return super().jitted_methods()
         compiled_predict, compiled_update = self._compiled_predict, self._compiled_update
 
         def predict(params: Any, policy_state: Any, obs: Any, key: Any, evaluation: bool = False) -> tuple[Any, Any]:
+            check_evaluation(evaluation)
             return compiled_predict(params, policy_state, obs, as_key(key), evaluation)
 
-        self.predict = predict  # type: ignore[method-assign]
-        self.update = compiled_update  # type: ignore[method-assign]
-        self._jitted = True
+        def update(params: Any, optimizer_state: OptimState, data: Mapping[str, Any]) -> tuple[Any, Any, OptimState]:
+            self.check_data_values(data)
+            return compiled_update(params, optimizer_state, data)
+
+        return predict, update
 
 
 OptimState = BaseAgent.OptimState

@@ -25,7 +25,7 @@ __all__ = ["DDPG"]
 class DDPG(TD3):
     """Deep Deterministic Policy Gradient as pure functions (seed 002's API), for 1-D ``Box``
     actions with finite bounds. ``Params(actor, critic, actor_target, critic_target)``,
-    ``update``'s ``data``: ``kitae.functional.base.OFF_POLICY_DATA_KEYS``.
+    ``update``'s ``data``: ``kitae.functional.checks.OFF_POLICY_DATA_KEYS``.
 
     Args:
         network: ``network(action_space) -> (actor, critic)``: ``actor.apply(params, obs) ->

@@ -35,12 +35,10 @@ import jax.numpy as jnp
 import optax
 
 from kitae.algos.collections import dqn as collection
-from kitae.functional.base import (
+from kitae.functional.base import CollectionAgent, OptimState, as_key
+from kitae.functional.checks import (
     OFF_POLICY_DATA_KEYS,
     PROBE_BATCH,
-    BaseAgent,
-    OptimState,
-    as_key,
     check_output_shape,
     dummy_observation,
     probe_observation,
@@ -61,7 +59,7 @@ def default_epsilon_schedule() -> optax.Schedule:
     return optax.polynomial_schedule(init_value=0.9, end_value=0.05, power=1.0, transition_steps=50_000)
 
 
-class DQN(BaseAgent):
+class DQN(CollectionAgent):
     """Deep Q-Network as pure functions (seed 002).
 
     Args:

@@ -27,13 +27,14 @@ import optax
 
 from kitae.algos.collections import mpo as collection
 from kitae.functional.actor_critic import ActorCriticAgent
-from kitae.functional.base import OFF_POLICY_DATA_KEYS, Network, OptimState, critic_ensemble
+from kitae.functional.base import Network, OptimState, critic_ensemble
+from kitae.functional.checks import OFF_POLICY_DATA_KEYS
 from kitae.modules.pytree import TrainState
 
 __all__ = ["MPO", "DATA_KEYS"]
 
 DATA_KEYS = OFF_POLICY_DATA_KEYS
-"""What ``MPO.update``'s ``data`` holds: ``kitae.functional.base.OFF_POLICY_DATA_KEYS``
+"""What ``MPO.update``'s ``data`` holds: ``kitae.functional.checks.OFF_POLICY_DATA_KEYS``
 (``obs``, ``action`` in the environment's units, ``reward``, ``terminated``, ``next_obs``;
 optionally ``key``)."""
 

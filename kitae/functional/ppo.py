@@ -32,12 +32,10 @@ from kitae.algos.experience import ExperiencePipeline
 from kitae.algos.update import UpdateHooks, on_policy_update, with_update_hooks
 from kitae.buffer import Experience
 from kitae.distributions import Categorical, DiagNormal, MultiCategorical, multi_categorical_valid
-from kitae.functional.base import (
+from kitae.functional.base import CollectionAgent, Network, OptimState, as_key
+from kitae.functional.checks import (
     PROBE_BATCH,
-    BaseAgent,
-    Network,
-    OptimState,
-    as_key,
+    check_data_observations,
     check_output_shape,
     data_fields,
     dummy_observation,
@@ -114,7 +112,7 @@ def actor_critic_apply(network: Network, discrete: bool | tuple[int, ...]) -> Ca
     return apply
 
 
-class PPO(BaseAgent):
+class PPO(CollectionAgent):
     """Proximal Policy Optimization as pure functions (seed 002's API).
 
     Args:
@@ -136,6 +134,10 @@ class PPO(BaseAgent):
         TypeError: for a network creator or environment that is not allowed.
         ValueError: for an action space PPO cannot act in, or a hyperparameter out of range.
     """
+
+    # Box actions are not held to the bounds: a rollout may hold the Gaussian's samples, which the
+    # log-probabilities are of, before the environment clips them.
+    check_box_action_bounds = False
 
     class Params(NamedTuple):
         """PPO's parameters: the actor-critic network's."""
@@ -332,6 +334,7 @@ class PPO(BaseAgent):
             ``(state, info)``: the collection's new state and the means of its losses.
         """
         fields = data_fields(data, DATA_KEYS, type(self).__name__)
+        check_data_observations(self.observation_space, data, "T, E", type(self).__name__)
         obs, action, log_prob, reward, terminated, truncated, next_obs = fields
         rollout = Experience(
             observation=obs,

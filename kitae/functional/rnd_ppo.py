@@ -31,7 +31,8 @@ import optax
 
 from kitae.algos.collections import ppo as ppo_collection
 from kitae.algos.collections import rnd_ppo as collection
-from kitae.functional.base import OptimState, as_key, data_fields
+from kitae.functional.base import OptimState, as_key
+from kitae.functional.checks import data_fields
 from kitae.functional.ppo import DATA_KEYS, PPO
 from kitae.modules.encoders import space_input_shape
 from kitae.modules.modules import init_params

@@ -37,21 +37,14 @@ from kitae.algos.collections import sac as collection
 from kitae.algos.collections import sac_discrete
 from kitae.distributions import Categorical, TanhNormal
 from kitae.functional.actor_critic import ActorCriticAgent
-from kitae.functional.base import (
-    OFF_POLICY_DATA_KEYS,
-    PROBE_BATCH,
-    Network,
-    OptimState,
-    check_output_shape,
-    critic_ensemble,
-    shape_text,
-)
+from kitae.functional.base import Network, OptimState, critic_ensemble
+from kitae.functional.checks import OFF_POLICY_DATA_KEYS, PROBE_BATCH, check_output_shape, shape_text
 from kitae.modules.pytree import TrainState
 
 __all__ = ["SAC", "DATA_KEYS"]
 
 DATA_KEYS = OFF_POLICY_DATA_KEYS
-"""What ``SAC.update``'s ``data`` holds: ``kitae.functional.base.OFF_POLICY_DATA_KEYS``
+"""What ``SAC.update``'s ``data`` holds: ``kitae.functional.checks.OFF_POLICY_DATA_KEYS``
 (``obs``, ``action`` in the environment's units, ``reward``, ``terminated``, ``next_obs``;
 optionally ``key``)."""
 

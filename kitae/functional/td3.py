@@ -34,7 +34,7 @@ __all__ = ["TD3"]
 
 class TD3(ActorCriticAgent):
     """Twin Delayed DDPG as pure functions (seed 002's API), for 1-D ``Box`` actions with finite
-    bounds. ``update``'s ``data``: ``kitae.functional.base.OFF_POLICY_DATA_KEYS``.
+    bounds. ``update``'s ``data``: ``kitae.functional.checks.OFF_POLICY_DATA_KEYS``.
 
     Args:
         network: ``network(action_space) -> (actor, critic)`` (see the module docstring).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -42,6 +43,32 @@ def _zeros(shape: InputShape) -> Any:
     return jnp.zeros((1, *shape))
 
 
+INPUT_SHAPES_ALLOWED = (
+    "a list of shapes, one per positional input of the module, each a tuple of ints without the batch dim "
+    "or a (nested) dict of them: [(4,)] for one input of shape (4,), [(4,), (2,)] for two"
+)
+
+
+def _is_shape(shape: Any) -> bool:
+    if isinstance(shape, dict):
+        return all(_is_shape(v) for v in shape.values())
+    if not isinstance(shape, (tuple, list)):
+        return False
+    return all(isinstance(d, numbers.Integral) and not isinstance(d, bool) for d in shape)
+
+
+def _check_input_shapes(input_shapes: Any) -> None:
+    """Refuses what ``init_params`` would otherwise fail on deep inside (a single shape ``(4,)``
+    read as shapes ``4``: "Value after * must be an iterable, not int")."""
+    if not isinstance(input_shapes, (list, tuple)) or not all(_is_shape(shape) for shape in input_shapes):
+        hint = (
+            f" (one input of shape {tuple(input_shapes)}? pass [{tuple(input_shapes)}])"
+            if _is_shape(input_shapes) and not isinstance(input_shapes, dict) and input_shapes
+            else ""
+        )
+        raise TypeError(f"input_shapes={input_shapes!r} is not allowed{hint}; allowed: {INPUT_SHAPES_ALLOWED}")
+
+
 def init_params(
     key: jax.Array,
     module: nn.Module,
@@ -61,7 +88,12 @@ def init_params(
 
     Returns:
         ``module.init(key, *inputs)``, i.e. ``{"params": ...}``.
+
+    Raises:
+        TypeError: if ``input_shapes`` is not a list of shapes (a single shape ``(4,)`` included),
+            naming it and what is allowed.
     """
+    _check_input_shapes(input_shapes)
     inputs = [_zeros(shape) for shape in input_shapes]
     if tabulate:
         print(module.tabulate(key, *inputs))

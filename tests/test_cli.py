@@ -727,14 +727,20 @@ def test_resume_of_a_finished_run_says_so_and_changes_nothing(capsys, run_copy):
     assert _snapshot(run_copy) == before
 
 
-def test_resume_of_a_run_stopped_at_its_end_before_its_summary_writes_it(capsys, run_copy):
+@pytest.mark.parametrize("evaluated", [False, True])
+def test_resume_of_a_run_stopped_at_its_end_before_its_summary_writes_it(capsys, run_copy, evaluated):
     """A run killed after its last checkpoint, while it wrote its summary (as a host sweep's
     combination could be), has trained every step: ``kitae resume`` once refused it as "already
     reached"; now it writes the summary the run would have written, trains nothing, and is then
-    refused as any finished run is."""
+    refused as any finished run is. ``kitae eval`` in between (which writes its fields into a new
+    ``summary.json``) does not make it look finished (it was then refused as "already reached")."""
     summary = json.loads((run_copy / "summary.json").read_text())
     (run_copy / "summary.json").unlink()
     (run_copy / "curve.png").unlink(missing_ok=True)
+    if evaluated:
+        assert main(["eval", str(run_copy), "--episodes", "1"]) == 0
+        assert "eval_return" in json.loads((run_copy / "summary.json").read_text())
+        capsys.readouterr()
     checkpoints = sorted(p.name for p in (run_copy / "checkpoints").iterdir())
     assert main(["resume", str(run_copy)]) == 0
     captured = capsys.readouterr()
@@ -765,13 +771,15 @@ def test_missing_and_damaged_checkpoints(capsys, run_copy, tmp_path):
     import shutil
 
     shutil.rmtree(run_copy / "checkpoints")
-    again = f"kitae train ppo gymnax:CartPole-v1 --config {run_copy}/config.yaml --run-dir NEW_DIR [--seeds K]"
+    again = f"kitae train ppo gymnax:CartPole-v1 --config {run_copy}/config.yaml --run-dir NEW_DIR"
     _bad(capsys, ["resume", str(run_copy), "--steps", "8192"], "no checkpoint in", "before its first checkpoint", again)
-    _bad(capsys, ["eval", str(run_copy)], "no checkpoint in")
+    # eval does not say the run stopped (it may be training still) nor print resume's command
+    _bad(capsys, ["eval", str(run_copy)], "no checkpoint in", "nothing to load yet", "kitae resume RUN_DIR says how")
     only = tmp_path / "only"
     only.mkdir()
     shutil.copy(run_copy / "config.yaml", only / "config.yaml")
-    _bad(capsys, ["resume", str(only)], f"--config {only}/config.yaml --run-dir {only} [--seeds K]")
+    line = _bad(capsys, ["resume", str(only)], f"--config {only}/config.yaml --run-dir {only}")
+    assert line.endswith(f"--run-dir {only}"), line  # one seed: no "[--seeds K]" placeholder
 
 
 def test_damaged_checkpoints_fall_back_or_fail_cleanly(capsys, run_copy):

@@ -81,7 +81,7 @@ def test_a_run_started_from_python_saves_resumes_and_loads_like_one_from_the_com
     assert state_fingerprint(TinyDQN.unserialize(run_dir).state) == state_fingerprint(resumed.state)
     with pytest.raises(RunError, match="seed_index=1 is not allowed; the run trained one seed: allowed 0"):
         TinyDQN.unserialize(run_dir, seed_index=1)
-    with pytest.raises(RunError, match="already reached step 200"):
+    with pytest.raises(RunError, match=r"already reached step 200 .* agent.resume\(env, n_env_steps\) with"):
         _dqn(run_dir)[0].resume(make_vec_env("CartPole-v1", 2), 200)
     with pytest.raises(RunError, match="already holds a run"):  # a fresh agent does not overwrite it
         _dqn(run_dir)[0].train(make_vec_env("CartPole-v1", 2), 100)
@@ -192,6 +192,8 @@ def test_a_run_that_crashed_before_its_first_checkpoint_says_how_to_start_again(
         _dqn(run_dir)[0].train(make_vec_env("CartPole-v1", 2), 100)
     with pytest.raises(RunError, match=re.escape("delete its run directory and call agent.train(env)")):
         _dqn(run_dir)[0].resume(make_vec_env("CartPole-v1", 2))
+    with pytest.raises(RunError, match=re.escape("holds no run to go on from; agent.train(env) starts one")):
+        _dqn(tmp_path / "never")[0].resume(make_vec_env("CartPole-v1", 2))
 
 
 def test_a_run_that_refused_its_environment_can_be_trained_again_in_its_directory(tmp_path):

@@ -57,8 +57,10 @@ def _envpool_atari(env: EnvSpec) -> bool:
 def _not_filmable(env: EnvSpec) -> RunError:
     return RunError(
         f"--video: {env.id} cannot be filmed; allowed: Gymnasium, PettingZoo and Brax ids, JaxMARL's MPE_* ids, "
-        "EnvPool's Atari ids, gymnax ids that gymnax's visualizer draws (MinAtar, Catch-bsuite, the mazes...), "
-        "and EnvPool ids whose environment Gymnasium has (CartPole-v1, ...)"
+        "EnvPool's Atari ids, gymnax ids whose environment Gymnasium has (gymnax:CartPole-v1, gymnax:Pendulum-v1, "
+        "gymnax:Acrobot-v1, gymnax:MountainCar-v0, gymnax:MountainCarContinuous-v0), the gymnax ids that gymnax's "
+        "visualizer draws (MinAtar, Catch-bsuite, the mazes...), and EnvPool ids whose environment Gymnasium has "
+        "(CartPole-v1, ...)"
     )
 
 
@@ -117,7 +119,7 @@ def _first_frame(single: Any, seed: int) -> Any:
 
 
 def record_video(
-    agent: Any, env: EnvSpec, folder: Path, prefix: str, seed: int = 0, explore_step: int | None = None
+    agent: Any, env: EnvSpec, folder: str | Path, prefix: str, seed: int = 0, explore_step: int | None = None
 ) -> Path:
     """Records one episode of the agent's deterministic policy (with ``explore_step``, of the
     exploring one; ``kitae.loops.evaluate.play_episode``,
@@ -129,7 +131,8 @@ def record_video(
     that gymnax's ``Visualizer`` draws (``GymnaxEnv.render``: MinAtar, ...) or an EnvPool Atari one (its
     screen, ``EnvPoolEnv``; a whole game, as ``kitae eval`` plays it). MuJoCo draws through
     OpenGL: without a display, through EGL or OSMesa (``kitae.envs.make.render_offscreen``).
-    Returns the file."""
+    ``folder``: a path or a str (made if missing). Returns the file."""
+    folder = Path(folder)
     render_offscreen()
     if not _filmable(env):
         raise _not_filmable(env)

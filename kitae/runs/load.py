@@ -182,29 +182,38 @@ def refuse_a_run_of_several_seeds(run_dir: Path, agent: Any, env: Any) -> None:
     )
 
 
-def restore_error(error: Exception, run: Any = None, python: bool = False) -> RunError:
-    """A ``CheckpointError`` in the command line's words; for a run with no checkpoint at all, the
-    ``kitae train`` command that starts it again (``run``: its ``ResolvedRun``, if known), or,
-    for ``agent.resume`` (``python``), the calls that do."""
+def restore_error(error: Exception, run: Any = None, road: str = "resume") -> RunError:
+    """A ``CheckpointError`` in the command line's words. For a run with no checkpoint at all,
+    what to do depends on the ``road``: ``"resume"`` (``kitae resume``; ``run``: its
+    ``ResolvedRun``, if known) gives the ``kitae train`` command that starts it again,
+    ``"agent"`` (``agent.resume``) the calls that do, and ``"load"`` (``kitae eval``,
+    ``Agent.unserialize``) says that there is nothing to load yet."""
     text = str(error)
-    if isinstance(error, CheckpointError) and text.startswith("no checkpoint in") and python:
+    if not (isinstance(error, CheckpointError) and text.startswith("no checkpoint in")):
+        return RunError(text)
+    when = "checkpoints are written every train_cfg.save_frequency steps, at the end and on Ctrl-C/SIGTERM"
+    if road == "load":
         return RunError(
-            f"{text}: the run stopped before its first checkpoint (checkpoints are written every "
-            "train_cfg.save_frequency steps, at the end and on Ctrl-C/SIGTERM) and holds nothing to go on from; "
-            "delete its run directory and call agent.train(env) to start it again, or give the agent another "
-            "run_name or run_dir"
+            f"{text}: nothing to load yet ({when}; a run still training before its first one has none yet, "
+            "and one that stopped before it holds none: kitae resume RUN_DIR says how to start it again)"
         )
-    if isinstance(error, CheckpointError) and text.startswith("no checkpoint in"):
-        command = "kitae train ALGO ENV --config RUN_DIR/config.yaml --run-dir NEW_DIR"
-        if run is not None:
-            target = run.run_dir if never_trained(run.run_dir) else "NEW_DIR"  # train takes such a directory
-            command = f"kitae train {run.algo} {run.env.id} --config {run.run_dir}/config.yaml --run-dir {target}"
+    if road == "agent":
+        if run is not None and not run.run_dir.is_dir():
+            return RunError(f"{text}: {str(run.run_dir)!r} holds no run to go on from; agent.train(env) starts one")
         return RunError(
-            f"{text}: the run stopped before its first checkpoint (checkpoints are written every "
-            "train_cfg.save_frequency steps, at the end and on Ctrl-C/SIGTERM) and holds nothing to go on from; "
-            f"start it again with {command} [--seeds K]"
+            f"{text}: the run stopped before its first checkpoint ({when}) and holds nothing to go on from; delete "
+            "its run directory and call agent.train(env) to start it again, or give the agent another run_name or "
+            "run_dir"
         )
-    return RunError(text)
+    command = "kitae train ALGO ENV --config RUN_DIR/config.yaml --run-dir NEW_DIR [--seeds K]"
+    if run is not None:
+        target = run.run_dir if never_trained(run.run_dir) else "NEW_DIR"  # train takes such a directory
+        seeds = f" --seeds {len(run.seeds)}" if run.seeds else ""
+        command = f"kitae train {run.algo} {run.env.id} --config {run.run_dir}/config.yaml --run-dir {target}{seeds}"
+    return RunError(
+        f"{text}: the run stopped before its first checkpoint ({when}) and holds nothing to go on from; start it "
+        f"again with {command}"
+    )
 
 
 def restore_payload(
@@ -351,7 +360,7 @@ def load_agent(
     try:
         payload, restored = restore_payload(agent, None, run.executor, directory, step=step)
     except CheckpointError as error:
-        raise restore_error(error) from None
+        raise restore_error(error, road="load") from None
     apply_loop_state(agent, payload.state, seed_index if payload.meta.get("seeds") else None)
     agent.checkpoint_step = restored.step
     return agent

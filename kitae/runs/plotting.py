@@ -53,7 +53,8 @@ def _smooth(
     steps: np.ndarray, returns: np.ndarray, grid: np.ndarray, window: int = 10, counts: np.ndarray | None = None
 ) -> np.ndarray:
     """The mean of the last ``window`` episodes at each step (fewer at the start), read at ``grid``
-    (NaN before the first episode and after the last). Rows averaging several episodes weigh as many."""
+    (NaN before the first episode; after the last, that last mean held to the grid's end, which
+    ``plot_curves`` sets at the run's end). Rows averaging several episodes weigh as many."""
     if len(returns) == 0:
         return np.full_like(grid, np.nan, dtype=float)
     counts = np.ones(len(returns)) if counts is None else np.maximum(np.asarray(counts, float), 1e-12)
@@ -63,7 +64,10 @@ def _smooth(
     begin = np.searchsorted(total_n, total_n[end] - window, side="left")
     begin = np.minimum(begin, end - 1)  # at least the row itself
     smoothed = (total_r[end] - total_r[begin]) / (total_n[end] - total_n[begin])
-    return np.interp(grid, steps, smoothed, left=np.nan, right=np.nan)
+    # Held, not NaN, after the seed's last episode: a seed whose episodes run long (CartPole at 500)
+    # often ends none in the run's last iterations, and a NaN there would drop it from the mean and
+    # the band at the right edge. Before its first episode there is nothing to hold: NaN.
+    return np.interp(grid, steps, smoothed, left=np.nan, right=smoothed[-1])
 
 
 # what plot_curves imports: a run imports them while it trains (kitae.runs.callbacks.ImportWhileTraining)
@@ -77,6 +81,30 @@ def _format_steps(value: float, _: Any = None) -> str:
     return f"{value:g}"
 
 
+def _mean_and_band(
+    curves: dict[Any, tuple[np.ndarray, ...]], window: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(grid, mean, low, high)``: one run's seeds (curves with at least one episode), each
+    smoothed by ``_smooth``, read at 300 steps from the first episode to the run's last step, and
+    their mean, min and max there."""
+    import warnings
+
+    start = min(c[0].min() for c in curves.values())
+    # The run's end: the largest step any seed logged. Seeds trained together step in lockstep,
+    # so each reached it, and a finished run's host seeds (trained one after another) each
+    # trained to the run's steps: holding each seed's last mean up to it claims no step a seed
+    # did not train (only a host run plotted while a later seed still trains holds that seed
+    # past its step). summary.json's steps would need the run directory, which curves lack.
+    end = max(c[0].max() for c in curves.values())
+    grid = np.linspace(start, end, 300) if end > start else np.asarray([start, start + 1.0])
+    lines = np.stack([_smooth(c[0], c[1], grid, window, c[2] if len(c) > 2 else None) for c in curves.values()])
+    with warnings.catch_warnings():  # grid points before any seed's first episode stay NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        mean = np.nanmean(lines, axis=0)
+        low, high = np.nanmin(lines, axis=0), np.nanmax(lines, axis=0)
+    return grid, mean, low, high
+
+
 def plot_curves(
     runs: dict[str, dict[Any, tuple[np.ndarray, ...]]],
     path: str | Path,
@@ -85,7 +113,8 @@ def plot_curves(
     evaluations: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
 ) -> Path:
     """Plots return against environment steps: for each run, its seeds' mean (each seed smoothed
-    as the mean of its last ``window`` episodes) as a line and their min-max as a band. Curves are
+    as the mean of its last ``window`` episodes, its last mean held to the run's last step) as a
+    line and their min-max as a band. Curves are
     ``(steps, returns)`` or ``(steps, returns, episodes)`` (``curves_from_metrics``).
     ``evaluations``: for the runs that evaluated their checkpoints, ``(steps, mean returns)``
     (``evaluations_from_metrics``), drawn as dots on a dashed line of the run's colour. Writes the
@@ -105,17 +134,10 @@ def plot_curves(
         curves = {s: c for s, c in curves.items() if len(c[0])}
         if not curves:
             continue
-        start = min(c[0].min() for c in curves.values())
-        end = max(c[0].max() for c in curves.values())
-        grid = np.linspace(start, end, 300) if end > start else np.asarray([start, start + 1.0])
-        lines = np.stack([_smooth(c[0], c[1], grid, window, c[2] if len(c) > 2 else None) for c in curves.values()])
-        with warnings.catch_warnings():  # grid points where no seed has a value yet stay NaN
-            warnings.simplefilter("ignore", RuntimeWarning)
-            mean = np.nanmean(lines, axis=0)
-            low, high = np.nanmin(lines, axis=0), np.nanmax(lines, axis=0)
+        grid, mean, low, high = _mean_and_band(curves, window)
         seeds = f"{len(curves)} seed{'s' if len(curves) > 1 else ''}"
         (line,) = ax.plot(grid, mean, label=f"{label}  [{seeds}]", lw=2)
-        if len(lines) > 1:
+        if len(curves) > 1:
             ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.18, lw=0)
         steps, returns = (evaluations or {}).get(label, ((), ()))
         if len(steps):

@@ -78,11 +78,17 @@ def _diverged_seeds(run_dir: Path) -> dict[int, dict]:
     return {entry["seed"]: entry for entry in summary.get("diverged") or [] if isinstance(entry, dict)}
 
 
-def _check_total(run_dir: Path, reached: int, total: int) -> None:
+def _check_total(run_dir: Path, reached: int, total: int, python: bool = False) -> None:
+    """Refuses a total the run reached already, saying how to give a larger one: ``--steps N``
+    on the command line, ``agent.resume(env, n_env_steps)`` from Python (``python``)."""
     if reached >= total:
+        further = (
+            f"call agent.resume(env, n_env_steps) with n_env_steps > {reached}"
+            if python
+            else (f"pass --steps N with N > {reached}")
+        )
         raise RunError(
-            f"the run in {str(run_dir)!r} already reached step {reached:,} of {total:,}; pass --steps N with "
-            f"N > {reached} to train it further"
+            f"the run in {str(run_dir)!r} already reached step {reached:,} of {total:,}; {further} to train it further"
         )
 
 
@@ -179,7 +185,9 @@ def _resume_run(run_dir: Path, steps: int | None, quiet: bool) -> dict:
         finishing = (
             all(plan.finished for plan in plans)
             and max(keep.values()) <= ends
-            and not (run_dir / "summary.json").exists()
+            # kitae eval writes its fields into summary.json (even one the run never wrote):
+            # only a training summary (its "steps") says that the run ended
+            and "steps" not in _read_summary(run_dir)
         )
         if not finishing:
             if all(plan.finished for plan in plans) and any(plan.diverged for plan in plans):
@@ -237,11 +245,11 @@ def _resume_agent(agent: Any, env: Any, run: ResolvedRun, total: int, callbacks:
     try:
         payload, restored = restore_payload(agent, env, run.executor, directory, resuming=True)
     except CheckpointError as error:
-        raise restore_error(error, python=True) from None
+        raise restore_error(error, run, road="agent") from None
     batched = payload.meta.get("seeds")
     if not batched:
         apply_loop_state(agent, payload.state)
-    _check_total(run.run_dir, restored.step, total)
+    _check_total(run.run_dir, restored.step, total, python=True)
     if total != agent.config.train_cfg.n_env_steps:
         # the run's total becomes ``total``, as with kitae resume --steps: config.yaml records it
         # and the agent is the one that config makes (a learning rate annealed over the new total)

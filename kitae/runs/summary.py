@@ -63,10 +63,10 @@ def write_run_summary(
 
 
 def _evaluation_summary(rows: list[dict], seeds: list[int], several: bool) -> dict:
-    """``summary.json``'s ``eval_return``, ``eval_return_std``, ``eval_episodes`` and
-    ``eval_step`` (the keys ``kitae eval`` writes; one value per seed for runs of several seeds)
-    from each seed's last ``train_cfg.eval_episodes`` evaluation in ``metrics.jsonl``; nothing when
-    the run evaluated none."""
+    """``summary.json``'s ``eval_return``, ``eval_return_std``, ``eval_episodes``, ``eval_step``
+    (one value per seed for runs of several seeds) and ``eval_policy`` (the keys ``kitae eval``
+    writes) from each seed's last ``train_cfg.eval_episodes`` evaluation in ``metrics.jsonl``;
+    nothing when the run evaluated none."""
     last = {row["seed"]: row for row in rows if "eval_return" in row and row.get("seed") in seeds}
     if not last:
         return {}
@@ -80,6 +80,9 @@ def _evaluation_summary(rows: list[dict], seeds: list[int], several: bool) -> di
         "eval_return_std": stds if several else stds[0],
         "eval_episodes": max(row["eval_episodes"] for row in last.values()),
         "eval_step": steps if several else steps[0],
+        # PeriodicEvaluation plays each checkpoint's deterministic policy (no explore_step), as
+        # kitae eval does without --stochastic
+        "eval_policy": "deterministic",
     }
 
 

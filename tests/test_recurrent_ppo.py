@@ -231,6 +231,20 @@ def test_a_resumed_compiled_recurrent_run_gives_the_bits_of_an_uninterrupted_one
     assert a["state_fingerprint"] == b["state_fingerprint"]
 
 
+@pytest.mark.parametrize("core", ["lstm", "gru"])
+def test_a_host_recurrent_run_resumes(tmp_path, core):
+    """The host loop's checkpoint holds the buffer with its stored hidden states: an LSTM's is the
+    pair (c, h), saved as paths ``hidden[0]`` / ``hidden[1]`` and read back as a dict ``{0: c,
+    1: h}`` until the tuple was rebuilt: the resume failed inside Flax's LSTM with a traceback."""
+    common = ["ppo_lstm", "CartPoleNoVel-v1", "--quiet", "--n-envs", "4", "--set", f"algo_params.core={core}"]
+    common += [arg for s in SETS for arg in ("--set", s)]
+    run_dir = tmp_path / "run"
+    assert main(["train", *common, "--steps", "256", "--run-dir", str(run_dir)]) == 0
+    assert main(["resume", str(run_dir), "--steps", "512", "--quiet"]) == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 512 and summary["resumed_from"] == 256
+
+
 def test_normalisation_keeps_ppos_running_statistics_and_acting_reads_them(tmp_path):
     """With ``normalize_observations`` and ``normalize_rewards``, PPO's hooks merge every rollout
     into the state's statistics (2 rollouts of 16 steps x 4 environments: 128 rows each), and

@@ -85,7 +85,10 @@ def buffer_target(experience_type: type[Any], entries: list[dict], prefix: str =
 
 
 def _nested(by_path: dict[str, Any], prefix: str) -> Any:
-    """Dicts nested under ``prefix`` (paths ``prefix['a']['b']``), keys read with ``ast.literal_eval``."""
+    """Dicts and tuples nested under ``prefix`` (paths ``prefix['a'][0]``), keys read with
+    ``ast.literal_eval``: string keys are a dict's (keyed by agent, by ``Dict`` observation key),
+    integer ones a tuple's positions (an LSTM's hidden state, the pair ``(c, h)``; read back as
+    a dict ``{0: c, 1: h}``, the core could not use it)."""
     if prefix in by_path:
         return by_path[prefix]
     out: dict[Any, Any] = {}
@@ -95,6 +98,8 @@ def _nested(by_path: dict[str, Any], prefix: str) -> Any:
             key = ast.literal_eval(key_text)
             if key not in out:
                 out[key] = _nested(by_path, f"{prefix}[{key_text}]")
+    if out and all(isinstance(key, int) for key in out) and sorted(out) == list(range(len(out))):
+        return tuple(out[i] for i in range(len(out)))
     return out
 
 

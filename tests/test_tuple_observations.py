@@ -67,6 +67,10 @@ def test_make_vec_env_converts_them_and_a_run_trains_evaluates_and_records_the_s
     assert summary["steps"] == 1024 and -1.5 <= summary["final_return"] <= 1.5
     returns = eval_run(run, episodes=20)["returns"][0]
     assert len(returns) == 20 and set(np.unique(returns)) <= {-1.0, 0.0, 1.0, 1.5}
+    # filmed too: the filming environment reads its Tuple observations as Dict ones, and the
+    # episode player batches every entry (before: "Array.__contains__: unsupported operand type")
+    video = eval_run(run, episodes=1, video=True)["video"]
+    assert video is not None and video.endswith(".mp4") and (run / "videos").is_dir()
 
 
 @pytest.mark.parametrize("algo", ["dqn", "sac"])

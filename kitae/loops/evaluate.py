@@ -175,7 +175,9 @@ def play_episode(
             total += float(np.sum(rewards))
             done = bool(np.any(terminated) or np.any(truncated))
         else:
-            actions, hidden = act(params, act_key, np.asarray(observation)[None], memory)
+            # a leading axis on every leaf: a Dict observation (a Tuple one read as Dict) is a dict
+            batch = jax.tree_util.tree_map(lambda x: np.asarray(x)[None], observation)
+            actions, hidden = act(params, act_key, batch, memory)
             action = np.asarray(actions)[0]
             if isinstance(env.action_space, gym.spaces.Box):
                 action = np.clip(action, env.action_space.low, env.action_space.high)

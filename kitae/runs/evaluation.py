@@ -99,7 +99,10 @@ def _filming_env(env: EnvSpec, does_not_render: str) -> Any:
                 return parallel_env_maker(env.name)(render_mode="rgb_array", **kwargs)
             import gymnasium as gym
 
-            return gym.make(str(gymnasium_twin(env)), render_mode="rgb_array", **kwargs)
+            from kitae.envs.wrappers import tuple_as_dict
+
+            # Tuple observations read as Dict ones, as the run's own environments (make_vec_env)
+            return tuple_as_dict(gym.make(str(gymnasium_twin(env)), render_mode="rgb_array", **kwargs))
         except TypeError as error:  # a constructor without render_mode
             raise RunError(f"{does_not_render}: {error}") from None
 

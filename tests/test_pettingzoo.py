@@ -15,6 +15,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pytest
 from _parallel_envs import BoxActionParallelEnv, CountParallelEnv
@@ -61,6 +62,17 @@ def assert_gone(pids, timeout=10.0):
 # ---------------------------------------------------------------------------------------------
 # VecParallelEnv: batching and autoreset (in process and in workers)
 # ---------------------------------------------------------------------------------------------
+
+
+def test_dict_observations_are_refused_when_the_vector_environment_is_made():
+    """PettingZoo's action-mask convention (``Dict(observation=..., action_mask=...)``): each
+    agent's observations cannot be stacked into one array; before, training failed inside JAX
+    ("Error interpreting argument ... numpy.ndarray at path obs['a0']": an object array)."""
+    env = CountParallelEnv()
+    mask = gym.spaces.Box(0, 1, (3,), np.int8)
+    env._obs_spaces = {a: gym.spaces.Dict(observation=space, action_mask=mask) for a, space in env._obs_spaces.items()}
+    with pytest.raises(UnsupportedParallelEnv, match=r"observe Dict\(.*which is not allowed; allowed: an array space"):
+        check_env(env)
 
 
 @pytest.mark.parametrize("cls", VEC_CLASSES)

@@ -77,8 +77,8 @@ def check_parallel_env(env: Any) -> tuple[tuple[str, ...], gym.Space, gym.Space]
     Raises:
         TypeError: for an object that is not a ``ParallelEnv`` (an AEC environment included).
         ValueError: for no agents; ``UnsupportedParallelEnv`` (a ``ValueError``) for one agent
-            (the multi-agent mode needs ``n_agents > 1``) or agents whose observation or action
-            spaces differ.
+            (the multi-agent mode needs ``n_agents > 1``), agents whose observation or action
+            spaces differ, or observations that are not one array (a ``Dict`` space).
     """
     if hasattr(env, "agent_iter") and hasattr(env, "last"):
         raise TypeError(
@@ -112,6 +112,13 @@ def check_parallel_env(env: Any) -> tuple[tuple[str, ...], gym.Space, gym.Space]
                     "kitae's parallel mode shares one set of parameters between agents and needs identical "
                     "observation and action spaces (heterogeneous agents are not supported yet)"
                 )
+    if getattr(observation_space, "dtype", None) is None:  # Dict, Tuple, Text...: not one array per agent
+        raise UnsupportedParallelEnv(
+            f"the ParallelEnv's agents observe {observation_space!r}, which is not allowed; allowed: an array space "
+            "(Box, Discrete, MultiDiscrete, MultiBinary): kitae's parallel mode stacks each agent's observations "
+            "into one array (Dict observations, PettingZoo's action-mask convention included, are not supported "
+            "yet in multi-agent environments)"
+        )
     return agents, observation_space, action_space
 
 

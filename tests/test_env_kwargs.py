@@ -70,10 +70,22 @@ def test_set_reaches_every_source_and_names_the_key_when_wrong():
         preset_agent("ppo", "CartPole-v1", sets=["env_kwargs.1x=2"])
 
 
-def test_a_wrong_argument_is_one_line_from_the_command_line(capsys):
-    assert main(["train", "ppo", "CartPole-v1", "--set", "env_kwargs.bogus=1", "--steps", "64", "--quiet"]) == 2
+@pytest.mark.parametrize(
+    ("env_id", "kwarg", "words"),
+    [
+        ("CartPole-v1", "bogus=1", "Gymnasium's 'CartPole-v1' refused it (TypeError: "),
+        ("pettingzoo:mpe2.simple_spread_v3", "bogus=1", "PettingZoo's 'mpe2.simple_spread_v3' refused it"),
+        # before: only "'str' object cannot be interpreted as an integer", naming no option
+        ("pettingzoo:mpe2.simple_spread_v3", "N=abc", "cannot be interpreted as an integer"),
+    ],
+)
+def test_a_wrong_argument_is_one_line_naming_it_from_the_command_line(capsys, env_id, kwarg, words):
+    assert main(["train", "ppo", env_id, "--set", f"env_kwargs.{kwarg}", "--steps", "64", "--quiet"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("kitae: error: ") and "'bogus'" in err and "\n" not in err
+    name, value = kwarg.split("=")
+    shown = repr(int(value)) if value.isdigit() else repr(value)
+    assert err.startswith(f"kitae: error: env_kwargs.{name}={shown} is not allowed: "), err
+    assert words in err and "\n" not in err
 
 
 def test_a_run_evaluates_resumes_and_trains_again_with_its_arguments(tmp_path):

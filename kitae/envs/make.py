@@ -18,6 +18,7 @@ import gymnasium as gym
 from gymnasium.vector import AutoresetMode
 
 from kitae.envs import goals, memory
+from kitae.envs.options import LIBRARY_REFUSALS, refused
 from kitae.envs.wrappers import tuple_as_dict
 from kitae.validation import check_positive_int, closest_names
 
@@ -227,6 +228,10 @@ def _gymnasium_thunk(
             extra = next((e for k, e in EXTRA_OF_PACKAGE.items() if k in str(error)), None)
             hint = f" (kitae's {extra} extra: pip install 'kitae[{extra}]')" if extra else ""
             raise ImportError(f"gymnasium:{name} needs a package that is not installed{hint}: {error}") from None
+        except LIBRARY_REFUSALS as error:  # the constructor's words name neither env_kwargs nor the option
+            if not env_kwargs:
+                raise
+            raise refused(env_kwargs, f"Gymnasium's {name!r}", error) from error
         return tuple_as_dict(env if wrap is None else wrap(env))  # Tuple observations read as Dict ones
 
     return thunk

@@ -24,6 +24,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from kitae.envs.options import LIBRARY_REFUSALS, refused
+
 PETTINGZOO_FAMILIES = ("atari", "butterfly", "classic", "sisl")
 """PettingZoo's own environment families (``pettingzoo.<family>.<env>``)."""
 PACKAGES = ("mpe2",)
@@ -102,6 +104,19 @@ def parallel_env_maker(name: str) -> Callable[..., Any]:
     return maker
 
 
+def make_with_options(maker: Callable[..., Any], env_kwargs: dict[str, Any], name: str) -> Any:
+    """``maker(**env_kwargs)``, where a refusal of the options by PettingZoo's constructor names
+    them (``kitae.envs.options.refused``): its own words name neither ``env_kwargs`` nor the
+    option (``'str' object cannot be interpreted as an integer`` for ``N='abc'``). Module-level, so
+    that ``SubProcVecParallelEnv`` can send it to its workers."""
+    try:
+        return maker(**env_kwargs)
+    except LIBRARY_REFUSALS as error:
+        if not env_kwargs:
+            raise
+        raise refused(env_kwargs, f"PettingZoo's {name!r}", error) from error
+
+
 def make_parallel_vec_env(
     name: str, n_envs: int, *, vectorization_mode: str = "sync", env_kwargs: dict[str, Any] | None = None
 ) -> Any:
@@ -121,7 +136,7 @@ def make_parallel_vec_env(
     from kitae.envs.subproc import SubProcVecParallelEnv
 
     maker = parallel_env_maker(name)
-    thunks = [functools.partial(maker, **dict(env_kwargs or {})) for _ in range(n_envs)]
+    thunks = [functools.partial(make_with_options, maker, dict(env_kwargs or {}), name) for _ in range(n_envs)]
     if vectorization_mode == "sync":
         return SyncVecParallelEnv(thunks)
     return SubProcVecParallelEnv(thunks)

@@ -50,6 +50,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kitae.algos.checks import check_state, checked_update_step, factory_output
 from kitae.algos.experience import ExperiencePipeline
 from kitae.algos.factory import explore_general_factory
 from kitae.algos.update import UpdateHooks, mean_over_steps, on_policy_update, process_rollout, with_update_hooks
@@ -326,9 +327,16 @@ class BaseAgent(IAgent):
         and the compiled entry points). Run by ``__init__`` and by ``with_config``."""
         config = self.config
         self.schedule = Schedule.from_config(config, self.algo_type)
-        self.explore_fn = explore_general_factory(self.explore_factory(config), self.vectorized, self.parallel)
-        self.process_experience_fn = self.process_experience_factory(config)
-        self.update_step_fn = self.update_step_factory(config)
+        explore_fn = factory_output(
+            "explore_factory", self.explore_factory, config, "explore_fn(state, key, observations)"
+        )
+        self.explore_fn = explore_general_factory(explore_fn, self.vectorized, self.parallel)
+        self.process_experience_fn = factory_output(
+            "process_experience_factory", self.process_experience_factory, config, "process_fn(state, key, experience)"
+        )
+        self.update_step_fn = factory_output(
+            "update_step_factory", self.update_step_factory, config, "update_fn(state, key, batch)"
+        )
         self.process_experience_pipeline = ExperiencePipeline(
             [self.process_experience_fn],
             vectorized=self.algo_type is AlgoType.ON_POLICY,
@@ -417,11 +425,14 @@ class BaseAgent(IAgent):
         if not tabulate:
             try:
                 self._first_shape = jax.eval_shape(self.initial_state, np.uint32(seed))
-                return
             except (jax.errors.JAXTypeError, TypeError):  # not traceable: op by op below
                 pass
+            else:
+                check_state(self._first_shape[1])
+                return
         with one_blas_thread():  # op by op: its QR (orthogonal init) single-threaded as in jit_once
             self._first = jax.block_until_ready(self.initial_state(seed, tabulate=tabulate))
+        check_state(self._first[1])
 
     def _materialize(self) -> tuple[jax.Array, Any]:
         if self._first is None:
@@ -567,6 +578,17 @@ class BaseAgent(IAgent):
         observations, the hidden state (leaves ``(E, ...)``) and ``start`` ``(E,)`` (where it
         holds the observation starts an episode: act from the initial state)."""
         raise TypeError(f"{type(self).__name__} is feed-forward: it acts with act(), without a hidden state")
+
+    def _acting_name(self, recurrent: bool = False) -> str:
+        """What acting runs, as the messages of ``kitae.loops.collect.check_act_output`` name it:
+        ``act_recurrent``, ``act``, or for an agent of the custom-agent guide (``BaseAgent.act``
+        runs its ``explore``) its ``explore`` and the ``explore_fn`` that one calls."""
+        cls = type(self)
+        if recurrent:
+            return f"{cls.__name__}.act_recurrent"
+        if cls.act is BaseAgent.act:
+            return f"{cls.__name__}.explore (explore_fn)"
+        return f"{cls.__name__}.act"
 
     def explore(self, observation: Any) -> tuple[jax.Array, jax.Array]:
         """Samples actions to explore with the agent's state at ``self.env_step`` (one compiled
@@ -796,7 +818,8 @@ class OffPolicyAgent(BaseAgent):
             ``(state, priorities, info)``: the new state, the buffer's new ``Priorities`` (``None``
             without prioritized replay) and the mean of each ``info`` scalar over the steps.
         """
-        update_step_fn, replay = self.update_step_fn, self.config.replay
+        replay = self.config.replay
+        update_step_fn = checked_update_step(self.update_step_fn, type(self).__name__, replay.prioritized)
 
         def gradient_step(carry: tuple[Any, Any], key: jax.Array) -> tuple[tuple[Any, Any], dict]:
             state, priorities = carry
@@ -927,7 +950,7 @@ class OnPolicyAgent(BaseAgent):
         update_fn = partial(
             on_policy_update,
             self.process_experience_pipeline,
-            self.update_step_fn,
+            checked_update_step(self.update_step_fn, type(self).__name__),
             n_epochs=self.config.update_cfg.n_epochs,
             batch_size=self.minibatch_rows,
         )

@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kitae.algos.checks import checked_update_step
 from kitae.algos.experience import ExperiencePipeline
 from kitae.algos.update import UpdateHooks
 from kitae.base import BaseAgent
@@ -333,7 +334,9 @@ class AgentAlgorithm(Algorithm):
             factories = getattr(agent, "gradient_factories", None)
             if factories is not None:
                 return pipeline, factories[0](config), factories[1](config)
-            update_step = agent.update_step_factory(config)
+            update_step = checked_update_step(
+                agent.update_step_factory(config), type(agent).__name__, config.replay.prioritized
+            )
 
             # the change as a list of arrays (tree_leaves order), not a pytree of the state's
             # structure: that structure holds the agent's functions, which a pickled copy rebuilds

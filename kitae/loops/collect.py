@@ -16,9 +16,10 @@ its agents at once (the copy resets when every agent is done). Feed-forward agen
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
+import gymnasium as gym
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -28,6 +29,9 @@ __all__ = [
     "initial_memory",
     "next_memory",
     "act_step",
+    "check_act_output",
+    "action_shape",
+    "describe",
     "update_step",
     "UpdateOutcome",
     "all_finite",
@@ -115,13 +119,113 @@ def act_step(
         act_key = jax.random.fold_in(act_key, fold)
     hidden = None
     if memory is None:
-        actions, log_probs = agent.act(acting_params, act_key, observation, env_step)
+        out = agent.act(acting_params, act_key, observation, env_step)
+        check_act_output(agent, observation, out)
+        actions, log_probs = out
     else:
-        actions, log_probs, hidden = agent.act_recurrent(
-            acting_params, act_key, observation, memory.hidden, memory.start, env_step
-        )
+        out = agent.act_recurrent(acting_params, act_key, observation, memory.hidden, memory.start, env_step)
+        check_act_output(agent, observation, out, recurrent=True)
+        actions, log_probs, hidden = out
     log_probs = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), log_probs)
     return actions, log_probs, key, hidden
+
+
+def action_shape(action_space: Any) -> tuple[int, ...] | None:
+    """The shape of one action of ``action_space`` (one environment's, one agent's): ``()`` for a
+    ``Discrete``, ``nvec``'s shape for a ``MultiDiscrete``, the shape of a ``Box`` or a
+    ``MultiBinary``; ``None`` for a space of another kind (not checked)."""
+    if isinstance(action_space, gym.spaces.Discrete):
+        return ()
+    if isinstance(action_space, gym.spaces.MultiDiscrete):
+        return tuple(int(n) for n in np.shape(action_space.nvec))
+    if isinstance(action_space, (gym.spaces.Box, gym.spaces.MultiBinary)):
+        return tuple(int(n) for n in action_space.shape)
+    return None
+
+
+def _acting_name(agent: Any, recurrent: bool) -> str:
+    """What the messages of ``check_act_output`` name: the agent's own name for it
+    (``BaseAgent._acting_name``: ``explore`` and its ``explore_fn`` for an agent of the
+    custom-agent guide), else its ``act`` or ``act_recurrent``."""
+    named = getattr(agent, "_acting_name", None)
+    if callable(named):
+        return str(named(recurrent))
+    return f"{type(agent).__name__}.{'act_recurrent' if recurrent else 'act'}"
+
+
+def describe(value: Any) -> str:
+    """A returned value in a message: ``None``, an array's shape, a tuple's length or a type."""
+    if value is None:
+        return "None"
+    if isinstance(value, (jax.Array, np.ndarray, np.generic)):
+        return f"an array of shape {_shape_text(tuple(np.shape(value)))}"
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of {len(value)}"
+    return f"a value of type {type(value).__name__}"
+
+
+def _shape_text(shape: tuple[int, ...]) -> str:
+    return "(" + ", ".join(str(n) for n in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def check_act_output(agent: Any, observation: Any, out: Any, recurrent: bool = False) -> None:
+    """Checks what an agent's act returned against ``config.env_cfg.action_space``, before an
+    environment or a buffer sees it: a pair ``(actions, log_probs)`` (a triple with the hidden
+    state for ``act_recurrent``), actions ``(E, *action_shape)`` (``action_shape``: ``(E,)`` for
+    a ``Discrete`` space, ``(E, *shape)`` for a ``Box``, ``(E, n)`` for a ``MultiDiscrete`` of
+    ``n`` components) and log-probabilities ``(E,)``, where ``E`` is the observations' leading
+    axis; in a multi-agent environment (``env_cfg.n_agents > 1``) dicts keyed by agent, each entry
+    so. Only shapes are read: traced (the loops compile acting once), it costs nothing per step.
+    Spaces of another kind (``Dict``, ``Tuple``) are not checked; neither are an agent without a
+    config and observations without a leading axis.
+
+    Raises:
+        TypeError: for an output that is not the pair (triple), or multi-agent actions or
+            log-probabilities that are not dicts keyed by agent.
+        ValueError: one line naming the function, the output, its shape, the space and the
+            shape allowed.
+    """
+    name = _acting_name(agent, recurrent)
+    arity, returns = (3, "(actions, log_probs, hidden)") if recurrent else (2, "(actions, log_probs)")
+    if not isinstance(out, (tuple, list)) or len(out) != arity:
+        raise TypeError(f"{name} returned {describe(out)}; allowed: {returns}")
+    config = getattr(agent, "config", None)
+    env_cfg = getattr(config, "env_cfg", None)
+    leaves = jax.tree_util.tree_leaves(observation)
+    if env_cfg is None or not leaves or np.ndim(leaves[0]) == 0:
+        return
+    n_envs = int(np.shape(leaves[0])[0])
+    space = env_cfg.action_space
+    expected = action_shape(space)
+    parallel = bool(getattr(agent, "parallel", getattr(env_cfg, "n_agents", 1) > 1))
+    per_agent = " per agent" if parallel else ""
+    layout = f"with {n_envs} environment{'s' if n_envs != 1 else ''}{per_agent}"
+    for what, value, shape, allowed in (
+        ("actions", out[0], expected, f"allowed for {space} {layout}"),
+        ("log_probs", out[1], (), f"allowed {layout}"),
+    ):
+        if shape is None:
+            continue
+        if parallel:
+            if not isinstance(value, Mapping):
+                raise TypeError(
+                    f"{name} returned {what} as {describe(value)}; allowed in a multi-agent environment "
+                    f"(env_cfg.n_agents={env_cfg.n_agents}): a dict keyed by agent"
+                )
+            entries = [(f"{what}[{agent_name!r}]", v) for agent_name, v in value.items()]
+        else:
+            entries = [(what, value)]
+        wanted = (n_envs, *shape)
+        for label, entry in entries:
+            found = tuple(np.shape(entry)) if _is_array_like(entry) else None
+            if found != wanted:
+                given = f"of shape {_shape_text(found)}" if found is not None else f"as {describe(entry)}"
+                raise ValueError(f"{name} returned {label} {given}; {allowed}: {_shape_text(wanted)}")
+
+
+def _is_array_like(x: Any) -> bool:
+    """An array, a traced value or a number (what ``np.shape`` reads without converting a list)."""
+    return isinstance(x, (jax.Array, np.ndarray, np.generic, int, float, bool))
 
 
 def all_finite(tree: Any) -> jax.Array:

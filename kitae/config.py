@@ -256,7 +256,12 @@ def algo_params_class(name: str) -> type:
 @dataclasses.dataclass
 class AlgoParams:
     """Base class of an algorithm's hyperparameters. Inheriting from it is optional: any
-    dataclass works as ``AlgoConfig.algo_params``."""
+    dataclass works as ``AlgoConfig.algo_params``.
+
+    A params class may define ``unread_fields(self, config) -> dict[str, str]``: the fields that
+    a run of ``config`` does not read (PPO's ``vtrace_rho_bar`` without
+    ``advantage_estimator="vtrace"``), each with what would make it read them. Sweeps and searches
+    (``sweepable_keys``) refuse those fields: varying one trains the same run every time."""
 
 
 def _plain(value: Any) -> bool:
@@ -648,6 +653,15 @@ class AlgoConfig:
                 f"a divisor of update_cfg.batch_size={batch} (each gradient worker takes an equal part of every "
                 "minibatch)",
             )
+        # an n-step sum reads up to n_step consecutive rows of one environment's ring buffer: a
+        # longer sum than the ring would wrap onto the rows it started from
+        _require(
+            self.replay.n_step <= self.update_cfg.max_buffer_size,
+            "replay.n_step",
+            self.replay.n_step,
+            f"at most update_cfg.max_buffer_size={self.update_cfg.max_buffer_size} (the buffer's length per "
+            "environment: an n-step sum reads n_step consecutive rows of one environment's buffer)",
+        )
         capacity = self.update_cfg.max_buffer_size * self.env_cfg.n_envs * self.env_cfg.n_agents
         _require(
             self.update_cfg.batch_size <= capacity,
@@ -775,18 +789,36 @@ SWEEP_SECTIONS = ("algo_params", "update_cfg", "replay")
 """The config sections whose float fields a sweep may vary."""
 
 
+def unread_float_keys(config: AlgoConfig) -> dict[str, str]:
+    """The dotted keys of float fields ``config`` holds but its run does not read, each with what
+    would make the run read it (``{"replay.her_ratio": "read only with replay.her=future or final or episode"}``).
+
+    Replay's: the prioritized ones without ``replay.prioritized``, ``her_ratio`` without
+    ``replay.her``; the algorithm's: what its params class's ``unread_fields(config)`` names
+    (``AlgoParams``), decided on ``config`` as given (a field swept with the switch that reads it
+    set in the same config is read). A sweep of one of them trained the same run in every row."""
+    unread: dict[str, str] = {}
+    if not config.replay.prioritized:
+        for name in ("priority_exponent", "importance_exponent", "priority_epsilon"):
+            unread[f"replay.{name}"] = "read only with replay.prioritized=true"
+    if config.replay.her is None:
+        unread["replay.her_ratio"] = f"read only with replay.her={' or '.join(HER_STRATEGIES)}"
+    hook = getattr(config.algo_params, "unread_fields", None)
+    if callable(hook):
+        for name, why in hook(config).items():
+            unread[f"algo_params.{name}"] = why
+    return unread
+
+
 def sweepable_keys(config: AlgoConfig) -> list[str]:
     """The dotted keys of ``config`` a sweep may vary: its float fields (``update_cfg.learning_rate``,
-    ``algo_params.clip_eps``...), which the agent reads as numbers in its computations. Integers,
+    ``algo_params.clip_coef``...), which the agent reads as numbers in its computations. Integers,
     booleans, strings and ``None`` decide shapes or the program's structure: one program cannot
-    vary them. Replay's floats count only where they are read: the prioritized ones with
-    ``replay.prioritized``, ``her_ratio`` with ``replay.her`` (a sweep of one unused changed
-    nothing: every row the same)."""
-    unused = set()
-    if not config.replay.prioritized:
-        unused |= {"replay.priority_exponent", "replay.importance_exponent", "replay.priority_epsilon"}
-    if config.replay.her is None:
-        unused.add("replay.her_ratio")
+    vary them. Floats count only where the run reads them (``unread_float_keys``: replay's
+    prioritized ones with ``replay.prioritized``, ``her_ratio`` with ``replay.her``, PPO's
+    ``vtrace_*`` with ``advantage_estimator="vtrace"``...): a sweep of one unused changed nothing,
+    every row the same."""
+    unused = unread_float_keys(config)
     keys = []
     for section in SWEEP_SECTIONS:
         obj = getattr(config, section)
@@ -796,6 +828,18 @@ def sweepable_keys(config: AlgoConfig) -> list[str]:
             if isinstance(value, float) and key not in unused:
                 keys.append(key)
     return sorted(keys)
+
+
+def not_sweepable_reason(config: AlgoConfig, key: str, settable: set[str] | list[str]) -> str:
+    """Why the dotted ``key`` is not in ``sweepable_keys(config)``, for a sweep's or a search's
+    refusal: not a field (``settable``: the config's settable keys), a float field the run does not
+    read (and what would make it read it), or not a float field."""
+    unread = unread_float_keys(config)
+    if key not in settable:
+        return "not a field of the config"
+    if key in unread and isinstance(config_value(config, key), float):
+        return f"a float field this run does not read ({unread[key]})"
+    return "not a float field (it decides shapes or the program's structure)"
 
 
 def config_value(config: AlgoConfig, key: str) -> Any:

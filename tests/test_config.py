@@ -193,6 +193,16 @@ def test_batch_size_larger_than_capacity_rejected():
     assert str(info.value).endswith("('rollout' in a preset, a config file or --set gives that capacity)")
 
 
+def test_an_n_step_sum_longer_than_the_buffer_is_rejected_naming_both_fields():
+    """``replay.n_step=200`` with ``update_cfg.max_buffer_size=100`` was accepted silently."""
+    with pytest.raises(ValueError) as info:
+        _config(update_cfg=UpdateConfig(max_buffer_size=100, batch_size=8), replay=cfg.ReplayConfig(n_step=200))
+    assert str(info.value).startswith(
+        "replay.n_step=200 is not allowed; allowed: at most update_cfg.max_buffer_size=100"
+    ), info.value
+    _config(update_cfg=UpdateConfig(max_buffer_size=100, batch_size=8), replay=cfg.ReplayConfig(n_step=100))
+
+
 def test_n_epochs_zero_rejected():
     with pytest.raises(ValueError, match=r"update_cfg\.n_epochs"):
         UpdateConfig(n_epochs=0)

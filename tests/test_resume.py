@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from _agents import TinyDQN, TinyDQNParams, make_config
 
+import kitae.config as cfg
 from kitae.cli import main
 from kitae.envs.make import EnvSpec, make_vec_env
 from kitae.loops.state import mark_episodes_cut
@@ -153,6 +154,14 @@ def test_the_command_line_names_a_custom_agents_run_and_plots_it(tmp_path, capsy
     assert (tmp_path / "curve.png").stat().st_size > 0
 
 
+@cfg.register_algo_params
+@dataclasses.dataclass
+class ScriptParams(TinyDQNParams):
+    """A params class no other module names so (``_agents`` is imported under two names in a full
+    test run, so its ``TinyDQNParams`` is two registered classes: the ``__main__`` fallback then
+    finds no single one, as it should)."""
+
+
 def test_a_scripts_run_is_found_again_where_the_script_is_imported(tmp_path, capsys, monkeypatch):
     """``python my_agent.py`` writes ``__main__:MyParams``; ``kitae eval RUN_DIR --import
     my_agent.py`` registers the class as ``my_agent:MyParams``: the command line finds it as
@@ -160,13 +169,15 @@ def test_a_scripts_run_is_found_again_where_the_script_is_imported(tmp_path, cap
     from kitae.algos.collections import ALGORITHMS
 
     run_dir = tmp_path / "run"
-    agent, env = _dqn(run_dir)
-    agent.train(env, 100)
+    env = make_vec_env("CartPole-v1", 2)
+    config = make_config(env, ScriptParams(start_step=32, skip_steps=2), max_buffer_size=64, batch_size=16)
+    TinyDQN("t", config, run_dir=run_dir).train(env, 100)
     config = run_dir / "config.yaml"
     lines = config.read_text().splitlines(keepends=True)
-    text = "".join([lines[0], "algo_params_class: __main__:TinyDQNParams\n", *lines[2:]])
+    assert lines[1].rstrip().endswith(":ScriptParams")
+    text = "".join([lines[0], "algo_params_class: __main__:ScriptParams\n", *lines[2:]])
     config.write_text(text.replace("task_name: test\n", "task_name: CartPole-v1\n"))
-    monkeypatch.setitem(ALGORITHMS, "kitae_test_tiny", (TinyDQN, TinyDQNParams))  # what --import registers
+    monkeypatch.setitem(ALGORITHMS, "kitae_test_script", (TinyDQN, ScriptParams))  # what --import registers
     capsys.readouterr()
     assert main(["eval", str(run_dir), "--episodes", "1"]) == 0, capsys.readouterr().err
     assert "checkpoint step 100" in capsys.readouterr().out

@@ -97,6 +97,41 @@ def test_replay_keys_are_sweepable_only_where_they_are_read():
         traced_config(preset_agent("ppo", "gymnax:CartPole-v1", steps=1024)[0].config, {"replay.her_ratio": 0.5})
 
 
+def test_algo_params_fields_are_sweepable_only_where_the_run_reads_them():
+    """A sweep of PPO's ``vtrace_rho_bar`` x ``log_std_init`` on CartPole gave four identical rows:
+    PPO with GAE reads no V-trace clip, and a Discrete policy no log-std. Each field a config does
+    not read is left out, decided on the config as set: with its switch set, it is sweepable."""
+    unread = {
+        ("ppo", "gymnax:CartPole-v1"): {"vtrace_rho_bar", "vtrace_c_bar", "log_std_init", "observation_clip",
+                                        "reward_clip"},
+        ("a2c", "gymnax:CartPole-v1"): {"log_std_init", "observation_clip", "reward_clip"},
+        ("ddpg", "gymnax:Pendulum-v1"): {"ou_theta", "ou_dt"},
+        ("sac", "gymnax:Pendulum-v1"): {"target_entropy_scale"},
+    }  # fmt: skip
+    for (algo, env_id), names in unread.items():
+        keys = set(sweepable_keys(preset_agent(algo, env_id, steps=1024)[0].config))
+        assert not {f"algo_params.{n}" for n in names} & keys, (algo, keys)
+        assert "algo_params.gamma" in keys
+    switched = (
+        ("ppo", "gymnax:CartPole-v1", ["algo_params.advantage_estimator=vtrace"], {"vtrace_rho_bar", "vtrace_c_bar"}),
+        ("ppo", "gymnax:CartPole-v1", ["algo_params.normalize_observations=true"], {"observation_clip"}),
+        ("ppo", "gymnax:CartPole-v1", ["algo_params.normalize_rewards=true"], {"reward_clip"}),
+        ("ppo", "gymnax:Pendulum-v1", [], {"log_std_init"}),
+        ("a2c", "gymnax:CartPole-v1", ["algo_params.optimizer=rmsprop"], {"rms_prop_alpha", "rms_prop_eps"}),
+        ("ddpg", "gymnax:Pendulum-v1", ["algo_params.noise_type=ornstein_uhlenbeck"], {"ou_theta", "ou_dt"}),
+        ("sac", "gymnax:CartPole-v1", [], {"target_entropy_scale"}),
+    )
+    for algo, env_id, sets, names in switched:
+        keys = set(sweepable_keys(preset_agent(algo, env_id, steps=1024, sets=sets)[0].config))
+        assert {f"algo_params.{n}" for n in names} <= keys, (algo, env_id, sets, keys)
+    adam = preset_agent("a2c", "gymnax:CartPole-v1", steps=1024, sets=["algo_params.optimizer=adam"])[0]
+    assert "algo_params.rms_prop_alpha" not in sweepable_keys(adam.config)
+    with pytest.raises(ValueError, match="'algo_params.vtrace_rho_bar' cannot be swept"):
+        traced_config(
+            preset_agent("ppo", "gymnax:CartPole-v1", steps=1024)[0].config, {"algo_params.vtrace_rho_bar": 0.5}
+        )
+
+
 def test_with_config_rebuilds_the_update_as_a_fresh_agent_of_that_config():
     agent, env = preset_agent("ppo", "gymnax:CartPole-v1", steps=1024, seed=3)
     config = dataclasses.replace(
@@ -521,11 +556,20 @@ def test_sweep_run_refuses_a_bad_worker_count():
         ("learning_rate=1e-3,1e-4", "not a field of the config; did you mean 'update_cfg.learning_rate'?"),
         ("algo_params.clip_cof=0.1,0.2", "did you mean 'algo_params.clip_coef'?"),
         ("update_cfg.learning_rate=1e-3,-1", "update_cfg.learning_rate=-1.0 is not allowed; allowed: a finite float"),
+        ("algo_params.vtrace_rho_bar=0.5,1.0", "algo_params.vtrace_rho_bar cannot be swept: a float field this run "
+         "does not read (read only with algo_params.advantage_estimator=vtrace); allowed: algo_params.clip_coef"),
+        ("algo_params.log_std_init=-1.0,0.0", "a float field this run does not read (read only for a Box action "
+         "space, this run's is Discrete(2))"),
+        ("dqn: replay.priority_exponent=0.5,0.6", "replay.priority_exponent cannot be swept: a float field this run "
+         "does not read (read only with replay.prioritized=true)"),
     ],
-)
+)  # fmt: skip
 def test_what_cannot_be_swept_is_refused_before_anything_is_written(tmp_path, capsys, grid, message):
+    algo, _, grid = grid.rpartition(": ")
     sweep_dir = tmp_path / "sweep"
-    code = main(["sweep", "ppo", "gymnax:CartPole-v1", "--grid", grid, "--sweep-dir", str(sweep_dir), "--quiet"])
+    code = main(
+        ["sweep", algo or "ppo", "gymnax:CartPole-v1", "--grid", grid, "--sweep-dir", str(sweep_dir), "--quiet"]
+    )
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, err
     assert not sweep_dir.exists()
@@ -618,6 +662,51 @@ def test_kitae_resume_finishes_a_stopped_sweep(tmp_path, capsys, monkeypatch, wh
 def _resume_error(sweep_dir, capsys, *flags):
     assert main(["resume", str(sweep_dir), *flags]) != 0
     return capsys.readouterr().err
+
+
+def test_kitae_resume_refuses_a_compiled_sweep_whose_combination_trained_on_on_its_own(tmp_path, capsys):
+    """A combination resumed on its own past the others (``kitae resume SWEEP_DIR/NAME --steps
+    N``) was restored at the others' step by the next ``kitae resume SWEEP_DIR``: its training past
+    it lost, its metrics cut back, silently. It is refused before anything changes; once the
+    other combination is trained on to the same step, the sweep goes on from there."""
+    sweep_dir = tmp_path / "sweep"
+    command = ["sweep", "ppo", "gymnax:CartPole-v1", "--grid", f"{LR}=1e-3,3e-4", "--steps", "2048", "--quiet"]
+    assert main([*command, "--sweep-dir", str(sweep_dir)]) == 0
+    ahead, behind = sweep_dir / "learning_rate=0.001", sweep_dir / "learning_rate=0.0003"
+    assert main(["resume", str(ahead), "--steps", "4096", "--quiet"]) == 0
+    capsys.readouterr()
+    before = {p: p.read_bytes() for p in sorted(sweep_dir.rglob("*")) if p.is_file()}
+    err = _resume_error(sweep_dir, capsys, "--steps", "6144")
+    assert len(err.strip().splitlines()) == 1, err
+    assert "the newest they all have (step 2,048), but learning_rate=0.001 (to 4,096) was trained on past it" in err
+    assert f"first train learning_rate=0.0003 on to step 4,096 on its own (kitae resume {sweep_dir}/NAME" in err
+    assert {p: p.read_bytes() for p in sorted(sweep_dir.rglob("*")) if p.is_file()} == before  # nothing changed
+    assert main(["resume", str(behind), "--steps", "4096", "--quiet"]) == 0
+    assert main(["resume", str(sweep_dir), "--steps", "6144", "--quiet"]) == 0
+    for combo in (ahead, behind):
+        summary = json.loads((combo / "summary.json").read_text())
+        assert summary["steps"] == 6144 and summary["resumed_from"] == 4096
+
+
+def test_a_sweep_killed_while_it_saved_a_segment_goes_on_from_the_step_all_have(tmp_path, capsys):
+    """A compiled sweep saves each segment's checkpoints one combination after another: killed in
+    between, one combination is a checkpoint ahead with the sweep's own total. That is not training
+    of its own: the sweep goes on from the step every combination has, and says so."""
+    import shutil
+
+    sweep_dir = tmp_path / "sweep"
+    command = ["sweep", "ppo", "gymnax:CartPole-v1", "--grid", f"{LR}=1e-3,3e-4", "--steps", "4096", "--quiet"]
+    assert main([*command, "--set", "train_cfg.save_frequency=2048", "--sweep-dir", str(sweep_dir)]) == 0
+    behind = sweep_dir / "learning_rate=0.0003"
+    shutil.rmtree(behind / "checkpoints" / "4096")  # as if killed before its checkpoint was written
+    for name in ("summary.json", "table.txt", "sweep.json"):  # nor anything after it
+        for path in (behind / name, sweep_dir / name):
+            path.unlink(missing_ok=True)
+    capsys.readouterr()
+    assert main(["resume", str(sweep_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "going on from step 2,048 for every combination: the checkpoints of learning_rate=0.001 (to 4,096)" in out
+    assert json.loads((behind / "summary.json").read_text())["steps"] == 4096
 
 
 def test_kitae_resume_refuses_a_directory_without_a_plan(tmp_path):

@@ -25,6 +25,7 @@ from kitae.envs.make import EnvSpec
 from kitae.loops.result import Episodes
 from kitae.runs.errors import RunError
 from kitae.runs.rundir import read_run_config
+from kitae.runs.signals import StopRequest
 from kitae.runs.tune import REPORTS, _open_study, _Reporter, parse_space
 
 pytestmark = pytest.mark.timeout(300)
@@ -80,9 +81,14 @@ def test_space_items_parse_and_bad_ones_are_refused():
     ("space", "message"),
     [
         ("update_cfg.batch_size=32:64", "update_cfg.batch_size cannot be searched: not a float field"),
+        ("algo_params.vtrace_rho_bar=0.5:1", "algo_params.vtrace_rho_bar cannot be searched: a float field this run "
+         "does not read (read only with algo_params.advantage_estimator=vtrace); allowed: algo_params.clip_coef"),
+        ("replay.her_ratio=0.1:0.9", "replay.her_ratio cannot be searched: a float field this run does not read "
+         "(read only with replay.her=future or final or episode)"),
+        ("algo_params.clip_cof=0.1:0.3", "not a field of the config; did you mean 'algo_params.clip_coef'?"),
         ("update_cfg.learning_rate=-1:1", "update_cfg.learning_rate=-1.0 is not allowed; allowed: a finite float > 0"),
     ],
-)
+)  # fmt: skip
 def test_what_cannot_be_searched_is_refused_before_the_study_is_made(tmp_path, capsys, space, message):
     study_dir = tmp_path / "study"
     code = main(["tune", "ppo", "gymnax:CartPole-v1", "--trials", "2", "--space", space, "--study-dir", str(study_dir)])
@@ -244,8 +250,47 @@ def test_a_search_of_other_environment_arguments_is_another_search(tmp_path):
     catch = EnvSpec.parse("gymnax:Catch-bsuite")
     _open_study(tmp_path, SimpleNamespace(algo="ppo", env=catch.with_kwargs({"rows": 6}), total=4096, config=config),
                 space, 1)  # fmt: skip
-    with pytest.raises(RunError, match=r"holds a study of another search \(env_kwargs differ"):
+    with pytest.raises(RunError) as info:
         _open_study(tmp_path, SimpleNamespace(algo="ppo", env=catch, total=4096, config=config), space, 1)
+    assert "holds a study of another search (env_kwargs: the study's rows=6, this command's none)" in str(info.value)
+
+
+def test_another_search_is_refused_naming_each_field_its_stored_value_and_the_new_one(tmp_path):
+    """The refusal dumped the stored study as a Python dict and never showed the new value."""
+    space = {LR: (1e-4, 3e-3, True)}
+    config = SimpleNamespace(seed=0, train_cfg=SimpleNamespace(eval_episodes=0))
+    env = EnvSpec.parse("gymnax:CartPole-v1")
+    _open_study(tmp_path, SimpleNamespace(algo="ppo", env=env, total=4096, config=config), space, 1)
+    other = {LR: (1e-4, 1e-2, True), "algo_params.gamma": (0.9, 0.99, False)}
+    with pytest.raises(RunError) as info:
+        _open_study(tmp_path, SimpleNamespace(algo="ppo", env=env, total=8192, config=config), other, 2)
+    message = str(info.value)
+    assert "{" not in message and len(message.splitlines()) == 1, message
+    assert (
+        "holds a study of another search (seeds: the study's 1, this command's 2; space: the study's "
+        "update_cfg.learning_rate=0.0001:0.003:log, this command's update_cfg.learning_rate=0.0001:0.01:log, "
+        "algo_params.gamma=0.9:0.99; steps: the study's 4096, this command's 8192); give the same command"
+    ) in message
+
+
+def test_a_study_with_more_finished_trials_than_asked_is_refused_plainly(tmp_path):
+    """The same study run again with a smaller --trials printed "4/2 trials finished"."""
+    space = {LR: (1e-4, 3e-3, True)}
+    run = SimpleNamespace(algo="ppo", env=EnvSpec.parse("gymnax:CartPole-v1"), total=4096,
+                          config=SimpleNamespace(seed=0, train_cfg=SimpleNamespace(eval_episodes=0)))  # fmt: skip
+    study = _open_study(tmp_path, run, space, 1, 3)
+    distributions = {LR: optuna.distributions.FloatDistribution(1e-4, 3e-3, log=True)}
+    for value in (1.0, 2.0, 3.0):
+        study.tell(study.ask(distributions), value)
+    assert len(_open_study(tmp_path, run, space, 1, 3).get_trials()) == 3  # as many as asked: no refusal
+    study.ask(distributions)  # a killed search's trial: the refusal leaves it as it is
+    with pytest.raises(RunError) as info:
+        _open_study(tmp_path, run, space, 1, 2)
+    assert [t.state for t in _study(tmp_path).get_trials()][-1] == optuna.trial.TrialState.RUNNING
+    assert str(info.value) == (
+        f"{tmp_path} already holds 3 finished trials, more than --trials 2: nothing to run; its best is in "
+        f"{tmp_path / 'best.yaml'} (pass --trials N with N > 3 to run more)"
+    )
 
 
 def test_diverging_trials_are_pruned_in_the_host_loop(tmp_path, capsys):
@@ -260,6 +305,37 @@ def test_diverging_trials_are_pruned_in_the_host_loop(tmp_path, capsys):
     (trial,) = _trials(study_dir)
     assert trial["state"] == "PRUNED" and trial["diverged"] == "True"
     assert not (study_dir / "best.yaml").exists()
+
+
+class _StopAtFirstReport(StopRequest):
+    """``stop_on_signals``'s request, as if Ctrl-C came as the trial first reported its progress."""
+
+    def on_progress(self, progress):
+        self.signal = self.signal or signal.SIGINT
+
+
+@contextlib.contextmanager
+def _stop_at_first_report(*args):
+    yield _StopAtFirstReport()
+
+
+def test_a_stopped_host_search_marks_its_interrupted_trial_failed_and_asks_it_again(tmp_path, capsys, monkeypatch):
+    """After Ctrl-C, trials.csv listed the interrupted trial as RUNNING until the command was
+    started again: it is failed before the command ends, and the next start asks it again with its
+    values, as it asks a killed search's."""
+    study_dir = tmp_path / "study"
+    command = ["tune", "dqn", "CartPole-v1", "--trials", "1", "--steps", "400", "--set", "algo_params.start_step=200",
+               "--study-dir", str(study_dir), "--quiet"]  # fmt: skip
+    with monkeypatch.context() as patch:
+        patch.setattr("kitae.runs.tune.stop_on_signals", _stop_at_first_report)
+        assert main(command) == 130
+    assert "tune stopped: 0/1 trials finished" in capsys.readouterr().err
+    (trial,) = _trials(study_dir)
+    assert trial["state"] == "FAIL" and trial["number"] == "0"
+    assert main(command) == 0
+    trials = _trials(study_dir)
+    assert [(t["number"], t["state"]) for t in trials] == [("0", "FAIL"), ("1", "COMPLETE")]
+    assert trials[1][LR] == trials[0][LR]
 
 
 def test_a_host_search_runs_its_trials_one_after_another_or_on_ray_workers(tmp_path, capsys):
@@ -309,7 +385,9 @@ def test_a_compiled_search_can_score_its_trials_by_evaluation(tmp_path, capsys):
     assert ", evaluation return " in (study_dir / "best.yaml").read_text().splitlines()[0]
     # a search scored otherwise is another search: not continued in this study
     assert main(command) == 2
-    assert "holds a study of another search (eval_episodes differ" in capsys.readouterr().err
+    assert (
+        "holds a study of another search (eval_episodes: the study's 2, this command's none)" in capsys.readouterr().err
+    )
 
 
 @pytest.mark.parametrize(

@@ -48,7 +48,7 @@ from typing import Any
 
 import jax
 
-from kitae.config import AlgoConfig, sweepable_keys
+from kitae.config import AlgoConfig, not_sweepable_reason, sweepable_keys
 from kitae.loops.callbacks import Callback, RunInfo, WriterLogger
 from kitae.loops.compiled import CompiledExecutor
 from kitae.loops.result import Episodes, RunResult
@@ -415,11 +415,7 @@ def sweep_run(spec: SweepSpec) -> dict:
         allowed = sweepable_keys(run.config)
         for key in grid:
             if key not in allowed:
-                what = (
-                    "not a field of the config"
-                    if key not in settable_keys(type(run.config.algo_params))
-                    else "not a float field (it decides shapes or the program's structure)"
-                )
+                what = not_sweepable_reason(run.config, key, settable_keys(type(run.config.algo_params)))
                 hint = did_you_mean(key, set(allowed))
                 raise RunError(f"--grid {key} cannot be swept: {what}{hint}; allowed: {', '.join(allowed)}")
         if run.config.distributed is not None:

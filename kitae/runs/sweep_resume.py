@@ -36,7 +36,7 @@ from kitae.runs.errors import RunError
 from kitae.runs.load import checkpoint_dirs, restore_error, restore_payload
 from kitae.runs.lock import in_use_by_this_process
 from kitae.runs.resolve import ResolvedRun, make_run_env, resolve_run_dir
-from kitae.runs.rundir import check_run_dir, truncate_metrics, write_config
+from kitae.runs.rundir import check_run_dir, read_run_config, truncate_metrics, write_config
 from kitae.runs.summary import every_seed_diverged
 from kitae.runs.sweep import PLAN, _compiled_sweep, _host_sweep, _where_each_stopped
 from kitae.runs.sweep_report import write_sweep
@@ -136,6 +136,7 @@ def _go_on_compiled(
     common = set.intersection(*(set(_reached(combo)) for _, combo in combos))
     first_step = max(common, default=0)
     _check_total(first_step, run.total)
+    _check_none_ahead(combos, first_step, quiet)
     env = make_run_env(run.env, run.config.env_cfg.n_envs)
     start = None
     try:
@@ -173,6 +174,50 @@ def _go_on_compiled(
     if stopped is not None or results is None:
         return stopped, float("nan"), float("nan")
     return None, results[0].compile_seconds, results[0].train_seconds
+
+
+def _check_none_ahead(combos: list[tuple[dict[str, float], ResolvedRun]], first_step: int, quiet: bool) -> None:
+    """Refuses, before anything changes, a compiled sweep one of whose combinations was trained
+    past ``first_step`` (the newest step they all have) to a total of its own (``kitae resume
+    SWEEP_DIR/NAME --steps N`` records it in that combination's ``config.yaml``): the sweep's one
+    program goes on from one step for every combination, so going on would restore it at
+    ``first_step``, cut its metrics back and drop that training.
+
+    A combination ahead with the sweep's own total was cut short by the sweep itself (a process
+    killed while it saved one segment's checkpoints, one combination after another) or resumed
+    alone to that total: going on from ``first_step`` replaces those steps with the sweep's own,
+    as before, and a line says so (unless ``quiet``).
+
+    Raises:
+        RunError: naming the combinations ahead with a total of their own, their newest step, and
+            the two ways on: train the others on to that step on their own, or remove the
+            checkpoints past ``first_step``.
+    """
+    newest = {combo.run_dir.name: (_reached(combo) or [0])[-1] for _, combo in combos}
+    totals = {combo.run_dir.name: read_run_config(combo.run_dir).train_cfg.n_env_steps for _, combo in combos}
+    ahead = {name: step for name, step in newest.items() if step > first_step}
+    if not ahead:
+        return
+    usual = min(totals.values())  # a combination trained on on its own has a larger total
+    own = {name: step for name, step in ahead.items() if totals[name] != usual}
+    sweep_dir = combos[0][1].run_dir.parent
+    start = f"step {first_step:,}" if first_step else "the start (no step every combination has)"
+    if not own:
+        if not quiet:
+            named = ", ".join(f"{name} (to {step:,})" for name, step in ahead.items())
+            print(f"going on from {start} for every combination: the checkpoints of {named} past it are replaced")
+        return
+    target = max(own.values())
+    behind = [name for name, step in newest.items() if step < target]
+    them = "its own" if len(behind) == 1 else "their own"
+    named = ", ".join(f"{name} (to {step:,})" for name, step in own.items())
+    was = "was trained on past it on its own" if len(own) == 1 else "were trained on past it on their own"
+    raise RunError(
+        f"the sweep in {str(sweep_dir)!r} goes on from one step for every combination, the newest they all have "
+        f"({start}), but {named} {was}: going on would drop "
+        f"that training; first train {', '.join(behind)} on to step {target:,} on {them} (kitae resume "
+        f"{sweep_dir}/NAME --steps {target}), or remove the checkpoints past {start} to go on from there"
+    )
 
 
 def _go_on_host(

@@ -46,11 +46,12 @@ from typing import Any
 import jax
 import numpy as np
 
-from kitae.config import AlgoConfig, sweepable_keys, yaml_text
+from kitae.config import AlgoConfig, not_sweepable_reason, sweepable_keys, yaml_text
 from kitae.loops.callbacks import Callback, Progress
 from kitae.loops.compiled import CompiledExecutor
 from kitae.loops.result import Episodes, RunResult
 from kitae.runs.errors import RunError
+from kitae.runs.presets import did_you_mean, settable_keys
 from kitae.runs.progress import ProgressBar
 from kitae.runs.ray_tasks import check_workers, in_ray_tasks
 from kitae.runs.resolve import ResolvedRun, RunSpec, check_seed_range, make_run_env, resolve_train
@@ -84,6 +85,9 @@ REPORTS = 20
 """Intermediate returns reported to the pruner per trial."""
 
 STUDY_NAME = "kitae"
+
+INTERRUPTED = "interrupted"
+"""The study's record of the trials a stopped search failed, asked again when it starts again."""
 
 STOPPING = "stopping the running trials (the same command started again asks them again; Ctrl-C again aborts)"
 
@@ -223,7 +227,16 @@ class _Reporter(Callback):
             trial.set_user_attr("eval_returns", evaluated)
 
 
-def _open_study(study_dir: Path, run: ResolvedRun, space: Space, seeds: int) -> Any:
+def _open_study(study_dir: Path, run: ResolvedRun, space: Space, seeds: int, trials: int | None = None) -> Any:
+    """Opens (or makes) the study in ``study_dir``, checks it is this search's, and readies a
+    search started again: trials left running by a killed search, and those a stopped one marked
+    failed (``_interrupt``), are asked again with their values.
+
+    Raises:
+        RunError: a ``study.db`` that is not a study, a study of another search (naming the fields
+            that differ, the study's values and this command's), or one that already holds more
+            finished trials than ``trials`` (nothing to run), before the study is changed.
+    """
     import optuna
     import sqlalchemy.exc  # Optuna's RDB storage is SQLAlchemy: its errors are what a bad study.db raises
 
@@ -252,22 +265,61 @@ def _open_study(study_dir: Path, run: ResolvedRun, space: Space, seeds: int) -> 
         study.set_user_attr("spec", spec)
     elif recorded != spec:
         differs = sorted(k for k in {*spec, *recorded} if recorded.get(k) != spec.get(k))
-        raise RunError(
-            f"{study_dir} holds a study of another search ({', '.join(differs)} differ: {recorded}); "
-            "give the same command to continue it, or another --study-dir"
+        what = "; ".join(
+            f"{k}: the study's {_spec_value(k, recorded.get(k))}, this command's {_spec_value(k, spec.get(k))}"
+            for k in differs
         )
-    # trials left running by a search that was killed: failed, and asked again with their values.
+        raise RunError(
+            f"{study_dir} holds a study of another search ({what}); give the same command to continue it, or "
+            "another --study-dir"
+        )
+    if trials is not None and (finished := _finished(study)) > trials:
+        raise RunError(
+            f"{study_dir} already holds {finished} finished trials, more than --trials {trials}: nothing to run; "
+            f"its best is in {study_dir / 'best.yaml'} (pass --trials N with N > {finished} to run more)"
+        )
+    # trials left running by a search that was killed, and those a stopped search failed
+    # (``_interrupt``): failed, and asked again with their values, in the order they were asked.
     # A search killed inside ``study.ask`` leaves a trial whose values were not all chosen: it never
     # trained, so it is failed and not asked again (enqueueing its partial values would fix them).
     held = len(study.get_trials(deepcopy=False))
-    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+    stopped = set(study.user_attrs.get(INTERRUPTED, []))
+    for trial in study.get_trials(deepcopy=False):
+        if trial.state == optuna.trial.TrialState.RUNNING:
+            study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+        elif trial.number not in stopped or trial.state != optuna.trial.TrialState.FAIL:
+            continue
         if set(trial.params) == set(space):
             study.enqueue_trial(trial.params, skip_if_exists=False)
+    if stopped:
+        study.set_user_attr(INTERRUPTED, [])
     # A sampler seeded as the first start's would draw that start's values again (TPE's first
     # trials are random draws): a search started again seeds it past the trials it holds.
     study.sampler = optuna.samplers.TPESampler(seed=run.config.seed + held)
     return study
+
+
+def _spec_value(key: str, value: Any) -> str:
+    """A value of a study's recorded search (``_open_study``) as the command line gives it."""
+    if value is None:
+        return "none"
+    if key == "space":
+        return ", ".join(f"{k}={lo:g}:{hi:g}" + (":log" if log else "") for k, (lo, hi, log) in value.items())
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={v!r}" for k, v in value.items()) or "none"
+    return str(value)
+
+
+def _interrupt(study: Any, trials: list[Any]) -> None:
+    """Marks the trials a stopped search was training failed at once (``trials.csv`` then says
+    so, not RUNNING) and records them in the study, so that the same command started again asks
+    them again with their values, as it does the trials of a killed search (``_open_study``)."""
+    import optuna
+
+    for trial in trials:  # asked and not told: still running
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    if trials:
+        study.set_user_attr(INTERRUPTED, [*study.user_attrs.get(INTERRUPTED, []), *(t.number for t in trials)])
 
 
 def _pruner(run: ResolvedRun) -> Any:
@@ -372,20 +424,23 @@ def _trials_on_ray(
 ) -> None:
     """Host-loop trials ``spec.workers`` at a time in Ray tasks (``trial_task``) until
     ``spec.trials`` have finished or ``stop`` says so (the running tasks are then cancelled: their
-    trials stay RUNNING, and the next start asks them again)."""
+    trials are failed, ``_interrupt``, and the next start asks them again)."""
     storage = f"sqlite:///{(study_dir / 'study.db').absolute()}"
     bar = ProgressBar(f"trials {run.algo} {run.env.id}, {spec.workers} Ray workers", spec.quiet)
+    running: dict[int, Any] = {}  # asked, not yet told
 
-    def next_task(running: int) -> tuple[Any, tuple] | None:
-        if spec.trials - _finished(study) <= running:
+    def next_task(busy: int) -> tuple[Any, tuple] | None:
+        if spec.trials - _finished(study) <= busy:
             return None
         trial = study.ask(distributions)
+        running[trial.number] = trial
         # Optuna continues an asked trial in another process from its study and id (the storage's)
         return trial, (run, storage, trial._trial_id, seeds)
 
     def on_result(trial: Any, out: dict) -> None:
-        if out["stopped"]:  # cancelled mid-trial: it stays RUNNING, asked again on the next start
+        if out["stopped"]:  # cancelled mid-trial: failed below, asked again on the next start
             return
+        del running[trial.number]
         _tell(study, trial, out["score"], out["pruned"], out["diverged"])
         bar.message(f"trial {trial.number}: " + ("pruned" if out["pruned"] else f"{out['score']:.1f}"))
 
@@ -395,6 +450,8 @@ def _trials_on_ray(
         )
     finally:
         bar.close()
+    if stop():
+        _interrupt(study, list(running.values()))
 
 
 def tune_run(spec: TuneSpec) -> dict:
@@ -423,7 +480,9 @@ def tune_run(spec: TuneSpec) -> dict:
             raise RunError(f"{run.algo} has no default search space here; give --space KEY=LOW:HIGH[:log]")
         for key, (low, high, _) in space.items():
             if key not in allowed:
-                raise RunError(f"--space {key} cannot be searched: not a float field; allowed: {', '.join(allowed)}")
+                what = not_sweepable_reason(run.config, key, settable_keys(type(run.config.algo_params)))
+                hint = did_you_mean(key, set(allowed))
+                raise RunError(f"--space {key} cannot be searched: {what}{hint}; allowed: {', '.join(allowed)}")
             with_values(run.config, {key: low})  # each end is a value the config takes
             with_values(run.config, {key: high})
         if run.config.distributed is not None:
@@ -451,7 +510,7 @@ def tune_run(spec: TuneSpec) -> dict:
     study_dir.mkdir(parents=True, exist_ok=True)
     seeds = [run.config.seed + i for i in range(spec.seeds)]
     try:
-        study = _open_study(study_dir, run, space, spec.seeds)
+        study = _open_study(study_dir, run, space, spec.seeds, spec.trials)
     except RunError:
         env.close()
         raise
@@ -482,7 +541,8 @@ def tune_run(spec: TuneSpec) -> dict:
             finally:
                 bar.close()
             stopped = bool(stop())
-            if stopped:  # the unfinished trials stay RUNNING: the next start asks them again
+            if stopped:  # the unfinished trials: failed now, asked again by the next start
+                _interrupt(study, trials)
                 break
             for t, trial in enumerate(trials):
                 reporter.record(t)

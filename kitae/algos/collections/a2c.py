@@ -99,6 +99,16 @@ class A2CParams(AlgoParams):
         _require(0.0 < self.rms_prop_alpha < 1.0, "rms_prop_alpha", self.rms_prop_alpha, "a float in (0, 1)")
         _require(0.0 < self.rms_prop_eps < math.inf, "rms_prop_eps", self.rms_prop_eps, "a finite float > 0")
 
+    def unread_fields(self, config: cfg.AlgoConfig) -> dict[str, str]:
+        """The fields a run of ``config`` does not read, each with what would make it read them
+        (``kitae.config.unread_float_keys``): PPO's network's and normalisation's
+        (``ppo.actor_critic_unread_fields``), and RMSprop's with ``optimizer="adam"``."""
+        unread = ppo.actor_critic_unread_fields(self, config)
+        if self.optimizer != "rmsprop":
+            why = "read only with algo_params.optimizer=rmsprop"
+            unread.update(rms_prop_alpha=why, rms_prop_eps=why)
+        return unread
+
 
 def check_config(config: cfg.AlgoConfig) -> None:
     """Refuses what A2C cannot train, when the agent is made: PPO's spaces

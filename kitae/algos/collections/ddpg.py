@@ -116,6 +116,14 @@ class DDPGParams(AlgoParams):
         _require(self.ou_theta >= 0.0, "ou_theta", self.ou_theta, "a float >= 0")
         _require(0.0 < self.ou_dt < math.inf, "ou_dt", self.ou_dt, "a finite float > 0")
 
+    def unread_fields(self, config: cfg.AlgoConfig) -> dict[str, str]:
+        """The fields a run of ``config`` does not read, each with what would make it read them
+        (``kitae.config.unread_float_keys``): the Ornstein-Uhlenbeck process's without it."""
+        if self.noise_type == "ornstein_uhlenbeck":
+            return {}
+        why = "read only with algo_params.noise_type=ornstein_uhlenbeck"
+        return {"ou_theta": why, "ou_dt": why}
+
 
 def check_action_space(action_space: Any) -> Any:
     """TD3's check, naming DDPG: a ``Box`` of shape ``(D,)`` with finite bounds, else ``ValueError``."""

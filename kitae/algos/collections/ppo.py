@@ -257,6 +257,35 @@ class PPOParams(AlgoParams):
             "a finite float > 0, or None to use clip_coef",
         )
 
+    def unread_fields(self, config: cfg.AlgoConfig) -> dict[str, str]:
+        """The fields a run of ``config`` does not read, each with what would make it read them
+        (``kitae.config.unread_float_keys``: a sweep or a search of one trains the same run every
+        time): V-trace's clips without ``advantage_estimator="vtrace"``, ``value_clip_coef``
+        without ``clip_value_loss``, and the network's and normalisation's
+        (``actor_critic_unread_fields``)."""
+        unread = actor_critic_unread_fields(self, config)
+        if self.advantage_estimator != "vtrace":
+            why = "read only with algo_params.advantage_estimator=vtrace"
+            unread.update(vtrace_rho_bar=why, vtrace_c_bar=why)
+        if not self.clip_value_loss:
+            unread["value_clip_coef"] = "read only with algo_params.clip_value_loss=true"
+        return unread
+
+
+def actor_critic_unread_fields(p: Any, config: cfg.AlgoConfig) -> dict[str, str]:
+    """The fields of PPO's network and normalisation (shared with A2C) a run of ``config`` does
+    not read: ``log_std_init`` (the Gaussian policy's) without a ``Box`` action space,
+    ``observation_clip`` without ``normalize_observations``, ``reward_clip`` without
+    ``normalize_rewards``; each with what would make it read them."""
+    unread = {}
+    if not isinstance(config.env_cfg.action_space, gym.spaces.Box):
+        unread["log_std_init"] = f"read only for a Box action space, this run's is {config.env_cfg.action_space}"
+    if not p.normalize_observations:
+        unread["observation_clip"] = "read only with algo_params.normalize_observations=true"
+    if not p.normalize_rewards:
+        unread["reward_clip"] = "read only with algo_params.normalize_rewards=true"
+    return unread
+
 
 def check_actor_critic_params(p: Any) -> None:
     """Checks the fields PPO shares with the algorithms built on its network and processing (A2C):

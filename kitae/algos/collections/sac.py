@@ -183,6 +183,20 @@ class SACParams(AlgoParams):
         if not 0.0 < self.target_entropy_scale <= 1.0:
             raise _bad("target_entropy_scale", self.target_entropy_scale, "a float in (0, 1]")
 
+    def unread_fields(self, config: cfg.AlgoConfig) -> dict[str, str]:
+        """The fields a run of ``config`` does not read, each with what would make it read them
+        (``kitae.config.unread_float_keys``): ``target_entropy_scale`` is discrete SAC's default
+        target entropy, read only with a ``Discrete`` action space, ``target_entropy=None`` and
+        ``autotune`` (``kitae.algos.collections.sac_discrete.target_entropy``)."""
+        discrete = isinstance(config.env_cfg.action_space, gym.spaces.Discrete)
+        if discrete and self.target_entropy is None and self.autotune:
+            return {}
+        return {
+            "target_entropy_scale": "read only for a Discrete action space with algo_params.target_entropy=null and "
+            f"algo_params.autotune=true (this run's: {config.env_cfg.action_space}, target_entropy="
+            f"{self.target_entropy}, autotune={self.autotune})"
+        }
+
 
 # ---------------------------------------------------------------------------------------------
 # State, experience and batch

@@ -220,6 +220,26 @@ class TestTargetRuleAndSchedule(chex.TestCase):
         np.testing.assert_allclose([fn(0), fn(3), fn(jnp.int32(4))], [1.0, 0.25, 0.2], rtol=1e-6)
 
 
+def test_the_epsilon_schedule_of_a_swept_exploration_fraction_is_the_concrete_ones():
+    """``kitae sweep --grid algo_params.exploration_fraction=...`` traces the fraction (one row
+    per value, vmapped): the horizon is then traced too. It failed with JAX's "Abstract tracer
+    value encountered" (``int()`` of it); each row now follows the schedule of its value."""
+    steps = jnp.asarray([0, 100, 250, 499, 500, 900])
+    fractions = jnp.asarray([0.1, 0.5, 0.0])
+
+    base = make_config(DQNParams(exploration=1.0, exploration_final=0.1, start_step=0))
+
+    def swept(fraction):  # as a sweep builds each row's config: kitae.config.traced_config
+        params = cfg.traced_config(base, {"algo_params.exploration_fraction": fraction}).algo_params
+        return jax.vmap(dqn.epsilon_schedule(params, n_env_steps=1000))(steps)
+
+    got = jax.jit(jax.vmap(swept))(fractions)
+    for row, fraction in zip(got, [0.1, 0.5, 0.0], strict=True):
+        params = DQNParams(exploration=1.0, exploration_final=0.1, exploration_fraction=fraction, start_step=0)
+        want = [dqn.epsilon_schedule(params, n_env_steps=1000)(int(step)) for step in steps]
+        np.testing.assert_allclose(row, want, rtol=1e-6)
+
+
 def test_explore_follows_the_schedule_and_select_action_is_greedy():
     params = DQNParams(exploration=1.0, exploration_final=0.0, exploration_fraction=0.5, start_step=0, hidden=(8,))
     config = make_config(params, n_envs=3000)

@@ -709,6 +709,35 @@ def test_a_sweep_killed_while_it_saved_a_segment_goes_on_from_the_step_all_have(
     assert json.loads((behind / "summary.json").read_text())["steps"] == 4096
 
 
+@pytest.mark.parametrize(
+    ("algo", "env_id", "key", "read"),
+    [
+        ("sac", "gymnax:Pendulum-v1", "algo_params.alpha", lambda s: np.exp(s.alpha.params["log_alpha"])),
+        (
+            "mpo",
+            "gymnax:Pendulum-v1",
+            "algo_params.init_temperature",
+            lambda s: jax.nn.softplus(s.dual.params["temperature"]),
+        ),
+    ],
+)
+def test_initial_values_a_sweep_varies_start_each_row_from_its_own(tmp_path, algo, env_id, key, read):
+    """A sweep makes each row's starting state from its traced values (``make_variant_functions``):
+    SAC's initial alpha and MPO's initial duals went through Python's ``math`` and failed with
+    JAX's "Abstract tracer value encountered"; each row now starts from its own value."""
+    from kitae.config import traced_config
+    from kitae.runs import preset_agent
+
+    agent, env = preset_agent(algo, env_id, steps=1024, run_dir=tmp_path / "a")
+    values = jnp.asarray([0.5, 2.0], jnp.float32)
+
+    def start(value):
+        return agent.with_config(traced_config(agent.config, {key: value})).initial_state(jnp.uint32(0))[1]
+
+    states = jax.vmap(start)(values)
+    np.testing.assert_allclose(read(states), values, rtol=1e-5)
+
+
 def test_kitae_resume_refuses_a_directory_without_a_plan(tmp_path):
     with pytest.raises(RunError, match="is not a sweep directory: it has no sweep-plan.json"):
         resume_sweep(tmp_path)

@@ -350,12 +350,22 @@ def epsilon_schedule(algo_params: DQNParams, n_env_steps: int) -> Callable[[jax.
     p = algo_params
     if callable(p.exploration):
         base = p.exploration
+    elif isinstance(p.exploration_fraction, jax.core.Tracer):
+        # swept (kitae sweep / tune: a traced value per row), so the horizon is traced too: optax's
+        # linear schedule written out, as it computes it, for a horizon that is not a Python int
+        horizon = jnp.floor(p.exploration_fraction * n_env_steps)
+
+        def base(step: jax.Array) -> jax.Array:
+            remaining = 1 - jnp.clip(step, 0, horizon) / jnp.maximum(horizon, 1)
+            decayed = (p.exploration - p.exploration_final) * remaining + p.exploration_final
+            return jnp.where(horizon > 0, decayed, p.exploration)
+
     else:
         horizon = int(p.exploration_fraction * n_env_steps)
         if horizon > 0:
             base = optax.linear_schedule(p.exploration, p.exploration_final, horizon)
         else:
-            initial = float(p.exploration)
+            initial = p.exploration  # a float, or a traced one in a sweep of it
 
             def base(step: jax.Array) -> jax.Array:
                 return jnp.full((), initial, jnp.float32)

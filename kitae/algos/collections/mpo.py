@@ -235,8 +235,12 @@ class MPOState(AgentPyTree):
     dual: TrainState | None
 
 
-def _inverse_softplus(y: float) -> float:
-    """``x`` with ``softplus(x) = y`` (``y > 0``): ``log(expm1(y))``, written to stay finite for large ``y``."""
+def _inverse_softplus(y: Any) -> Any:
+    """``x`` with ``softplus(x) = y`` (``y > 0``): ``log(expm1(y))``, written to stay finite for large ``y``.
+    Python's maths for a float (the bits runs had), JAX's for a traced one (a sweep of
+    ``init_temperature``, ``init_std``... traces it: ``math`` cannot read a traced value)."""
+    if isinstance(y, jax.core.Tracer):
+        return y + jnp.log(-jnp.expm1(-y))
     return float(y + math.log(-math.expm1(-y)))
 
 

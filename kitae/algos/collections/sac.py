@@ -424,6 +424,12 @@ def _dummy_observation(space: gym.Space, preprocess_fn: Callable | None) -> Any:
     return observation if preprocess_fn is None else preprocess_fn(observation)
 
 
+def _log(value: Any) -> Any:
+    """``log(value)``: Python's for a float (the bits runs had), JAX's for a traced one (a sweep of
+    ``algo_params.alpha`` traces it: Python's ``math.log`` cannot read a traced value)."""
+    return jnp.log(value) if isinstance(value, jax.core.Tracer) else math.log(value)
+
+
 def train_state_sac_factory(
     key: jax.Array,
     config: cfg.AlgoConfig,
@@ -496,7 +502,7 @@ def train_state_sac_factory(
         ).replace(step=step),
         alpha=TrainState.create(
             apply_fn=_alpha_apply,
-            params={"log_alpha": jnp.asarray(math.log(params.alpha), jnp.float32)},
+            params={"log_alpha": jnp.asarray(_log(params.alpha), jnp.float32)},
             tx=optimizer(params.alpha_learning_rate),
         ).replace(step=step),
     )

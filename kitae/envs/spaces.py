@@ -224,3 +224,14 @@ def check_observation(
         found = observation_mismatch(space, observation)
     if found:
         raise ValueError(f"the observation does not fit {space_name}, which the agent was built for: {found}")
+
+
+def element_shape(space: gym.Space) -> tuple[int, ...] | None:
+    """The shape of one element of ``space`` as an array (one observation, one action): ``()``
+    for a ``Discrete``, the shape of a ``Box``, ``MultiBinary`` or ``MultiDiscrete`` (its
+    ``nvec``'s); ``None`` for a space that is not one array (``Dict``, ``Tuple``, ...)."""
+    if isinstance(space, gym.spaces.Discrete):
+        return ()
+    if isinstance(space, (gym.spaces.Box, gym.spaces.MultiBinary, gym.spaces.MultiDiscrete)):
+        return tuple(int(n) for n in space.shape)
+    return None

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kitae.buffer import Experience
+from kitae.envs.spaces import element_shape
 
 __all__ = [
     "check_learning_rate",
@@ -25,7 +26,6 @@ __all__ = [
     "shape_text",
     "check_output_shape",
     "data_fields",
-    "one_observation_shape",
     "check_data_observations",
     "action_values_allowed",
     "check_action_values",
@@ -122,19 +122,6 @@ an episode was truncated), ``action`` ``(B,)`` or ``(B, d)`` in the environment'
 ``key``: the PRNG key of the update (default ``fold_in(PRNGKey(seed), OptimState.count)``)."""
 
 
-def one_observation_shape(observation_space: gym.Space) -> tuple[int, ...] | None:
-    """The shape of one observation of ``observation_space`` (a ``Box``'s, ``MultiBinary``'s,
-    ``MultiDiscrete``'s shape, ``()`` for a ``Discrete``), ``None`` for a space of another kind
-    (not checked)."""
-    if isinstance(observation_space, gym.spaces.Discrete):
-        return ()
-    if isinstance(observation_space, gym.spaces.MultiDiscrete):
-        return tuple(int(n) for n in observation_space.nvec.shape)
-    if isinstance(observation_space, (gym.spaces.Box, gym.spaces.MultiBinary)):
-        return tuple(int(n) for n in observation_space.shape)
-    return None
-
-
 def check_data_observations(observation_space: gym.Space, data: Mapping[str, Any], axes: str, algo: str) -> None:
     """Checks ``data["obs"]`` and ``data["next_obs"]`` against ``observation_space``: ``obs``
     ``(*leading, *obs_shape)`` with as many leading axes as ``axes`` names (``"B"``: a batch;
@@ -147,7 +134,7 @@ def check_data_observations(observation_space: gym.Space, data: Mapping[str, Any
     Raises:
         ValueError: naming the key, the shape found and the shape required.
     """
-    shape = one_observation_shape(observation_space)
+    shape = element_shape(observation_space)
     if shape is None:
         return
     n_leading = len(axes.split(","))

@@ -19,10 +19,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-import gymnasium as gym
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from kitae.envs.spaces import element_shape
 
 __all__ = [
     "Memory",
@@ -30,7 +31,6 @@ __all__ = [
     "next_memory",
     "act_step",
     "check_act_output",
-    "action_shape",
     "describe",
     "update_step",
     "UpdateOutcome",
@@ -130,19 +130,6 @@ def act_step(
     return actions, log_probs, key, hidden
 
 
-def action_shape(action_space: Any) -> tuple[int, ...] | None:
-    """The shape of one action of ``action_space`` (one environment's, one agent's): ``()`` for a
-    ``Discrete``, ``nvec``'s shape for a ``MultiDiscrete``, the shape of a ``Box`` or a
-    ``MultiBinary``; ``None`` for a space of another kind (not checked)."""
-    if isinstance(action_space, gym.spaces.Discrete):
-        return ()
-    if isinstance(action_space, gym.spaces.MultiDiscrete):
-        return tuple(int(n) for n in np.shape(action_space.nvec))
-    if isinstance(action_space, (gym.spaces.Box, gym.spaces.MultiBinary)):
-        return tuple(int(n) for n in action_space.shape)
-    return None
-
-
 def _acting_name(agent: Any, recurrent: bool) -> str:
     """What the messages of ``check_act_output`` name: the agent's own name for it
     (``BaseAgent._acting_name``: ``explore`` and its ``explore_fn`` for an agent of the
@@ -171,7 +158,7 @@ def _shape_text(shape: tuple[int, ...]) -> str:
 def check_act_output(agent: Any, observation: Any, out: Any, recurrent: bool = False) -> None:
     """Checks what an agent's act returned against ``config.env_cfg.action_space``, before an
     environment or a buffer sees it: a pair ``(actions, log_probs)`` (a triple with the hidden
-    state for ``act_recurrent``), actions ``(E, *action_shape)`` (``action_shape``: ``(E,)`` for
+    state for ``act_recurrent``), actions ``(E, *action_shape)`` (``kitae.envs.spaces.element_shape``: ``(E,)`` for
     a ``Discrete`` space, ``(E, *shape)`` for a ``Box``, ``(E, n)`` for a ``MultiDiscrete`` of
     ``n`` components) and log-probabilities ``(E,)``, where ``E`` is the observations' leading
     axis; in a multi-agent environment (``env_cfg.n_agents > 1``) dicts keyed by agent, each entry
@@ -196,7 +183,7 @@ def check_act_output(agent: Any, observation: Any, out: Any, recurrent: bool = F
         return
     n_envs = int(np.shape(leaves[0])[0])
     space = env_cfg.action_space
-    expected = action_shape(space)
+    expected = element_shape(space)
     parallel = bool(getattr(agent, "parallel", getattr(env_cfg, "n_agents", 1) > 1))
     per_agent = " per agent" if parallel else ""
     layout = f"with {n_envs} environment{'s' if n_envs != 1 else ''}{per_agent}"

@@ -1,5 +1,7 @@
 """Tests of kitae.modules: encoders, heads, factories and init_params."""
 
+import re
+
 import flax.linen as nn
 import gymnasium as gym
 import jax
@@ -167,6 +169,14 @@ def test_encoder_factory_rejects_unsupported_spaces(space):
     assert "accepted" in message
     target = space["bad"] if isinstance(space, gym.spaces.Dict) else space
     assert str(target) in message
+    if isinstance(space, gym.spaces.Dict):  # the entry is named by its key (it was not)
+        assert message.startswith("observation_space['bad']: Unsupported observation space MultiBinary(3)")
+
+
+def test_a_nested_dict_entry_is_named_by_its_keys():
+    space = gym.spaces.Dict(x=gym.spaces.Dict(a=gym.spaces.MultiDiscrete([3, 4])), b=gym.spaces.Box(0, 1, (2,)))
+    with pytest.raises(ValueError, match=re.escape("observation_space['x']['a']: Unsupported observation space")):
+        encoder_factory(space)
 
 
 # ------------------------------------------------------------------------------------------------

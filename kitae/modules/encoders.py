@@ -340,8 +340,15 @@ def encoder_factory(
                 f"Unsupported observation space {observation_space}: a Dict with nothing to encode "
                 f"(empty, or only {ACTION_MASK_KEY!r}); {_accepted()}."
             )
-        encoders = tuple(encoder_factory(observation_space.spaces[k], hidden=(), activation=activation) for k in keys)
-        return DictEncoder(keys=tuple(keys), encoders=encoders, head=MLP(hidden=hidden, activation=activation))
+        encoders = []
+        for k in keys:
+            try:
+                encoders.append(encoder_factory(observation_space.spaces[k], hidden=(), activation=activation))
+            except ValueError as error:  # named by its key: a Dict of several spaces says which one
+                text, at = str(error), f"observation_space[{k!r}]"
+                nested = text.startswith("observation_space[")  # a Dict inside: its own key follows
+                raise ValueError(at + text[len("observation_space") :] if nested else f"{at}: {text}") from None
+        return DictEncoder(keys=tuple(keys), encoders=tuple(encoders), head=MLP(hidden=hidden, activation=activation))
     if isinstance(observation_space, gym.spaces.Tuple):
         raise ValueError(
             f"Unsupported observation space {observation_space}: a Tuple is read as a Dict of its entries; make "

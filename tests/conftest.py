@@ -73,3 +73,20 @@ def pytest_unconfigure(config):
 def _in_tmp_dir(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     yield
+
+
+@pytest.fixture
+def restored_registries():
+    """The algorithm and params-class registries (process-wide dicts) as they were before the test,
+    restored in place after it: a class a test registers is otherwise still there for the next test
+    of its pytest-xdist worker (a second ``__main__:ScriptParams`` made the ``__main__`` fallback of
+    ``kitae.config.algo_params_class`` find two)."""
+    import kitae.config
+    from kitae.algos.collections import ALGORITHMS
+
+    registries = (ALGORITHMS, kitae.config._ALGO_PARAMS_REGISTRY)
+    saved = [dict(registry) for registry in registries]
+    yield
+    for registry, before in zip(registries, saved, strict=True):
+        registry.clear()
+        registry.update(before)

@@ -437,7 +437,7 @@ def test_the_help_lists_kitaes_own_algorithms(capsys):
     )
 
 
-def test_register_algorithm_refuses_what_it_cannot_register():
+def test_register_algorithm_refuses_what_it_cannot_register(restored_registries):
     from dataclasses import dataclass
 
     from kitae.algos.collections import register_algorithm

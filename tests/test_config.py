@@ -444,6 +444,11 @@ def test_algo_params_class_lookup():
         algo_params_class("NoSuchParams")
 
 
+@pytest.fixture(autouse=True)
+def _registries(restored_registries):
+    """The params classes a test here registers are gone after it (tests/conftest.py)."""
+
+
 def _params_class(module: str, name: str = "DQNParams", register: bool = True) -> type:
     """A params dataclass called ``name`` as if defined in ``module`` (a user's file)."""
     cls = dataclasses.make_dataclass(name, [("gamma", float, 0.9), ("start_step", int, -1)])

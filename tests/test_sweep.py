@@ -704,8 +704,8 @@ def test_a_sweep_killed_while_it_saved_a_segment_goes_on_from_the_step_all_have(
             path.unlink(missing_ok=True)
     capsys.readouterr()
     assert main(["resume", str(sweep_dir)]) == 0
-    out = capsys.readouterr().out
-    assert "going on from step 2,048 for every combination: the checkpoints of learning_rate=0.001 (to 4,096)" in out
+    err = capsys.readouterr().err  # a note about the run, where kitae resume's "resuming ..." goes
+    assert "going on from step 2,048 for every combination: the checkpoints of learning_rate=0.001 (to 4,096)" in err
     assert json.loads((behind / "summary.json").read_text())["steps"] == 4096
 
 

@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import json
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any, cast
@@ -205,7 +206,10 @@ def _check_none_ahead(combos: list[tuple[dict[str, float], ResolvedRun]], first_
     if not own:
         if not quiet:
             named = ", ".join(f"{name} (to {step:,})" for name, step in ahead.items())
-            print(f"going on from {start} for every combination: the checkpoints of {named} past it are replaced")
+            print(
+                f"going on from {start} for every combination: the checkpoints of {named} past it are replaced",
+                file=sys.stderr,  # beside kitae resume's "resuming RUN from step N"
+            )
         return
     target = max(own.values())
     behind = [name for name, step in newest.items() if step < target]

@@ -378,17 +378,23 @@ def test_sigterm_stops_a_host_run_cleanly_and_resume_finishes_it(tmp_path):
 def test_ctrl_c_stops_a_compiled_run_at_a_segment_with_a_checkpoint(tmp_path, capsys):
     run_dir = tmp_path / "run"
 
+    ended = threading.Event()
+
     def interrupt_after_first_checkpoint() -> None:
         deadline = time.monotonic() + 240
         while not (run_dir / "checkpoints" / "4096").is_dir() and time.monotonic() < deadline:
-            time.sleep(0.01)
+            if ended.wait(0.01):  # the run ended first: no SIGINT into whatever test runs next
+                return
         os.kill(os.getpid(), signal.SIGINT)
 
     before = signal.getsignal(signal.SIGINT)  # SIG_IGN when the test process was started in the background
     watcher = threading.Thread(target=interrupt_after_first_checkpoint, daemon=True)
     watcher.start()
-    status = main([*COMPILED[:4], "409600", *COMPILED[5:], "--run-dir", str(run_dir)])
-    watcher.join(timeout=10)
+    try:
+        status = main([*COMPILED[:4], "409600", *COMPILED[5:], "--run-dir", str(run_dir)])
+    finally:
+        ended.set()
+        watcher.join(timeout=10)
     err = capsys.readouterr().err
     assert status == 128 + signal.SIGINT, err
     assert "SIGINT received" in err and "kitae: stopped by SIGINT" in err

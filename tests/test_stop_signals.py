@@ -21,6 +21,7 @@ class _InterruptTwiceInThirdSegment(Callback):
         self.reports: list[float] = []
         self.segment = self.acknowledged = None
         self.stop = None
+        self.ended = threading.Event()  # set when the test's run is over: no SIGINT after it
 
     def on_progress(self, progress) -> None:
         self.reports.append(time.monotonic())
@@ -29,12 +30,14 @@ class _InterruptTwiceInThirdSegment(Callback):
             threading.Thread(target=self._interrupt, daemon=True).start()
 
     def _interrupt(self) -> None:
-        time.sleep(self.segment / 5)  # the main thread is waiting for the third segment by now
+        if self.ended.wait(self.segment / 5):  # the main thread is waiting for the third segment by now
+            return
         sent = time.monotonic()
         os.kill(os.getpid(), signal.SIGINT)
         deadline = sent + 120
         while not self.stop() and time.monotonic() < deadline:
-            time.sleep(0.001)
+            if self.ended.wait(0.001):  # the run ended without it (a failed test): none into the next test
+                return
         self.acknowledged = time.monotonic() - sent
         os.kill(os.getpid(), signal.SIGINT)
 
@@ -45,9 +48,12 @@ def test_ctrl_c_is_acknowledged_during_a_segment_and_a_second_one_aborts_at_once
     agent, env = preset_agent("ppo", "gymnax:CartPole-v1", steps=2_048_000)
     probe = _InterruptTwiceInThirdSegment()
     before = signal.getsignal(signal.SIGINT)
-    with pytest.raises(KeyboardInterrupt), stop_on_signals() as stop:
-        probe.stop = stop
-        CompiledExecutor().run(agent, env, 2_048_000, callbacks=[stop, probe], segment_iterations=200)
+    try:
+        with pytest.raises(KeyboardInterrupt), stop_on_signals() as stop:
+            probe.stop = stop
+            CompiledExecutor().run(agent, env, 2_048_000, callbacks=[stop, probe], segment_iterations=200)
+    finally:
+        probe.ended.set()
     assert signal.getsignal(signal.SIGINT) is before
     # before, the main thread waited for a segment's results in one blocking call: the handler
     # ran when the segment ended, and the second SIGINT, sent meanwhile, was lost (the run then

@@ -42,7 +42,8 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 D = TypeVar("D", bound="DataclassInstance")
 
-_FLOAT32_MAX = 3.4028234663852886e38
+# float32's largest finite value: a learning rate above it is inf in the optimizer's float32 maths
+FLOAT32_MAX = 3.4028234663852886e38
 
 # ---------------------------------------------------------------------------------------------
 # Validation helpers
@@ -367,7 +368,7 @@ class UpdateConfig:
         validate_types(self, "update_cfg.")
         # float32's range: the optimizer computes in float32, where 1e300 is inf
         _require(
-            0 < self.learning_rate <= _FLOAT32_MAX,
+            0 < self.learning_rate <= FLOAT32_MAX,
             "update_cfg.learning_rate",
             self.learning_rate,
             "a finite float > 0 (at most float32's 3.4e38)",

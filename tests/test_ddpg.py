@@ -124,7 +124,15 @@ def test_what_ddpg_cannot_handle_is_refused(tmp_path):
     )
     with pytest.raises(ValueError, match="noise_type='ornstein_uhlenbeck' is not allowed in a multi-agent"):
         DDPG("ddpg", config, run_dir=str(tmp_path / "ma"))
-    for field, value in (("noise_type", "pink"), ("ou_dt", 0.0), ("tau", 0.0), ("exploration_noise", -1.0)):
+    inf = float("inf")
+    for field, value in (
+        ("noise_type", "pink"),
+        ("ou_dt", 0.0),
+        ("tau", 0.0),
+        ("exploration_noise", -1.0),
+        ("exploration_noise", inf),  # NaN losses from the first update
+        ("ou_theta", inf),
+    ):
         with pytest.raises(ValueError, match=f"algo_params.{field}"):
             DDPGParams(**{field: value})
 

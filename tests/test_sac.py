@@ -401,7 +401,10 @@ def test_refuses_other_params():
         ("policy_learning_rate", 0.0),
         ("q_learning_rate", -1e-3),
         ("alpha_learning_rate", 0.0),
-        ("policy_hidden", ()),
+        ("policy_learning_rate", float("inf")),  # the optimizer's float32 maths: NaN parameters
+        ("q_learning_rate", 1e39),
+        ("alpha_learning_rate", float("inf")),
+        ("policy_hidden", (0,)),
         ("q_hidden", (256, 0)),
         ("q_hidden", (1.5,)),
         ("n_critics", 0),
@@ -410,6 +413,14 @@ def test_refuses_other_params():
 def test_rejects_bad_params(field, value):
     with pytest.raises(ValueError, match=f"algo_params.{field}="):
         SACParams(**{field: value})
+
+
+def test_empty_hidden_sizes_make_linear_networks_as_in_every_other_algorithm():
+    """``()`` hidden sizes (linear heads on the observation) were refused by SAC alone."""
+    agent = SAC("t", make_config(policy_hidden=(), q_hidden=()))
+    assert agent.config.algo_params.policy_hidden == () and agent.config.algo_params.q_hidden == ()
+    kernels = [leaf.shape for leaf in jax.tree_util.tree_leaves(agent.state.policy.params) if leaf.ndim == 2]
+    assert len(kernels) == 2, kernels  # the mean's and the log-std's heads, on the observation
 
 
 @pytest.mark.parametrize("field, value", [("gamma", "0.99"), ("start_step", 1.5), ("autotune", 1)])

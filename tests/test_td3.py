@@ -327,7 +327,9 @@ def test_refuses_other_params():
         ("tau", 0.0),
         ("tau", 1.5),
         ("exploration_noise", -0.1),
+        ("exploration_noise", float("inf")),  # NaN losses from the first update
         ("policy_noise", -0.2),
+        ("policy_noise", float("inf")),
         ("noise_clip", -0.5),
         ("policy_delay", 0),
         ("start_step", -1),
@@ -339,6 +341,12 @@ def test_refuses_other_params():
 def test_rejects_params_value(field, value):
     with pytest.raises(ValueError, match=f"algo_params.{field}"):
         TD3Params(**{field: value})
+
+
+def test_an_infinite_noise_clip_means_no_clipping():
+    assert TD3Params(noise_clip=float("inf")).noise_clip == float("inf")
+    out = td3.td3_target_actions(jax.random.PRNGKey(0), jnp.zeros((1000, 1)), policy_noise=0.3, noise_clip=float("inf"))
+    assert np.all(np.isfinite(out)) and 0.1 < float(np.std(out)) < 0.5  # N(0, 0.3) clipped to [-1, 1] only
 
 
 @pytest.mark.parametrize("field,value", [("policy_delay", 1.5), ("gamma", "0.9"), ("actor_hidden", 64)])

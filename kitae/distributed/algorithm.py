@@ -57,7 +57,11 @@ class Algorithm(abc.ABC):
         Args:
             obs: current observations, ``(E, *obs_shape)``.
             rhs: recurrent hidden state, ``(E, H)`` (zeros if the policy is not recurrent).
-            done: ``(E,)``, 1.0 where ``obs`` is the last observation of an episode, else 0.0.
+            done: ``(E,)``, 1.0 where the previous step ended an episode, so that ``obs`` is the
+                first observation of a new one (a recurrent policy starts from its initial state
+                there), else 0.0. Seed 003 words it "1.0 if current obs is the last one in the
+                episode"; kitae reads it as the mask a recurrent policy resets its state with,
+                which is the observation after the end (docs/distributed.md).
             deterministic: take the mode instead of sampling.
 
         Returns:
@@ -114,7 +118,8 @@ class Algorithm(abc.ABC):
     @property
     @abc.abstractmethod
     def mini_batch_size(self) -> int:
-        """Transitions per minibatch."""
+        """Transitions per minibatch (seed 003's text reads "the number of mini batches per
+        epoch", which is ``num_mini_batch``; kitae gives the size its name says)."""
 
     @property
     @abc.abstractmethod

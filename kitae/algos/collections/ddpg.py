@@ -70,10 +70,10 @@ class DDPGParams(AlgoParams):
     Attributes:
         gamma: discount factor, in ``[0, 1]``.
         tau: Polyak coefficient of both target networks, in ``(0, 1]``.
-        exploration_noise: the noise's scale in ``[-1, 1]`` action units (>= 0): the normal
-            noise's std, the Ornstein-Uhlenbeck process's ``sigma``.
+        exploration_noise: the noise's scale in ``[-1, 1]`` action units (finite, >= 0): the
+            normal noise's std, the Ornstein-Uhlenbeck process's ``sigma``.
         noise_type: ``"normal"`` or ``"ornstein_uhlenbeck"``.
-        ou_theta: the Ornstein-Uhlenbeck process's pull to 0 (>= 0).
+        ou_theta: the Ornstein-Uhlenbeck process's pull to 0 (finite, >= 0).
         ou_dt: its time step (> 0).
         start_step: uniform random actions, and no update, before this many transitions (>= 0).
         skip_steps: update once every ``skip_steps`` transitions (>= 1), ``UpdateConfig.n_epochs``
@@ -113,7 +113,7 @@ class DDPGParams(AlgoParams):
         validate_types(self, "algo_params.")
         td3.check_deterministic_actor_params(self)
         _require(self.noise_type in NOISE_TYPES, "noise_type", self.noise_type, f"one of {', '.join(NOISE_TYPES)}")
-        _require(self.ou_theta >= 0.0, "ou_theta", self.ou_theta, "a float >= 0")
+        _require(0.0 <= self.ou_theta < math.inf, "ou_theta", self.ou_theta, "a finite float >= 0")
         _require(0.0 < self.ou_dt < math.inf, "ou_dt", self.ou_dt, "a finite float > 0")
 
     def unread_fields(self, config: cfg.AlgoConfig) -> dict[str, str]:

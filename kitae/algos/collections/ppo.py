@@ -196,10 +196,12 @@ class PPOParams(AlgoParams):
         normalize_advantages: normalise advantages to zero mean, unit std in each minibatch.
         normalize_observations: normalise observations with running statistics kept in the
             state (needs a ``Box`` observation space; see the module docstring).
-        observation_clip: normalised observations are clipped to ``+-observation_clip`` (> 0).
+        observation_clip: normalised observations are clipped to ``+-observation_clip`` (> 0;
+            ``inf``: not clipped, as Gymnasium's ``NormalizeObservation``).
         normalize_rewards: divide rewards by the running std of the discounted return, kept in the
             state (see the module docstring).
-        reward_clip: normalised rewards are clipped to ``+-reward_clip`` (> 0).
+        reward_clip: normalised rewards are clipped to ``+-reward_clip`` (> 0; ``inf``: not
+            clipped).
         hidden_sizes: hidden layer sizes of the encoders (ints >= 1; ``()`` makes the encoders
             the identity, i.e. linear heads on the raw observation).
         activation: activation of the encoders, one of ``kitae.modules.encoders.get_activation``'s
@@ -299,8 +301,8 @@ def check_actor_critic_params(p: Any) -> None:
     _require(0.0 <= p.gae_lambda <= 1.0, "gae_lambda", p.gae_lambda, "a float in [0, 1]")
     _require(0.0 <= p.entropy_coef < math.inf, "entropy_coef", p.entropy_coef, "a finite float >= 0")
     _require(0.0 <= p.value_coef < math.inf, "value_coef", p.value_coef, "a finite float >= 0")
-    _require(p.observation_clip > 0.0, "observation_clip", p.observation_clip, "a float > 0")
-    _require(p.reward_clip > 0.0, "reward_clip", p.reward_clip, "a float > 0")
+    _require(p.observation_clip > 0.0, "observation_clip", p.observation_clip, "a float > 0 (inf: no clipping)")
+    _require(p.reward_clip > 0.0, "reward_clip", p.reward_clip, "a float > 0 (inf: no clipping)")
     _require(
         all(isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in p.hidden_sizes),
         "hidden_sizes",

@@ -131,8 +131,9 @@ class SACParams(AlgoParams):
         q_learning_rate: the critics' learning rate; ``None`` uses ``UpdateConfig.learning_rate``.
         alpha_learning_rate: the temperature's learning rate; ``None`` uses
             ``UpdateConfig.learning_rate``.
-        policy_hidden: hidden layer sizes of the actor's MLP (ReLU).
-        q_hidden: hidden layer sizes of each critic's MLP (ReLU).
+        policy_hidden: hidden layer sizes of the actor's MLP (ReLU), ints >= 1 (``()``: a linear
+            head on the observation).
+        q_hidden: hidden layer sizes of each critic's MLP (ReLU), ints >= 1 (``()``: linear).
         n_critics: number of critics in the ensemble (the target takes their minimum), >= 1.
         target_entropy_scale: discrete SAC's default target entropy, this fraction of the maximum
             entropy ``log(n)`` of ``n`` actions, in ``(0, 1]`` (CleanRL's 0.89; unused for ``Box``).
@@ -172,12 +173,17 @@ class SACParams(AlgoParams):
             raise _bad("target_entropy", self.target_entropy, "a finite float or None (-|A|)")
         for name in ("policy_learning_rate", "q_learning_rate", "alpha_learning_rate"):
             value = getattr(self, name)
-            if value is not None and not value > 0.0:
-                raise _bad(name, value, "a float > 0 or None (UpdateConfig.learning_rate)")
+            # float32's range, as UpdateConfig.learning_rate: the optimizer computes in float32
+            if value is not None and not 0.0 < value <= cfg.FLOAT32_MAX:
+                raise _bad(
+                    name, value, "a finite float > 0 (at most float32's 3.4e38) or None (UpdateConfig.learning_rate)"
+                )
         for name in ("policy_hidden", "q_hidden"):
             value = getattr(self, name)
-            if not value or not all(isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in value):
-                raise _bad(name, value, "a non-empty tuple of ints >= 1 (hidden layer sizes)")
+            if not isinstance(value, (tuple, list)) or not all(
+                isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in value
+            ):
+                raise _bad(name, value, "a tuple of ints >= 1 (hidden layer sizes; (): linear)")
         if self.n_critics < 1:
             raise _bad("n_critics", self.n_critics, "an int >= 1")
         if not 0.0 < self.target_entropy_scale <= 1.0:

@@ -56,6 +56,7 @@ Usage (a runnable example; about a minute on a laptop CPU)::
 
 from __future__ import annotations
 
+import math
 from collections import namedtuple
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -140,9 +141,11 @@ class TD3Params(AlgoParams):
         tau: Polyak coefficient of both target networks, ``target <- tau * params + (1 - tau) *
             target``, in ``(0, 1]``.
         exploration_noise: std of the Gaussian noise added to the policy's action while exploring,
-            in ``[-1, 1]`` action units (``>= 0``).
-        policy_noise: std of the target policy smoothing noise, in ``[-1, 1]`` action units (``>= 0``).
-        noise_clip: the smoothing noise is clipped to ``[-noise_clip, noise_clip]`` (``>= 0``).
+            in ``[-1, 1]`` action units (finite, ``>= 0``).
+        policy_noise: std of the target policy smoothing noise, in ``[-1, 1]`` action units
+            (finite, ``>= 0``).
+        noise_clip: the smoothing noise is clipped to ``[-noise_clip, noise_clip]`` (``>= 0``;
+            ``inf``: not clipped).
         policy_delay: the actor and the target networks are updated once every ``policy_delay``
             critic updates (``>= 1``).
         start_step: uniform random actions, and no update, before this many environment
@@ -172,8 +175,8 @@ class TD3Params(AlgoParams):
     def __post_init__(self) -> None:
         validate_types(self, "algo_params.")
         check_deterministic_actor_params(self)
-        _require(self.policy_noise >= 0.0, "policy_noise", self.policy_noise, "a float >= 0")
-        _require(self.noise_clip >= 0.0, "noise_clip", self.noise_clip, "a float >= 0")
+        _require(0.0 <= self.policy_noise < math.inf, "policy_noise", self.policy_noise, "a finite float >= 0")
+        _require(self.noise_clip >= 0.0, "noise_clip", self.noise_clip, "a float >= 0 (inf: no clipping)")
         _require(self.policy_delay >= 1, "policy_delay", self.policy_delay, "an int >= 1")
 
 
@@ -186,7 +189,7 @@ def check_deterministic_actor_params(p: Any) -> None:
     """
     _require(0.0 <= p.gamma <= 1.0, "gamma", p.gamma, "a float in [0, 1]")
     _require(0.0 < p.tau <= 1.0, "tau", p.tau, "a float in (0, 1]")
-    _require(p.exploration_noise >= 0.0, "exploration_noise", p.exploration_noise, "a float >= 0")
+    _require(0.0 <= p.exploration_noise < math.inf, "exploration_noise", p.exploration_noise, "a finite float >= 0")
     _require(p.start_step >= 0, "start_step", p.start_step, "an int >= 0 (environment transitions)")
     _require(p.skip_steps >= 1, "skip_steps", p.skip_steps, "an int >= 1")
     for name in ("actor_hidden", "critic_hidden"):

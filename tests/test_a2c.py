@@ -149,6 +149,12 @@ def test_batch_size_rollout_is_a_value_set_takes_and_other_words_are_refused(cap
         "kitae: error: update_cfg.batch_size='whole' is not allowed; allowed: an int >= 1 or 'rollout' "
         "(the whole rollout: max_buffer_size x n_envs x n_agents)"
     )
+    # an off-policy algorithm has no rollout: it was read as the replay capacity (100,000)
+    assert main(["train", "dqn", "CartPole-v1", "--set", "update_cfg.batch_size=rollout"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "kitae: error: update_cfg.batch_size='rollout' is not allowed for an off-policy algorithm (its minibatches "
+        "are sampled from the replay buffer, whose capacity max_buffer_size is); allowed: an int >= 1"
+    )
 
 
 def test_a2c_trains_in_a_pettingzoo_environment_from_the_command_line(capsys, tmp_path):

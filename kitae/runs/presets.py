@@ -248,20 +248,30 @@ def _learning_rate(value: Any) -> tuple[Any, bool | None]:
     return value, None
 
 
-def _rollout_batch(update: dict, n_envs: int, n_agents: int) -> int:
+def _rollout_batch(update: dict, n_envs: int, n_agents: int, off_policy: bool) -> int:
     """``batch_size: rollout``: the whole rollout, ``max_buffer_size x n_envs x n_agents`` (what
     A2C's one gradient step takes), counted once the environments are known, so ``--n-envs`` and
-    multi-agent environments keep it right."""
+    multi-agent environments keep it right. An off-policy algorithm has no rollout (its
+    ``max_buffer_size`` is the replay buffer's capacity): refused."""
     if update["batch_size"] != "rollout":
         raise ValueError(
             f"update_cfg.batch_size={update['batch_size']!r} is not allowed; allowed: an int >= 1 or 'rollout' "
             "(the whole rollout: max_buffer_size x n_envs x n_agents)"
         )
+    if off_policy:
+        raise ValueError(
+            "update_cfg.batch_size='rollout' is not allowed for an off-policy algorithm (its minibatches are "
+            "sampled from the replay buffer, whose capacity max_buffer_size is); allowed: an int >= 1"
+        )
     return int(update.get("max_buffer_size", cfg.UpdateConfig.max_buffer_size)) * n_envs * n_agents
 
 
-def build_config(params_cls: type, env_spec: EnvSpec, env: Any, resolved: dict) -> cfg.AlgoConfig:
+def build_config(
+    params_cls: type, env_spec: EnvSpec, env: Any, resolved: dict, *, off_policy: bool = False
+) -> cfg.AlgoConfig:
     """Builds the ``AlgoConfig`` from a resolved section and the environment's spaces.
+
+    ``off_policy``: the algorithm learns from a replay buffer (``batch_size: rollout`` is refused).
 
     Raises:
         TypeError: a section that is not a mapping of fields (``update_cfg: 3`` in a config file).
@@ -281,7 +291,7 @@ def build_config(params_cls: type, env_spec: EnvSpec, env: Any, resolved: dict) 
     # PettingZoo vector envs (num_agents) and multi-agent JAX envs (n_agents) say how many
     n_agents = getattr(env, "num_agents", getattr(env, "n_agents", 1))
     if isinstance(update.get("batch_size"), str):
-        update["batch_size"] = _rollout_batch(update, env.num_envs, n_agents)
+        update["batch_size"] = _rollout_batch(update, env.num_envs, n_agents, off_policy)
     return cfg.AlgoConfig(
         seed=resolved["seed"],
         algo_params=algo_params,

@@ -24,6 +24,7 @@ from kitae.runs.errors import RunError
 from kitae.runs.presets import build_config, preset_ids, preset_path, resolve
 from kitae.runs.rundir import default_run_dir, read_run_config, run_config_names
 from kitae.schedule import Schedule
+from kitae.types import AlgoType
 
 __all__ = [
     "RunSpec",
@@ -207,7 +208,8 @@ def resolve_train(spec: RunSpec) -> tuple[ResolvedRun, Any]:
     env_spec = env_spec.with_kwargs(env_kwargs)
     env = make_run_env(env_spec, values["n_envs"])
     try:
-        config = build_config(params_cls, env_spec, env, values)
+        off_policy = getattr(agent_cls, "algo_type", None) is AlgoType.OFF_POLICY
+        config = build_config(params_cls, env_spec, env, values, off_policy=off_policy)
     except Exception:
         env.close()
         raise

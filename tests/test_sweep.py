@@ -709,6 +709,28 @@ def test_a_sweep_killed_while_it_saved_a_segment_goes_on_from_the_step_all_have(
     assert json.loads((behind / "summary.json").read_text())["steps"] == 4096
 
 
+def test_a_sweep_one_of_whose_unfinished_combinations_was_evaluated_resumes(tmp_path, capsys):
+    """kitae eval writes its fields into the summary.json of the run it evaluates, an unfinished
+    combination too: kitae resume SWEEP_DIR counted that combination as finished and failed with a
+    KeyError traceback ('steps')."""
+    import shutil
+
+    sweep_dir = tmp_path / "sweep"
+    command = ["sweep", "ppo", "gymnax:CartPole-v1", "--grid", f"{LR}=1e-3,3e-4", "--steps", "4096", "--quiet"]
+    assert main([*command, "--set", "train_cfg.save_frequency=2048", "--sweep-dir", str(sweep_dir)]) == 0
+    behind = sweep_dir / "learning_rate=0.0003"
+    shutil.rmtree(behind / "checkpoints" / "4096")  # as if stopped after its checkpoint at 2,048
+    for name in ("summary.json", "table.txt", "sweep.json"):
+        for path in (behind / name, sweep_dir / name):
+            path.unlink(missing_ok=True)
+    assert main(["eval", str(behind), "--episodes", "1"]) == 0
+    assert "steps" not in json.loads((behind / "summary.json").read_text())  # kitae eval's fields only
+    capsys.readouterr()
+    assert main(["resume", str(sweep_dir)]) == 0, capsys.readouterr().err
+    assert json.loads((behind / "summary.json").read_text())["steps"] == 4096
+    assert (sweep_dir / "sweep.json").exists()
+
+
 @pytest.mark.parametrize(
     ("algo", "env_id", "key", "read"),
     [

@@ -111,6 +111,18 @@ def write_summary(run_dir: str | Path, **fields: Any) -> dict:
     return data
 
 
+def training_summary(run_dir: str | Path) -> dict | None:
+    """The run's ``summary.json`` as its training wrote it (it holds ``steps``), or ``None``: no
+    summary yet, or one that holds only what ``kitae eval`` writes into a run it evaluates (an
+    unfinished one among them), which does not say that training ended."""
+    path = Path(run_dir) / "summary.json"
+    try:
+        summary = json.loads(path.read_text()) if path.is_file() else None
+    except (OSError, json.JSONDecodeError):
+        return None
+    return summary if isinstance(summary, dict) and "steps" in summary else None
+
+
 def claim_new_run_dir(path: Path) -> Path:
     """Creates ``path``, or else ``path-2``, ``path-3``, ... (the first that does not exist) and
     returns it: ``mkdir`` fails on an existing folder, so two processes never claim the same one."""

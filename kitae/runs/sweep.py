@@ -64,7 +64,15 @@ from kitae.runs.progress import ProgressBar
 from kitae.runs.ray_tasks import check_workers, in_ray_tasks
 from kitae.runs.resolve import ResolvedRun, RunSpec, resolve_train
 from kitae.runs.resume import resume_run
-from kitae.runs.rundir import SWEEP_PLAN, MetricsFile, claim_new_run_dir, read_metrics, state_fingerprint, write_config
+from kitae.runs.rundir import (
+    SWEEP_PLAN,
+    MetricsFile,
+    claim_new_run_dir,
+    read_metrics,
+    state_fingerprint,
+    training_summary,
+    write_config,
+)
 from kitae.runs.session import execute, plot_run, stopped_early, train_plans
 from kitae.runs.signals import stop_on_signals
 from kitae.runs.summary import run_divergences, write_run_summary
@@ -371,12 +379,13 @@ def _host_sweep(
 
 def _where_each_stopped(combos: list[tuple[dict[str, float], ResolvedRun]]) -> dict[str, list[str]]:
     """After a stop, each combination's directory name by what it holds: ``finished`` (its
-    summary.json written before the stop), ``checkpointed`` (stopped mid-run, its checkpoint saved:
-    ``kitae resume`` goes on with it) and ``not_started`` (a sequential or Ray sweep had not reached
-    it: only its config.yaml). Read from disk, so it holds however the stop reached each one."""
+    summary.json written before the stop; not one ``kitae eval`` wrote alone), ``checkpointed``
+    (stopped mid-run, its checkpoint saved: ``kitae resume`` goes on with it) and ``not_started``
+    (a sequential or Ray sweep had not reached it: only its config.yaml). Read from disk, so it
+    holds however the stop reached each one."""
     where: dict[str, list[str]] = {"finished": [], "checkpointed": [], "not_started": []}
     for _, combo in combos:
-        if (combo.run_dir / "summary.json").exists():
+        if training_summary(combo.run_dir) is not None:
             where["finished"].append(combo.run_dir.name)
         elif any(Checkpointer(d).all_steps() for d in checkpoint_dirs(combo.run_dir).values()):
             where["checkpointed"].append(combo.run_dir.name)

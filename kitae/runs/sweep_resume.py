@@ -37,7 +37,7 @@ from kitae.runs.errors import RunError
 from kitae.runs.load import checkpoint_dirs, restore_error, restore_payload
 from kitae.runs.lock import in_use_by_this_process
 from kitae.runs.resolve import ResolvedRun, make_run_env, resolve_run_dir
-from kitae.runs.rundir import check_run_dir, read_run_config, truncate_metrics, write_config
+from kitae.runs.rundir import check_run_dir, read_run_config, training_summary, truncate_metrics, write_config
 from kitae.runs.summary import every_seed_diverged
 from kitae.runs.sweep import PLAN, _compiled_sweep, _host_sweep, _where_each_stopped
 from kitae.runs.sweep_report import write_sweep
@@ -249,9 +249,9 @@ def _go_on_host(
 
 
 def _summary(combo: ResolvedRun) -> dict | None:
-    """The combination's ``summary.json`` (written when it finished), or ``None``."""
-    path = combo.run_dir / "summary.json"
-    return json.loads(path.read_text()) if path.exists() else None
+    """The combination's ``summary.json`` when its training wrote it (it finished), or ``None``
+    (``kitae.runs.rundir.training_summary``: one ``kitae eval`` wrote alone is not)."""
+    return training_summary(combo.run_dir)
 
 
 def _run_steps(combo: ResolvedRun) -> int:

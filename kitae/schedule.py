@@ -37,7 +37,24 @@ from typing import Any
 from kitae.config import MAX_ENV_STEPS, AlgoConfig
 from kitae.types import AlgoType
 
-__all__ = ["Schedule"]
+__all__ = ["Schedule", "check_iteration_size"]
+
+
+def check_iteration_size(n_envs: int, vector_steps_per_iteration: int) -> None:
+    """Refuses ``n_envs`` environments whose one iteration (``vector_steps_per_iteration`` vector
+    steps of them all) is more environment steps than a run may make; called before any
+    environment is made (``kitae.runs.resolve``), and by ``Schedule.n_iterations``.
+
+    Raises:
+        ValueError: naming ``n_envs``, the iteration's size and the most environments allowed.
+    """
+    if n_envs * vector_steps_per_iteration > MAX_ENV_STEPS:
+        per = f"{vector_steps_per_iteration:,} vector steps of {n_envs:,} environments"
+        raise ValueError(
+            f"n_envs={n_envs:,} is not allowed: one iteration ({per}) is {n_envs * vector_steps_per_iteration:,} "
+            f"steps; allowed: at most {MAX_ENV_STEPS // vector_steps_per_iteration:,} environments here "
+            "(step counters are int32 in JAX)"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +134,7 @@ class Schedule:
         Raises:
             ValueError: when the rounded run is longer than ``kitae.config.MAX_ENV_STEPS``.
         """
+        check_iteration_size(self.n_envs, self.vector_steps_per_iteration)
         iterations = -(-int(n_env_steps) // self.steps_per_iteration)
         if iterations * self.steps_per_iteration > MAX_ENV_STEPS:
             raise ValueError(

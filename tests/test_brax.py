@@ -185,10 +185,15 @@ def test_bad_ids_and_arguments_fail_clearly():
         make_jax_env("brax:not_an_env", 2)
     with pytest.raises(ValueError, match="unknown Brax environment 'hoper'; did you mean 'hopper'\\?; available"):
         make_jax_env("brax:hoper", 2)
-    with pytest.raises(ValueError, match="backend='warp' is not allowed; allowed: generalized, positional"):
+    # named as given: --set env_kwargs.backend=warp
+    with pytest.raises(ValueError, match="^env_kwargs.backend='warp' is not allowed; allowed: generalized, positional"):
         BraxEnv(ENV, backend="warp")
-    with pytest.raises(ValueError, match="episode_length=0 is not allowed; allowed: an int >= 1"):
+    with pytest.raises(ValueError, match="^env_kwargs.episode_length=0 is not allowed; allowed: an int >= 1"):
         BraxEnv(ENV, episode_length=0)
+    # Brax took n_frames=0 (dt 0: a system that never moves; --video then divided by zero)
+    for n_frames in (0, -1):
+        with pytest.raises(ValueError, match=f"^env_kwargs.n_frames={n_frames} is not allowed; allowed: an int >= 1"):
+            make_jax_env(f"brax:{ENV}", 2, n_frames=n_frames)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -103,6 +103,9 @@ def test_a_config_file_given_is_named_and_its_values_kept(capsys, tmp_path):
         (["ppo", "CartPole-v1", "--async"], "--async needs --workers N"),
         # whole iterations of 512 steps take it past the int32 step counters: refused, as by train
         (["ppo", "gymnax:CartPole-v1", "--steps", "2147483647"], "in whole iterations of 512 steps it is 2,147,"),
+        # one iteration of 10**8 environments is past them at any --steps: refused naming n_envs, before a
+        # host source made its environments (minutes, then out of memory)
+        (["ppo", "CartPole-v1", "--n-envs", "100000000"], "n_envs=100,000,000 is not allowed: one iteration (32 "),
         # an algorithm's own rule, checked when its agent is made: config printed it, train refused it
         (["a2c", "CartPole-v1", "--set", "update_cfg.n_epochs=2"], "update_cfg.n_epochs=2 is not allowed for A2C"),
         # an infinite learning rate trained and diverged; 1e300, inf in float32, printed numpy's warnings

@@ -16,7 +16,7 @@ from kitae.envs.make import make_jax_env, make_vec_env
 from kitae.loops.compiled import CompiledExecutor
 from kitae.loops.host import HostExecutor
 from kitae.modules.optimizer import learning_rate
-from kitae.schedule import Schedule
+from kitae.schedule import Schedule, check_iteration_size
 from kitae.types import AlgoType
 
 
@@ -92,6 +92,17 @@ def test_a_run_longer_than_the_int32_counters_is_refused():
     with pytest.raises(ValueError, match=r"train_cfg.n_env_steps=2147483648 is not allowed; allowed: an int >= 1 and"):
         cfg.TrainConfig(n_env_steps=2**31)
     assert cfg.TrainConfig(n_env_steps=2**31 - 1).n_env_steps == cfg.MAX_ENV_STEPS
+
+
+def test_an_iteration_longer_than_the_int32_counters_names_n_envs():
+    """One iteration of 10**8 environments is past the int32 counters at any n_env_steps: the
+    error named the user's n_env_steps (1,000) instead of n_envs."""
+    schedule = _schedule(1, 10**8, 0, batch=16, on_policy=True, rollout=128, epochs=1)
+    with pytest.raises(ValueError, match=r"^n_envs=100,000,000 is not allowed: one iteration \(128 vector steps of "):
+        schedule.n_iterations(1000)
+    with pytest.raises(ValueError, match=r"allowed: at most 16,777,215 environments here"):
+        check_iteration_size(16_777_216, 128)
+    check_iteration_size(16_777_215, 128)  # 2**31 - 128 steps: allowed
 
 
 def test_on_policy_iterations_are_rollouts():

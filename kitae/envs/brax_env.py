@@ -121,14 +121,17 @@ class BraxEnv:
             raise ValueError(
                 f"unknown Brax environment {name!r}{closest_names(name, names)}; available: {', '.join(names)}"
             )
+        # named as the user gives them, in env_cfg.env_kwargs (--set env_kwargs.backend=...)
         if backend not in BACKENDS:
-            raise ValueError(f"backend={backend!r} is not allowed; allowed: {', '.join(BACKENDS)}")
-        check_positive_int("episode_length", episode_length)
+            raise ValueError(f"env_kwargs.backend={backend!r} is not allowed; allowed: {', '.join(BACKENDS)}")
+        check_positive_int("env_kwargs.episode_length", episode_length)
         # Brax's registry holds the classes (get_environment calls them): their options are known
         # before the (slow) loading of the system, and so are refused before it
         learned = constructor_options(envs._envs[name])
         options = {**learned, "episode_length": DEFAULT_EPISODE_LENGTH} if learned else {}
         check_options(env_kwargs, options, f"Brax's {name!r}")
+        if "n_frames" in env_kwargs:  # Brax takes 0 (a system that never moves: dt 0) or less
+            check_positive_int("env_kwargs.n_frames", env_kwargs["n_frames"])
         self.name = name
         self.backend = backend
         with warnings.catch_warnings():

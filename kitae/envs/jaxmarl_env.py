@@ -195,13 +195,14 @@ class JaxMARLEnv:
         if episode_end is None:
             if not self.name.startswith("MPE_") and "MPE" not in type(self.env).__name__:
                 raise ValueError(
-                    f"episode_end=None is not allowed for {self.name!r}: JaxMARL does not say whether its episodes "
-                    f"end by a time limit or in a terminal state; allowed: {', '.join(map(repr, EPISODE_ENDS))}"
+                    f"env_kwargs.episode_end=None is not allowed for {self.name!r}: JaxMARL does not say whether its "
+                    "episodes end by a time limit or in a terminal state; allowed: "
+                    f"{', '.join(map(repr, EPISODE_ENDS))} (--set env_kwargs.episode_end=VALUE)"
                 )
             episode_end = "truncation"
         if episode_end not in EPISODE_ENDS:
             raise ValueError(
-                f"episode_end={episode_end!r} is not allowed; allowed: {', '.join(map(repr, EPISODE_ENDS))}"
+                f"env_kwargs.episode_end={episode_end!r} is not allowed; allowed: {', '.join(map(repr, EPISODE_ENDS))}"
             )
         self.episode_end = episode_end
 

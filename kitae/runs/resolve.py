@@ -16,14 +16,14 @@ from pathlib import Path
 from typing import Any, cast
 
 from kitae.algos.collections import ALGORITHMS, algorithm_name, algorithm_of_params_name, get_algorithm
-from kitae.config import AlgoConfig
+from kitae.config import AlgoConfig, UpdateConfig
 from kitae.distributed.executor import DistributedExecutor, check_spaces
 from kitae.envs.make import EnvSpec, make_env
 from kitae.loops.executor import Executor, executor_for
 from kitae.runs.errors import RunError
 from kitae.runs.presets import build_config, preset_ids, preset_path, resolve
 from kitae.runs.rundir import default_run_dir, read_run_config, run_config_names
-from kitae.schedule import Schedule
+from kitae.schedule import Schedule, check_iteration_size
 from kitae.types import AlgoType
 
 __all__ = [
@@ -176,6 +176,23 @@ def check_seed_range(seed: int, seeds: int) -> None:
         )
 
 
+def _check_iteration_before_envs(values: dict, off_policy: bool) -> None:
+    """Refuses an ``n_envs`` whose one iteration is more steps than a run may make, before the
+    environments are made (a host source made 10**8 Gymnasium environments first, for minutes,
+    then ran out of memory). An on-policy iteration is ``max_buffer_size`` vector steps, an
+    off-policy one at least one (``kitae.schedule.Schedule`` checks it again, exactly)."""
+    n_envs = values.get("n_envs")
+    if not isinstance(n_envs, int) or isinstance(n_envs, bool) or n_envs < 1:
+        return  # make_run_env names what is allowed
+    update = values.get("update_cfg")  # not a mapping: build_config names it
+    rollout = update.get("max_buffer_size", UpdateConfig.max_buffer_size) if isinstance(update, dict) else 1
+    vector_steps = 1 if off_policy or not isinstance(rollout, int) or rollout < 1 else rollout
+    try:
+        check_iteration_size(n_envs, vector_steps)
+    except ValueError as error:
+        raise RunError(str(error)) from None
+
+
 def resolve_train(spec: RunSpec) -> tuple[ResolvedRun, Any]:
     """Resolves ``kitae train``: returns the run and its environments (made, for their spaces).
 
@@ -206,9 +223,10 @@ def resolve_train(spec: RunSpec) -> tuple[ResolvedRun, Any]:
     if not isinstance(env_kwargs, dict):
         raise RunError(f"env_kwargs={env_kwargs!r} is not allowed; allowed: a mapping of keyword arguments")
     env_spec = env_spec.with_kwargs(env_kwargs)
+    off_policy = getattr(agent_cls, "algo_type", None) is AlgoType.OFF_POLICY
+    _check_iteration_before_envs(values, off_policy)
     env = make_run_env(env_spec, values["n_envs"])
     try:
-        off_policy = getattr(agent_cls, "algo_type", None) is AlgoType.OFF_POLICY
         config = build_config(params_cls, env_spec, env, values, off_policy=off_policy)
     except Exception:
         env.close()

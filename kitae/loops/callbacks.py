@@ -39,7 +39,7 @@ class RunInfo:
     """What a run is, told to ``on_start``.
 
     Attributes:
-        executor: ``"host"`` or ``"compiled"``.
+        executor: ``"host"``, ``"compiled"`` or ``"distributed"``.
         seeds: the seeds trained in this run.
         start_step: environment steps when the run starts.
         end_step: environment steps it will end at (whole iterations).

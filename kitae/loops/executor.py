@@ -34,7 +34,8 @@ class Executor(Protocol):
     """What every executor does.
 
     Attributes:
-        name: ``"host"`` or ``"compiled"`` (recorded in checkpoints).
+        name: ``"host"``, ``"compiled"`` or ``"distributed"`` (``kitae.distributed.DistributedExecutor``;
+            recorded in checkpoints).
         batches_seeds: whether one ``run`` trains several seeds together (else one seed per run).
         makes_envs: ``run`` takes the environment id and makes the environments itself (the
             distributed executor's workers), instead of environments made by the caller.

@@ -128,7 +128,7 @@ class RunResult:
     """The result of a training run, from any executor.
 
     Attributes:
-        executor: ``"host"`` or ``"compiled"``.
+        executor: ``"host"``, ``"compiled"`` or ``"distributed"``.
         seeds: the seeds trained (several only for a compiled run of seeds in one program).
         state: the final ``kitae.loops.state.LoopState`` (leading seed axis when ``batched``).
         episodes: one ``Episodes`` per seed: the episodes that ended in this run.

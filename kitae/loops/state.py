@@ -91,7 +91,7 @@ class LoopState(NamedTuple):
 class Payload(NamedTuple):
     """A checkpoint's content: the loop state and its JSON metadata.
 
-    ``meta`` holds ``executor`` (``"host"`` or ``"compiled"``), ``seeds`` (the seeds of the
+    ``meta`` holds ``executor`` (``"host"``, ``"compiled"`` or ``"distributed"``), ``seeds`` (the seeds of the
     state's leading axis, or ``None``) and ``env_saved`` (whether ``state.env`` is there).
     """
 

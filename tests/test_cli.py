@@ -96,6 +96,9 @@ def test_unknown_environment(capsys):
     _bad(capsys, ["train", "ppo", "NotAnEnv-v0", "--steps", "100"], "NotAnEnv-v0")
     _bad(capsys, ["train", "ppo", "gymnax:NotAnEnv-v0", "--steps", "100"], "unknown gymnax environment")
     _bad(capsys, ["train", "ppo", "atari:Pong-v5"], "unknown environment source 'atari'")
+    _bad(capsys, ["train", "ppo", "Brax:ant"], "source 'Brax' in 'Brax:ant'; did you mean 'brax'?; allowed sources: ")
+    _bad(capsys, ["train", "ppo", "gymnax:"], "no environment name after 'gymnax':; allowed: 'gymnax:NAME'")
+    _bad(capsys, ["train", "ppo", " "], "allowed: 'SOURCE:ID' with SOURCE one of gymnasium, gymnax, envpool, ")
     # Gymnasium's Atari ids (ale-py is not installed): the EnvPool id that trains the game
     _bad(
         capsys,

@@ -269,6 +269,17 @@ def test_unknown_envpool_id_names_it_and_close_ids():
         make_vec_env("envpool:Pongg-v5", 2)
 
 
+def test_a_mistyped_envpool_id_is_one_line_on_the_command_line(capsys, monkeypatch):
+    """The host-loop warning came before the error: two lines for a typo."""
+    from kitae.cli import main
+    from kitae.runs import resolve
+
+    monkeypatch.setattr(resolve, "_WARNED_HOST_ONLY", set())  # as in a fresh process
+    assert main(["train", "ppo", "envpool:Pongg-v5"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kitae: error: unknown EnvPool environment 'Pongg-v5'") and err.count("\n") == 1, err
+
+
 def test_empty_envpool_id_is_refused():
     with pytest.raises(ValueError, match=r"no environment name after 'envpool'"):
         make_vec_env("envpool:", 2)

@@ -36,14 +36,23 @@ def parse_env_id(env_id: str) -> tuple[str, str]:
         ValueError: for an unknown source or an empty id.
     """
     if not isinstance(env_id, str) or not env_id.strip():
-        raise ValueError(f"env_id={env_id!r} is not allowed; allowed: 'SOURCE:ID' with SOURCE in {SOURCES}")
+        raise ValueError(
+            f"env_id={env_id!r} is not allowed; allowed: 'SOURCE:ID' with SOURCE one of {', '.join(SOURCES)} "
+            "(none: gymnasium)"
+        )
     source, sep, name = env_id.partition(":")
     if not sep:
         source, name = "gymnasium", env_id
     if source not in SOURCES:
-        raise ValueError(f"unknown environment source {source!r} in {env_id!r}; allowed sources: {', '.join(SOURCES)}")
+        raise ValueError(
+            f"unknown environment source {source!r} in {env_id!r}{closest_names(source, SOURCES)}; "
+            f"allowed sources: {', '.join(SOURCES)}"
+        )
     if not name:
-        raise ValueError(f"env_id={env_id!r} has no environment name after {source!r}:")
+        raise ValueError(
+            f"env_id={env_id!r} has no environment name after {source!r}:; allowed: '{source}:NAME' (a NAME the "
+            "source does not know is answered with the names it has)"
+        )
     return source, name
 
 

@@ -147,7 +147,12 @@ def run_env_spec(config: AlgoConfig) -> EnvSpec:
 
 def make_run_env(env: EnvSpec, n_envs: int) -> Any:
     """The environments of a run (``kitae.envs.make.make_env``); a missing optional extra is a
-    ``RunError``. EnvPool ids warn once that they train in the host loop."""
+    ``RunError``. EnvPool ids warn once, once made (a mistyped id is one line: its error), that
+    they train in the host loop."""
+    try:
+        made = make_env(env, n_envs)
+    except ImportError as error:  # an optional extra (brax, jaxmarl, envpool...) that is not installed
+        raise RunError(str(error)) from None
     if env.source == "envpool" and env.source not in _WARNED_HOST_ONLY:
         _WARNED_HOST_ONLY.add(env.source)
         warnings.warn(
@@ -155,10 +160,7 @@ def make_run_env(env: EnvSpec, n_envs: int) -> Any:
             "not a pure vmappable environment) does not fit kitae's compiled loop; see docs/envpool.md",
             stacklevel=3,
         )
-    try:
-        return make_env(env, n_envs)
-    except ImportError as error:  # an optional extra (brax, jaxmarl, envpool...) that is not installed
-        raise RunError(str(error)) from None
+    return made
 
 
 def check_seed_range(seed: int, seeds: int) -> None:

@@ -1,17 +1,19 @@
 """The custom-agent guide (docs/custom_agents.md), as a script: a DQN from the four factories.
 
-Run: ``.venv/bin/python examples/custom_dqn.py [N_ENV_STEPS [SEED]]`` (default 200_000 and 0). It trains on
-``CartPole-v1`` with 16 environments, writes the run directory ``runs/example-dqn`` (TensorBoard
-logs, checkpoints, ...), prints the mean return of the first and last ten episodes and loads the
-trained agent back from the directory. Its module also registers the agent as the command-line
-algorithm ``custom_dqn`` (``kitae train custom_dqn CartPole-v1 --import examples/custom_dqn.py ...``,
-docs/custom_agents.md).
+Run: ``.venv/bin/python examples/custom_dqn.py [N_ENV_STEPS [SEED]] [--run-dir DIR]`` (default
+200_000 steps, seed 0, ``runs/example-dqn``). It trains on ``CartPole-v1`` with 16 environments,
+writes the run directory (TensorBoard logs, checkpoints, ...), prints the mean return of the first
+and last ten episodes and loads the trained agent back from the directory. A run directory that
+already holds a run is refused: delete it or give another ``--run-dir``. Its module also registers
+the agent as the command-line algorithm ``custom_dqn`` (``kitae train custom_dqn CartPole-v1
+--import examples/custom_dqn.py ...``, docs/custom_agents.md).
 """
 
-import sys
+import argparse
 from collections import namedtuple
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import distrax as dx
 import flax.linen as nn
@@ -192,12 +194,24 @@ register_algorithm("custom_dqn", DQN, DQNParams)
 
 
 if __name__ == "__main__":
-    from kitae.envs.make import make_vec_env
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "steps", nargs="?", type=int, default=200_000, metavar="N_ENV_STEPS", help="default: %(default)s"
+    )
+    parser.add_argument("seed", nargs="?", type=int, default=0, metavar="SEED", help="default: %(default)s")
+    parser.add_argument("--run-dir", default="runs/example-dqn", metavar="DIR", help="default: %(default)s")
+    args = parser.parse_args()
+    for label, value, least in (("N_ENV_STEPS", args.steps, 1), ("SEED", args.seed, 0)):
+        if value < least:
+            parser.error(f"{label} {value} is not allowed; allowed: an int >= {least}")
 
-    SEED = int(sys.argv[2]) if len(sys.argv) > 2 else 0
+    from kitae.envs.make import make_vec_env
+    from kitae.runs import RunError
+
+    SEED = args.seed
     ENV_ID = "CartPole-v1"
     N_ENVS = 16
-    N_ENV_STEPS = int(sys.argv[1]) if len(sys.argv) > 1 else 200_000
+    N_ENV_STEPS = args.steps
 
     env = make_vec_env(env_id=ENV_ID, n_envs=N_ENVS, capture_video=False, run_name=None)
 
@@ -230,7 +244,11 @@ if __name__ == "__main__":
     )
 
     dqn = DQN(run_name="example-dqn", config=algo_config)
-    stats = dqn.train(env, dqn.config.train_cfg.n_env_steps)
+    dqn.run_dir = Path(args.run_dir)  # the guide's DQN takes no run_dir argument
+    try:
+        stats = dqn.train(env, dqn.config.train_cfg.n_env_steps)
+    except RunError as error:  # the run directory holds a run already
+        parser.exit(2, f"{parser.prog}: error: {error}; from this script: delete it or give another --run-dir\n")
     first = sum(stats.episode_returns[:10]) / max(1, len(stats.episode_returns[:10]))
     print(
         f"{stats.env_steps} steps in {stats.train_seconds:.1f} s ({stats.sps:,.0f} steps/s), "
@@ -238,7 +256,7 @@ if __name__ == "__main__":
         f"of the last 10 {stats.mean_return(10):.1f}"
     )
 
-    # The run directory (runs/example-dqn) gives the trained agent back.
+    # The run directory gives the trained agent back.
     loaded = DQN.unserialize(dqn.run_dir)
     pairs = zip(jax.tree.leaves(loaded.state.qvalue.params), jax.tree.leaves(dqn.state.qvalue.params))
     same = all(bool((a == b).all()) for a, b in pairs)

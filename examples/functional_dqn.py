@@ -13,10 +13,10 @@ explains (l2 loss, final epsilon 0.01, learning rate 1e-3 annealed to 0): 128 gr
 
 Run::
 
-    .venv/bin/python examples/functional_dqn.py --seed 0 --steps 100000 [--network flax]
+    .venv/bin/python examples/functional_dqn.py [--seed SEED] [--steps N] [--network {haiku,flax}]
 
-It prints one JSON line: the mean return of the last 10 episodes, the first step it reached 475
-and the wall time.
+(default seed 0, 100,000 steps, Haiku). It prints one JSON line: the mean return of the last 10
+episodes (``null`` if no episode ended), the first step it reached 475 and the wall time.
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def train(seed: int, steps: int, network: str = "haiku") -> dict:
         "seed": seed,
         "network": network,
         "steps": steps,
-        "final_return": float(np.mean(returns[-10:])),
+        "final_return": float(np.mean(returns[-10:])) if returns else None,
         "first_step_at_475": first_solved,
         "episodes": len(returns),
         "gradient_steps": int(optimizer_state.count),
@@ -148,11 +148,14 @@ def train(seed: int, steps: int, network: str = "haiku") -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=100_000)
-    parser.add_argument("--network", choices=["haiku", "flax"], default="haiku")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seed", type=int, default=0, help="default: %(default)s")
+    parser.add_argument("--steps", type=int, default=100_000, help="default: %(default)s")
+    parser.add_argument("--network", choices=["haiku", "flax"], default="haiku", help="default: %(default)s")
     args = parser.parse_args()
+    for label, value, least in (("--steps", args.steps, 1), ("--seed", args.seed, 0)):
+        if value < least:
+            parser.error(f"{label} {value} is not allowed; allowed: an int >= {least}")
     print(json.dumps(train(args.seed, args.steps, args.network)))
 
 

@@ -9,15 +9,16 @@ team return (the 3 agents' returns added up, per 26-step episode) of the first a
 episodes, and each agent's own return.
 """
 
-import sys
-
-import kitae.config as cfg
-from kitae.algos.collections.ppo import PPO, PPOParams
-from kitae.envs.make import make_jax_env
-from kitae.loops.compiled import compiled_train
+import argparse
 
 
 def main(n_env_steps: int = 300_000, n_seeds: int = 2) -> None:
+    # imported here, not at the top: --help and a mistake on the command line answer at once
+    import kitae.config as cfg
+    from kitae.algos.collections.ppo import PPO, PPOParams
+    from kitae.envs.make import make_jax_env
+    from kitae.loops.compiled import compiled_train
+
     # 16 copies of the environment, each with 3 agents: observations are dicts keyed by agent,
     # {"agent_0": (16, 18), ...}; every agent has the same spaces.
     env = make_jax_env("jaxmarl:MPE_simple_spread_v3", n_envs=16)
@@ -47,7 +48,7 @@ def main(n_env_steps: int = 300_000, n_seeds: int = 2) -> None:
     run = compiled_train(agent, env, n_env_steps, seeds=seeds)
     print(
         f"compile {run.compile_seconds:.1f} s, train {run.train_seconds:.1f} s, "
-        f"{run.sps:,.0f} environment steps/s over {n_seeds} seeds"
+        f"{run.sps:,.0f} environment steps/s over {n_seeds} seed{'s' if n_seeds > 1 else ''}"
     )
     for i, seed in enumerate(seeds):
         _, curve = run.episode_curve(i)
@@ -59,4 +60,18 @@ def main(n_env_steps: int = 300_000, n_seeds: int = 2) -> None:
 
 
 if __name__ == "__main__":
-    main(*(int(a) for a in sys.argv[1:3]))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "steps",
+        nargs="?",
+        type=int,
+        default=300_000,
+        metavar="N_ENV_STEPS",
+        help="per seed; default: %(default)s",
+    )
+    parser.add_argument("seeds", nargs="?", type=int, default=2, metavar="N_SEEDS", help="default: %(default)s")
+    args = parser.parse_args()
+    for label, value, least in (("N_ENV_STEPS", args.steps, 1), ("N_SEEDS", args.seeds, 1)):
+        if value < least:
+            parser.error(f"{label} {value} is not allowed; allowed: an int >= {least}")
+    main(args.steps, args.seeds)

@@ -6,32 +6,43 @@ all three (each from its own observation). The copies of the environment run in 
 
 Needs the ``pettingzoo`` extra: ``pip install -e ".[pettingzoo]"``.
 
-Run: ``.venv/bin/python examples/multi_agent_simple_spread.py [N_ENV_STEPS] [--in-process]``
+Run: ``.venv/bin/python examples/multi_agent_simple_spread.py [N_ENV_STEPS] [--in-process] [--run-dir DIR]``
 (default 100_000 steps, a minute or two on a laptop). It prints the team return (the sum of the
 three agents' returns) of the first and last 100 episodes and of a uniformly random policy, and
-writes TensorBoard logs to ``runs/example-simple-spread/logs`` (``charts/episodic_return`` for the
-team, ``charts/agent_0/episodic_return``... for each agent).
+writes the run directory (default ``runs/example-simple-spread``), its TensorBoard logs in ``logs``
+(``charts/episodic_return`` for the team, ``charts/agent_0/episodic_return``... for each agent). A
+run directory that already holds a run is refused: delete it or give another ``--run-dir``.
 """
 
+import argparse
 import functools
-import sys
 
 import numpy as np
-from mpe2 import simple_spread_v3
-
-from kitae.envs.parallel import SyncVecParallelEnv
-from kitae.envs.subproc import SubProcVecParallelEnv
 
 
 def main() -> None:
-    # The worker processes are spawned and import this file: JAX and the agent are imported here,
-    # where they do not slow every worker's start (the environments need none of it).
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "steps", nargs="?", type=int, default=100_000, metavar="N_ENV_STEPS", help="default: %(default)s"
+    )
+    parser.add_argument("--in-process", action="store_true", help="step the environments in this process")
+    parser.add_argument("--run-dir", default="runs/example-simple-spread", metavar="DIR", help="default: %(default)s")
+    args = parser.parse_args()
+    if args.steps < 1:
+        parser.error(f"N_ENV_STEPS {args.steps} is not allowed; allowed: an int >= 1")
+
+    # The worker processes are spawned and import this file: JAX, the agent and the environments
+    # are imported here, where they slow neither every worker's start nor --help.
+    from mpe2 import simple_spread_v3
+
     import kitae.config as cfg
     from kitae.algos.collections.ppo import PPO, PPOParams
+    from kitae.envs.parallel import SyncVecParallelEnv
+    from kitae.envs.subproc import SubProcVecParallelEnv
+    from kitae.runs import RunError
 
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    n_env_steps = int(args[0]) if args else 100_000
-    vec_env_cls = SyncVecParallelEnv if "--in-process" in sys.argv else SubProcVecParallelEnv
+    n_env_steps = args.steps
+    vec_env_cls = SyncVecParallelEnv if args.in_process else SubProcVecParallelEnv
 
     # 8 copies of the environment; each maker must be picklable for worker processes
     # (functools.partial or a lambda both work: kitae sends them with cloudpickle).
@@ -56,8 +67,11 @@ def main() -> None:
             n_agents=env.num_agents,  # > 1: the shared-parameter (parallel) mode
         ),
     )
-    agent = PPO("example-simple-spread", config)
-    stats = agent.train(env, n_env_steps)  # the host loop; closes env (and its workers) at the end
+    agent = PPO("example-simple-spread", config, run_dir=args.run_dir)
+    try:
+        stats = agent.train(env, n_env_steps)  # the host loop; closes env (and its workers) at the end
+    except RunError as error:  # the run directory holds a run already
+        parser.exit(2, f"{parser.prog}: error: {error}; from this script: delete it or give another --run-dir\n")
 
     random_env = SyncVecParallelEnv([functools.partial(simple_spread_v3.parallel_env, N=3, max_cycles=25)] * 8)
     rng = np.random.default_rng(0)

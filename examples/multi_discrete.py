@@ -9,18 +9,19 @@ categorical per component: the log-probability of an action is the sum of its co
 
 Run::
 
-    .venv/bin/python examples/multi_discrete.py [N_ENV_STEPS] [SEED]
+    .venv/bin/python examples/multi_discrete.py [N_ENV_STEPS] [SEED] [--run-dir DIR]
 
 (default 50,000 steps, seed 0). It registers ``Match-v0`` with Gymnasium, trains PPO from the
-command line's preset resolution (``preset_agent``: the run directory ``runs/match-ppo-s<SEED>``
-is the usual one) and prints one JSON line: the final return (the mean of the last 10 episodes),
-the random policy's and the evaluation of the trained policy.
+command line's preset resolution (``preset_agent``: the run directory, by default
+``runs/match-ppo-s<SEED>``, is the usual one) and prints one JSON line: the final return (the mean
+of the last 10 episodes), the random policy's and the evaluation of the trained policy. A run
+directory that already holds a run is refused: delete it or give another ``--run-dir``.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 
 import gymnasium as gym
 import numpy as np
@@ -73,14 +74,28 @@ register()
 
 
 if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "steps", nargs="?", type=int, default=50_000, metavar="N_ENV_STEPS", help="default: %(default)s"
+    )
+    parser.add_argument("seed", nargs="?", type=int, default=0, metavar="SEED", help="default: %(default)s")
+    parser.add_argument("--run-dir", metavar="DIR", help="default: runs/match-ppo-s<SEED>")
+    args = parser.parse_args()
+    for label, value, least in (("N_ENV_STEPS", args.steps, 1), ("SEED", args.seed, 0)):
+        if value < least:
+            parser.error(f"{label} {value} is not allowed; allowed: an int >= {least}")
+
     from kitae.envs.make import EnvSpec
     from kitae.loops.evaluate import evaluate_host
-    from kitae.runs import preset_agent
+    from kitae.runs import RunError, preset_agent
 
-    steps = int(sys.argv[1]) if len(sys.argv) > 1 else 50_000
-    seed = int(sys.argv[2]) if len(sys.argv) > 2 else 0
-    agent, env = preset_agent("ppo", "Match-v0", steps=steps, seed=seed, run_dir=f"runs/match-ppo-s{seed}")
-    result = agent.train(env)
+    steps, seed = args.steps, args.seed
+    run_dir = args.run_dir or f"runs/match-ppo-s{seed}"
+    agent, env = preset_agent("ppo", "Match-v0", steps=steps, seed=seed, run_dir=run_dir)
+    try:
+        result = agent.train(env)
+    except RunError as error:  # the run directory holds a run already
+        parser.exit(2, f"{parser.prog}: error: {error}; from this script: delete it or give another --run-dir\n")
     print(
         json.dumps(
             {

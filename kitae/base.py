@@ -99,7 +99,17 @@ def step_array(env_step: int | jax.Array) -> np.ndarray | jax.Array:
 
 def agent_keys(key: jax.Array, observation: Any, parallel: bool) -> Any:
     """The key ``act`` hands its explore function: ``key`` itself, or in multi-agent mode one key
-    per agent, ``{agent: key}`` (split from ``key`` in the order of the observation's agents)."""
+    per agent, ``{agent: key}`` (split from ``key`` in the order of the observation's agents).
+
+    Args:
+        key: a PRNG key, a raw ``(2,)`` uint32 key.
+        observation: read only in multi-agent mode, for its agents: a dict keyed by agent (each
+            ``(E, *obs_shape)``).
+        parallel: multi-agent mode.
+
+    Returns:
+        ``key`` ``(2,)``, or ``{agent: key (2,)}``.
+    """
     if not parallel:
         return key
     agents = list(observation.keys())
@@ -483,6 +493,14 @@ class BaseAgent(IAgent):
         Pure and traceable (``seed`` may be a traced integer), so the compiled loop can build one
         state per seed inside ``jax.vmap``; with ``config.seed`` it gives exactly ``agent.key`` and
         ``agent.state``.
+
+        Args:
+            seed: an int, or an integer scalar ``()`` (possibly traced).
+            tabulate: passed to ``train_state_factory`` (print the networks' summary).
+
+        Returns:
+            ``(key, state)``: the agent's PRNG key ``(2,)`` uint32 and ``train_state_factory``'s
+            state, split from ``PRNGKey(seed)``.
         """
         key, state_key = jax.random.split(jax.random.PRNGKey(seed))
         state = self.train_state_factory(state_key, self.config, preprocess_fn=self.preprocess_fn, tabulate=tabulate)
@@ -511,7 +529,14 @@ class BaseAgent(IAgent):
     def acting_params(self, state: Any) -> Any:
         """The part of ``state`` that ``act`` reads (default: all of it). Algorithms return less
         (SAC: the policy without its optimizer state), so that acting hands a compiled function a
-        few arrays and a remote actor needs only those."""
+        few arrays and a remote actor needs only those.
+
+        Args:
+            state: the agent's train state (a pytree; its leaves keep their shapes).
+
+        Returns:
+            A pytree of some of ``state``'s leaves, unchanged.
+        """
         return state
 
     def act(
@@ -614,7 +639,8 @@ class BaseAgent(IAgent):
     # -- keys -----------------------------------------------------------------------------------
 
     def nextkey(self) -> jax.Array:
-        """Returns a fresh PRNG key derived from the agent's key.
+        """Returns a fresh PRNG key derived from the agent's key: a raw ``(2,)`` uint32 key (a NumPy
+        array on the host, a JAX array when traced).
 
         On the host, keys are split from ``self.key`` a block of ``KEY_BLOCK`` at a time (one
         compiled call per block instead of one dispatch per key). Inside ``act`` (traced), the key
@@ -631,7 +657,8 @@ class BaseAgent(IAgent):
         return key
 
     def interact_keys(self, observation: Any) -> jax.Array | dict[str, jax.Array]:
-        """One key for a batch of observations, or one key per agent (a dict) in multi-agent mode."""
+        """One key ``(2,)`` for a batch of observations ``(E, *obs_shape)``, or one key per agent,
+        ``{agent: key (2,)}``, in multi-agent mode (``observation`` a dict keyed by agent)."""
         return agent_keys(self.nextkey(), observation, self.parallel)
 
     # -- updates --------------------------------------------------------------------------------
@@ -797,6 +824,8 @@ class OffPolicyAgent(BaseAgent):
     algo_type = AlgoType.OFF_POLICY
 
     def make_buffer(self) -> ReplayBuffer:
+        """An empty ``ReplayBuffer`` of ``update_cfg.max_buffer_size`` rows (vector steps),
+        prioritized when ``config.replay.prioritized``."""
         return ReplayBuffer(self.config.update_cfg.max_buffer_size, prioritized=self.config.replay.prioritized)
 
     def _make_update_fn(self) -> Callable:
@@ -915,6 +944,8 @@ class OnPolicyAgent(BaseAgent):
     algo_type = AlgoType.ON_POLICY
 
     def make_buffer(self) -> RolloutBuffer:
+        """An empty ``RolloutBuffer`` of ``update_cfg.max_buffer_size`` rows (vector steps): the
+        rollout, cleared after each update."""
         return RolloutBuffer(self.config.update_cfg.max_buffer_size)
 
     @property

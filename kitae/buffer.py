@@ -203,7 +203,14 @@ def buffer_rollout(state: BufferState) -> Any:
 
 def buffer_reset(state: BufferState) -> BufferState:
     """Empties the buffer (counters to zero; arrays are kept and overwritten later; priorities, if
-    any, too: a row gets the largest priority again when it is written)."""
+    any, too: a row gets the largest priority again when it is written).
+
+    Args:
+        state: the buffer, leaves ``(capacity, E, ...)``.
+
+    Returns:
+        ``state`` with ``position`` and ``size`` zero (int32 scalars ``()``), the arrays unchanged.
+    """
     return state._replace(position=jnp.zeros_like(state.position), size=jnp.zeros_like(state.size))
 
 
@@ -346,6 +353,12 @@ class RolloutBuffer(_HostBuffer):
         self._rows: Any = None  # the staged data: leaves (capacity, E, ...) numpy arrays
 
     def add(self, experience: Any) -> None:
+        """Stages one step of experience (leaves ``(E, ...)``) in the next host row; the first
+        step decides the fields and dtypes (float64 stored as float32, int64 as int32).
+
+        Raises:
+            ValueError: the experience has another number of arrays than the rollout's first step.
+        """
         if self._rows is None:
             experience = _as_experience_arrays(experience)  # the first row decides the dtypes
             self._rows = jax.tree_util.tree_map(lambda x: np.zeros((self.capacity, *x.shape), x.dtype), experience)
@@ -367,6 +380,8 @@ class RolloutBuffer(_HostBuffer):
 
     @property
     def state(self) -> BufferState | None:
+        """The staged rows as a pure ``BufferState`` (a copy on the device, leaves
+        ``(capacity, E, ...)``), or ``None`` before the first ``add``."""
         if self._rows is None:
             return None
         return BufferState(
@@ -383,6 +398,8 @@ class RolloutBuffer(_HostBuffer):
         self._n_per_row = 0 if state is None else state.n_envs * _n_agents(state.data)
 
     def reset(self) -> None:
+        """Empties the rollout: the counters go to zero and the staged rows are overwritten by the
+        next ``add`` calls."""
         self._size = self._position = 0
 
     @property

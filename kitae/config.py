@@ -321,6 +321,8 @@ class EnvConfig:
             )
 
     def to_dict(self) -> dict[str, Any]:
+        """The config as plain Python values (the spaces as ``space_to_dict``'s mappings;
+        ``env_kwargs`` only when there are some), what ``config.yaml`` holds under ``env_cfg``."""
         return {
             "task_name": self.task_name,
             "observation_space": space_to_dict(self.observation_space),
@@ -332,6 +334,12 @@ class EnvConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> EnvConfig:
+        """Rebuilds a config from ``to_dict``'s output (spaces given as mappings are rebuilt).
+
+        Raises:
+            TypeError: ``data`` is not a mapping, or a field has the wrong type.
+            ValueError: an unknown or missing field, or a value out of range (named ``env_cfg.<field>``).
+        """
         data = dict(data)
         for key in ("observation_space", "action_space"):
             if isinstance(data.get(key), dict):
@@ -384,10 +392,17 @@ class UpdateConfig:
         _require(self.n_epochs >= 1, "update_cfg.n_epochs", self.n_epochs, "an int >= 1")
 
     def to_dict(self) -> dict[str, Any]:
+        """The config as plain Python values, what ``config.yaml`` holds under ``update_cfg``."""
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> UpdateConfig:
+        """Rebuilds a config from ``to_dict``'s output.
+
+        Raises:
+            TypeError: ``data`` is not a mapping, or a field has the wrong type.
+            ValueError: an unknown or missing field, or a value out of range (named ``update_cfg.<field>``).
+        """
         return _from_mapping(cls, data, "update_cfg.")
 
 
@@ -464,10 +479,17 @@ class TrainConfig:
         )
 
     def to_dict(self) -> dict[str, Any]:
+        """The config as plain Python values, what ``config.yaml`` holds under ``train_cfg``."""
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        """Rebuilds a config from ``to_dict``'s output.
+
+        Raises:
+            TypeError: ``data`` is not a mapping, or a field has the wrong type.
+            ValueError: an unknown or missing field, or a value out of range (named ``train_cfg.<field>``).
+        """
         return _from_mapping(cls, data, "train_cfg.")
 
 
@@ -545,10 +567,17 @@ class ReplayConfig:
         return not self.prioritized and self.n_step == 1 and self.her is None
 
     def to_dict(self) -> dict[str, Any]:
+        """The config as plain Python values, what ``config.yaml`` holds under ``replay``."""
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ReplayConfig:
+        """Rebuilds a config from ``to_dict``'s output.
+
+        Raises:
+            TypeError: ``data`` is not a mapping, or a field has the wrong type.
+            ValueError: an unknown or missing field, or a value out of range (named ``replay.<field>``).
+        """
         return _from_mapping(cls, data, "replay.")
 
 
@@ -601,10 +630,17 @@ class DistributedConfig:
             )
 
     def to_dict(self) -> dict[str, Any]:
+        """The config as plain Python values, what ``config.yaml`` holds under ``distributed``."""
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DistributedConfig:
+        """Rebuilds a config from ``to_dict``'s output.
+
+        Raises:
+            TypeError: ``data`` is not a mapping, or a field has the wrong type.
+            ValueError: an unknown or missing field, or a value out of range (named ``distributed.<field>``).
+        """
         return _from_mapping(cls, data, "distributed.")
 
 

@@ -483,7 +483,7 @@ class Deterministic:
         return shape[: len(shape) - self.event_ndim]
 
     def sample(self, key: jax.Array) -> jax.Array:
-        """Returns ``value`` (``key`` is ignored)."""
+        """Returns ``value``, shape ``batch_shape + event_shape`` (``key`` is ignored)."""
         del key
         return self.value
 
@@ -493,7 +493,7 @@ class Deterministic:
         return jnp.zeros(self.batch_shape, _float(self.value).dtype)
 
     def sample_and_log_prob(self, key: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """``(value, zeros(batch_shape))``."""
+        """``(value, zeros(batch_shape))``: shapes ``batch_shape + event_shape`` and ``batch_shape``."""
         return self.sample(key), self.log_prob(self.value)
 
     def entropy(self) -> jax.Array:
@@ -501,7 +501,7 @@ class Deterministic:
         return jnp.zeros(self.batch_shape, _float(self.value).dtype)
 
     def mode(self) -> jax.Array:
-        """Returns ``value``."""
+        """Returns ``value``, shape ``batch_shape + event_shape``."""
         return self.value
 
 

@@ -46,6 +46,20 @@ class AlgoType(enum.Enum):
 
 
 class TrainStateFactory(Protocol):
+    """What an agent builds its train state with (``BaseAgent.train_state_factory``)."""
+
     def __call__(
         self, key: jax.Array, config: Any, *, preprocess_fn: Callable | None = None, tabulate: bool = False
-    ) -> Any: ...
+    ) -> Any:
+        """The agent's initial train state.
+
+        Args:
+            key: a PRNG key, a raw ``(2,)`` uint32 key, that initialises the networks.
+            config: the agent's ``kitae.config.AlgoConfig``.
+            preprocess_fn: applied to observations ``(B, *obs_shape)`` before the networks.
+            tabulate: print a summary of the networks.
+
+        Returns:
+            The train state, a pytree of arrays.
+        """
+        ...

@@ -298,7 +298,7 @@ class AgentAlgorithm(Algorithm):
 
     def get_weights(self) -> list[np.ndarray]:
         """The acting weights (``agent.acting_params(state)``) as a list of host numpy arrays, in
-        ``jax.tree_util.tree_leaves`` order.
+        ``jax.tree_util.tree_leaves`` order, each with its leaf's shape.
 
         A flat list, not the pytree: the pytree's structure holds the agent's functions (each
         ``TrainState``'s ``apply_fn`` and optimizer), which a pickled copy would rebuild as new
@@ -308,13 +308,13 @@ class AgentAlgorithm(Algorithm):
         return [np.asarray(x) for x in jax.tree_util.tree_leaves(jax.device_get(self._acting))]
 
     def get_state(self) -> list[np.ndarray]:
-        """The whole state (parameters, optimizer states, targets) as a list of host numpy arrays
-        (``tree_leaves`` order; see ``get_weights`` for why a list)."""
+        """The whole state (parameters, optimizer states, targets) as a list of host numpy arrays,
+        each with its leaf's shape (``tree_leaves`` order; see ``get_weights`` for why a list)."""
         return [np.asarray(x) for x in jax.tree_util.tree_leaves(jax.device_get(self.state))]
 
     def set_state(self, state: Any) -> None:
         """Sets the whole state from what ``get_state`` returns (or a state pytree of the agent's
-        structure); the acting weights follow."""
+        structure; leaves of the current state's shapes); the acting weights follow."""
         self.state = _into(self.state, state, "state", "get_state")
         self._acting = self.agent.acting_params(self.state)
 
@@ -532,18 +532,22 @@ class AgentAlgorithm(Algorithm):
 
     @property
     def gamma(self) -> float:
+        """The discount factor, ``parameter("gamma")``."""
         return self.parameter("gamma")
 
     @property
     def start_steps(self) -> int:
+        """Environment steps before the first update (the agent's ``schedule.start_step``)."""
         return self.agent.schedule.start_step
 
     @property
     def num_epochs(self) -> int:
+        """``update_cfg.n_epochs``."""
         return self.agent.config.update_cfg.n_epochs
 
     @property
     def mini_batch_size(self) -> int:
+        """``update_cfg.batch_size``."""
         return self.agent.config.update_cfg.batch_size
 
     @property
@@ -557,6 +561,8 @@ class AgentAlgorithm(Algorithm):
 
     @property
     def update_every(self) -> int:
+        """Environment steps between updates: on-policy, one iteration's transitions (its vector
+        steps times ``n_envs``); off-policy, the schedule's ``skip_steps``."""
         schedule = self.agent.schedule
         if schedule.on_policy:
             return schedule.vector_steps_per_iteration * schedule.n_envs
@@ -564,10 +570,12 @@ class AgentAlgorithm(Algorithm):
 
     @property
     def test_every(self) -> int:
+        """The constructor's ``test_every`` (0: never)."""
         return self._test_every
 
     @property
     def num_test_episodes(self) -> int:
+        """The constructor's ``num_test_episodes``."""
         return self._num_test_episodes
 
 

@@ -107,33 +107,41 @@ class CallbackList(Callback):
                 raise TypeError(f"callback {cb!r} is not allowed; allowed: kitae.loops.callbacks.Callback instances")
 
     def on_start(self, info: RunInfo) -> None:
+        """Calls every callback's ``on_start``, in order."""
         for cb in self.callbacks:
             cb.on_start(info)
 
     def on_episodes(self, episodes: Episodes) -> None:
+        """Calls every callback's ``on_episodes``, in order."""
         for cb in self.callbacks:
             cb.on_episodes(episodes)
 
     def on_losses(self, step: int, losses: dict[str, float], seed_index: int | None) -> None:
+        """Calls every callback's ``on_losses``, in order."""
         for cb in self.callbacks:
             cb.on_losses(step, losses, seed_index)
 
     def on_progress(self, progress: Progress) -> None:
+        """Calls every callback's ``on_progress``, in order."""
         for cb in self.callbacks:
             cb.on_progress(progress)
 
     def on_scalars(self, step: int, scalars: dict[str, float]) -> None:
+        """Calls every callback's ``on_scalars``, in order."""
         for cb in self.callbacks:
             cb.on_scalars(step, scalars)
 
     def on_checkpoint(self, payload: Payload) -> None:
+        """Calls every callback's ``on_checkpoint``, in order."""
         for cb in self.callbacks:
             cb.on_checkpoint(payload)
 
     def should_stop(self) -> bool:
+        """Whether any callback asks to stop (asked in order, up to the first that does)."""
         return any(cb.should_stop() for cb in self.callbacks)
 
     def on_end(self, result: RunResult) -> None:
+        """Calls every callback's ``on_end``, in order."""
         for cb in self.callbacks:
             cb.on_end(result)
 
@@ -155,6 +163,13 @@ class LossMeans:
         self.last_step = start
 
     def add(self, step: int, info: dict[str, float]) -> tuple[int, dict[str, float]] | None:
+        """Adds one update's info (scalars, converted with ``float``) at environment step ``step``.
+
+        Returns:
+            ``(step, means)`` when ``step`` crossed a multiple of ``log_frequency`` since the
+            previous update (the means of the updates since the last flush, this one included),
+            else ``None``.
+        """
         crossed = step // self.log_frequency > self.last_step // self.log_frequency
         self.last_step = step
         for name, value in info.items():
@@ -163,6 +178,8 @@ class LossMeans:
         return self.flush(step) if crossed else None
 
     def flush(self, step: int) -> tuple[int, dict[str, float]] | None:
+        """``(step, means)`` of the updates added since the last flush, then starts over; ``None``
+        when there were none."""
         if not self.count:
             return None
         means = {name: total / self.count for name, total in self.sums.items()}
@@ -185,6 +202,8 @@ class WriterLogger(Callback):
         self._last_sps: tuple[float, int] | None = None
 
     def on_episodes(self, episodes: Episodes) -> None:
+        """Writes each row's return and length (and each agent's return) at its ``step``; the
+        first seed's only."""
         if episodes.seed_index != 0:
             return
         for i in range(len(episodes)):
@@ -195,15 +214,19 @@ class WriterLogger(Callback):
                 self.writer.add_scalar(f"charts/{agent}/episodic_return", float(values[i]), step)
 
     def on_losses(self, step: int, losses: dict[str, float], seed_index: int | None) -> None:
+        """Writes ``losses/<name>`` at ``step`` (the first seed's, or a run's without seeds)."""
         if seed_index in (None, 0):
             for name, value in losses.items():
                 self.writer.add_scalar(f"losses/{name}", value, step)
 
     def on_scalars(self, step: int, scalars: dict[str, float]) -> None:
+        """Writes each scalar under its own name at ``step``."""
         for name, value in scalars.items():
             self.writer.add_scalar(name, value, step)
 
     def on_progress(self, progress: Progress) -> None:
+        """Writes ``charts/SPS``, the steps per second since the last write, once at least
+        ``sps_every_seconds`` have passed and the run moved on (the first call only starts the clock)."""
         import time
 
         now = time.perf_counter()
@@ -216,6 +239,8 @@ class WriterLogger(Callback):
             self._last_sps = (now, progress.step)
 
     def on_end(self, result: RunResult) -> None:
+        """Writes the run's ``charts/SPS`` per seed (when it trained at all) and
+        ``charts/compile_seconds``, at the run's last environment step."""
         if result.train_seconds > 0:
             self.writer.add_scalar("charts/SPS", result.sps / len(result.seeds), result.env_steps)
         self.writer.add_scalar("charts/compile_seconds", result.compile_seconds, result.env_steps)

@@ -293,7 +293,11 @@ def make_experience(
     """One vector step as the agent's experience type (its fields are a subset of
     ``kitae.buffer.Experience``'s, filled by name; a recurrent agent's type adds ``start`` and
     ``hidden``, the ``memory`` it acted with). ``done`` is termination; ``truncated`` a cut;
-    ``next_observation`` the real next observation (the final one where an episode ended)."""
+    ``next_observation`` the real next observation (the final one where an episode ended).
+
+    Every array is one vector step: ``observation`` and ``next_observation`` ``(E, *obs_shape)``,
+    ``action`` ``(E, ...)``, ``reward``, ``done``, ``truncated`` and ``log_prob`` ``(E,)`` (in
+    multi-agent mode, dicts keyed by agent of these); they are stored as given."""
     fields = {
         "observation": observation,
         "action": action,
@@ -343,6 +347,19 @@ class CompiledAct:
     def __call__(
         self, acting: Any, key: jax.Array, observation: Any, env_step: Any, memory: Memory | None = None
     ) -> tuple[Any, Any, jax.Array, Any]:
+        """``act_step`` compiled (one program per structure of ``acting``).
+
+        Args:
+            acting: ``agent.acting_params(state)``, or ``prepare`` of it.
+            key: the loop key, a raw ``(2,)`` uint32 key.
+            observation: ``(E, *obs_shape)`` (dicts keyed by agent in multi-agent mode).
+            env_step: environment steps so far, an int32 scalar ``()``.
+            memory: a recurrent agent's ``Memory`` (``None`` for a feed-forward agent).
+
+        Returns:
+            ``(actions (E, ...), log_probs (E,) float32, next loop key (2,), hidden)``, as
+            ``act_step``.
+        """
         flat = acting if isinstance(acting, FlatActing) else self.prepare(acting)
         act = self._by_treedef.get(flat.treedef)
         if act is None:

@@ -76,6 +76,10 @@ def evaluate_host(
     the team's return (the sum over agents); EnvPool Atari: whole games with unclipped rewards.
 
     Args:
+        agent: the agent (its pure ``act``; a recurrent agent carries its hidden state).
+        spec: the host environment (``kitae.envs.make.EnvSpec``: Gymnasium, EnvPool, PettingZoo).
+        episodes: episodes to play (>= 1).
+        seed: environment ``i`` is seeded ``seed + i``; acting keys split from ``PRNGKey(seed)``.
         params: the acting parameters to evaluate (default: ``agent.acting_params(agent.state)``).
         explore_step: ``None``, the deterministic policy; an environment step, the policy as it
             explores there.
@@ -136,16 +140,19 @@ def play_episode(
     recurrent agent carries its hidden state): what ``kitae eval --video`` films.
 
     Args:
+        agent: the agent (its pure ``act``).
         env: a ``gymnasium.Env`` (``Box`` actions clipped to the space), a PettingZoo
             ``ParallelEnv`` (stepped by ``kitae.envs.parallel.ParallelEnvCopy``, as in training;
             the return is the team's, the sum over agents), reset with ``seed``; or one JAX
             environment with ``step_without_reset`` and ``render(state)`` (a
             ``kitae.envs.brax_env.BraxEnv``, a ``kitae.envs.jaxmarl_env.JaxMARLEnv``: the team's
             return), reset from ``PRNGKey(seed)`` and stepped compiled.
+        seed: the environment's reset seed; acting keys split from ``PRNGKey(seed)``.
         params: the acting parameters (default: ``agent.acting_params(agent.state)``).
         frames: if a list, ``env.render()``'s frame (a JAX environment's ``env.render(state)``)
             after the reset and after every step is appended to it (an environment made with
             ``render_mode="rgb_array"``).
+        explore_step: as for ``evaluate_host``.
 
     Returns:
         The episode's raw return.
@@ -225,6 +232,10 @@ def evaluate_jax(
     (JaxMARL): the team's return.
 
     Args:
+        agent: the agent (its pure ``act``; a recurrent agent carries its hidden state).
+        spec: the JAX environment (``kitae.envs.make.EnvSpec``: gymnax, Brax, JaxMARL).
+        episodes: episodes to play, one per copy (>= 1).
+        seed: the environments and acting keys derive from ``PRNGKey(seed)``.
         params: the acting parameters to evaluate (default: ``agent.acting_params(agent.state)``).
         explore_step: as for ``evaluate_host``.
 

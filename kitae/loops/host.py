@@ -254,7 +254,8 @@ class HostCollector:
 
     Args:
         agent: the agent (its ``experience_type``).
-        env: a checked vector environment (``check_env``); ``parallel``: it is a ``VecParallelEnv``.
+        env: a checked vector environment (``check_env``).
+        parallel: ``env`` is a ``VecParallelEnv`` (multi-agent).
     """
 
     def __init__(self, agent: Any, env: Any, parallel: bool) -> None:
@@ -281,9 +282,9 @@ class HostCollector:
             act: ``compiled_steps(agent).act`` (a ``CompiledAct``) or a function like it.
             acting: ``agent.acting_params(state)``, or ``CompiledAct.prepare`` of it (flattened
                 once, for many steps with the same parameters: the host loop's).
-            key: the loop key.
-            env_step: transitions before this step (what acting reads); ``next_step``: after it
-                (the step the episodes that end here are recorded at).
+            key: the loop key, a raw ``(2,)`` uint32 key.
+            env_step: transitions before this step (what acting reads).
+            next_step: transitions after it (the step the episodes that end here are recorded at).
 
         Returns:
             ``(experience, episodes that ended or None, next loop key)``; the experience's leaves

@@ -82,10 +82,13 @@ def jax_vector_step(
 
     Args:
         agent: the agent (its pure ``act`` and ``experience_type``).
-        env: a ``kitae.envs.jax_env.VecJaxEnv`` of ``E`` copies; ``agents``: ``env_agents(env)``.
+        env: a ``kitae.envs.jax_env.VecJaxEnv`` of ``E`` copies.
+        agents: ``env_agents(env)`` (``None`` for a single-agent environment).
         acting_params: ``agent.acting_params(state)``.
-        agent_key: the loop key; ``carry``: the environments' ``EnvCarry``.
-        env_step: int32 scalar, the run's transitions before this step (what acting reads).
+        agent_key: the loop key, a raw ``(2,)`` uint32 key.
+        carry: the environments' ``EnvCarry`` (observations ``(E, *obs_shape)``).
+        env_step: int32 scalar ``()``, the run's transitions before this step (what acting reads).
+        fold: ``act_step``'s ``fold`` (a distributed worker's share of the step).
 
     Returns:
         A ``JaxStep``.
@@ -158,8 +161,8 @@ class JaxCollector:
         self._reset = jax.jit(lambda key: reset_env_carry(env, agents, key, memory))
 
     def reset(self, key: jax.Array) -> None:
-        """Resets the environments from ``key`` (``reset_env_carry``); strongly typed leaves, so
-        the first rollout compiles the same program as the later ones."""
+        """Resets the environments from ``key``, a raw ``(2,)`` uint32 key (``reset_env_carry``);
+        strongly typed leaves, so the first rollout compiles the same program as the later ones."""
         self.carry = strongly_typed(self._reset(key))
 
     def collect(
@@ -169,8 +172,10 @@ class JaxCollector:
 
         Args:
             acting: ``agent.acting_params(state)``.
-            env_step: the run's transitions before the first step; ``stride``: the transitions one
-                vector step counts (every worker's environments).
+            key: the loop key, a raw ``(2,)`` uint32 key.
+            env_step: the run's transitions before the first step.
+            n_steps: vector steps to collect (static: a new value compiles a new program).
+            stride: the transitions one vector step counts (every worker's environments).
 
         Returns:
             ``(rows, episodes, next loop key)``: ``rows``, the experience with leaves

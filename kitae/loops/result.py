@@ -61,6 +61,8 @@ class Episodes(NamedTuple):
 
     @classmethod
     def empty(cls, seed_index: int = 0, agents: tuple[str, ...] | None = None) -> Episodes:
+        """No episodes: every array ``(0,)`` (``step`` and ``count`` int64); with ``agents`` (a
+        multi-agent run), ``agent_returns`` maps each of them to ``(0,)``."""
         zeros = np.zeros(0)
         return cls(
             zeros.astype(np.int64),

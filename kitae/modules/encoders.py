@@ -52,7 +52,8 @@ SMALL_CNN_MIN_SIZE = 3
 
 def image_to_float(x: jax.Array) -> jax.Array:
     """Images to float32: ``uint8`` pixels are divided by 255 (to ``[0, 1]``); ``bool`` and other
-    integer images are cast as they are (0/1 planes stay 0/1); float images are unchanged."""
+    integer images are cast as they are (0/1 planes stay 0/1); float images are unchanged (float64
+    too). Elementwise: any shape, e.g. ``(B, H, W, C)``, and the result has ``x``'s shape."""
     x = jnp.asarray(x)
     if x.dtype == jnp.uint8:
         return x.astype(jnp.float32) / 255.0

@@ -242,7 +242,8 @@ def scale_action(action: jax.Array, low: jax.Array | np.ndarray, high: jax.Array
 
 def unscale_action(action: jax.Array, low: jax.Array | np.ndarray, high: jax.Array | np.ndarray) -> jax.Array:
     """Inverse of ``scale_action``: maps ``action`` in ``[low, high]`` to ``[-1, 1]``,
-    ``2 * (action - low) / (high - low) - 1``. Shapes as in ``scale_action``."""
+    ``2 * (action - low) / (high - low) - 1``. Shapes as in ``scale_action``: ``action (..., D)``,
+    ``low`` and ``high`` broadcastable (typically ``(D,)``); the result has ``action``'s shape."""
     return 2.0 * (action - low) / (high - low) - 1.0
 
 

@@ -60,14 +60,16 @@ class TrainState(flax_train_state.TrainState):
 
     @classmethod
     def create(cls, *, apply_fn: Any, params: Params, tx: optax.GradientTransformation, **kwargs: Any) -> TrainState:
-        """flax's ``create``, with ``step`` an int32 array from the start (flax starts it as the
-        Python int 0, which becomes an array after the first update and makes every jitted
-        function that takes the state compile twice)."""
+        """flax's ``create``, with ``step`` an int32 scalar ``()`` array from the start (flax starts
+        it as the Python int 0, which becomes an array after the first update and makes every
+        jitted function that takes the state compile twice). ``params`` is any pytree of arrays;
+        ``kwargs`` sets the other fields (``target_params``)."""
         state = super().create(apply_fn=apply_fn, params=params, tx=tx, **kwargs)
         return state.replace(step=jnp.zeros((), jnp.int32))
 
     def soft_update_target(self, tau: float | jax.Array) -> TrainState:
-        """Polyak averaging: ``target <- tau * params + (1 - tau) * target``."""
+        """Polyak averaging: ``target <- tau * params + (1 - tau) * target``, leaf by leaf (shapes
+        kept); ``tau`` a float or a scalar ``()`` in ``[0, 1]``."""
         return self.replace(target_params=optax.incremental_update(self.params, self.target_params, tau))
 
     def hard_update_target(self) -> TrainState:

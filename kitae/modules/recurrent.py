@@ -84,6 +84,11 @@ class RecurrentCore(nn.Module):
     features: int = 128
 
     def setup(self) -> None:
+        """Builds the cell of ``kind`` with ``features`` units.
+
+        Raises:
+            ValueError: ``kind`` is not one of ``CORES``.
+        """
         _check_kind(self.kind)
         cell = nn.OptimizedLSTMCell if self.kind == "lstm" else nn.GRUCell
         # flax's default recurrent kernel init, jax's orthogonal, as kitae's: the same values, and
@@ -91,6 +96,17 @@ class RecurrentCore(nn.Module):
         self.cell = cell(self.features, recurrent_kernel_init=initializers.orthogonal())
 
     def __call__(self, hidden: Any, x: jax.Array, reset: jax.Array) -> tuple[Any, jax.Array]:
+        """One step of the cell.
+
+        Args:
+            hidden: the state before the step, as ``initial_hidden`` gives it: ``(B, F)`` (GRU) or
+                ``(cell, hidden)``, each ``(B, F)`` (LSTM).
+            x: the inputs ``(B, D)``, cast to float32.
+            reset: ``(B,)`` bool: where it holds, the row starts from the initial state (zeros).
+
+        Returns:
+            ``(hidden, y)``: the state after the step (as ``hidden``) and the outputs ``(B, F)``.
+        """
         hidden = reset_hidden(hidden, reset)
         hidden, y = self.cell(hidden, jnp.asarray(x, jnp.float32))
         return hidden, y

@@ -86,6 +86,15 @@ def update_priorities(
 
 def annealed_beta(beta0: float, steps: jax.Array, horizon: int) -> jax.Array:
     """``beta`` after ``steps`` gradient steps: ``beta0`` rising linearly to 1 at ``horizon``
-    steps (the run's gradient steps, ``kitae.schedule``), then 1."""
+    steps (the run's gradient steps, ``kitae.schedule``), then 1.
+
+    Args:
+        beta0: the exponent at step 0, in ``[0, 1]``.
+        steps: gradient steps so far, an integer scalar ``()`` (possibly traced).
+        horizon: the step at which ``beta`` reaches 1 (a value below 1 counts as 1).
+
+    Returns:
+        ``beta``, a float32 scalar ``()``.
+    """
     fraction = jnp.minimum(jnp.asarray(steps, jnp.float32) / max(horizon, 1), 1.0)
     return beta0 + (1.0 - beta0) * fraction

@@ -187,6 +187,22 @@ def sample_transitions(
     says: uniform or prioritized (importance weights with exponent ``beta``), one or
     ``replay.n_step`` steps (discounted by ``gamma``), relabelled with ``replay.her`` goals
     (rewards from ``reward_fn``). The buffer must hold at least one row.
+
+    Args:
+        buffer_state: the buffer, leaves ``(capacity, E, ...)`` (``priorities`` set when
+            ``replay.prioritized``).
+        key: a PRNG key, a raw ``(2,)`` uint32 key.
+        batch_size: ``B``, the transitions drawn (with replacement).
+        replay: a ``kitae.config.ReplayConfig``; its fields are static (read while tracing).
+        gamma: the discount of n-step rewards, a float or a scalar ``()`` (unused when
+            ``replay.n_step == 1``).
+        beta: the exponent of the importance weights, a float or a scalar ``()`` (unused without
+            ``replay.prioritized``).
+        reward_fn: with ``replay.her``, ``reward_fn(achieved_goal (B, G), desired_goal (B, G))``
+            giving the rewards ``(B,)`` of relabelled transitions; unused otherwise.
+
+    Returns:
+        A ``ReplaySample``: the experience with leaves ``(B, ...)`` and its ``indices`` ``(B,)``.
     """
     n_envs = buffer_state.n_envs
     index_key, her_key = jax.random.split(key)

@@ -95,18 +95,22 @@ class DDPGParams(AlgoParams):
     # What TD3's factories read, fixed for DDPG: one critic, no smoothing, no delay.
     @property
     def n_critics(self) -> int:
+        """One critic (TD3's factories read it)."""
         return 1
 
     @property
     def policy_noise(self) -> float:
+        """No target-policy smoothing noise."""
         return 0.0
 
     @property
     def noise_clip(self) -> float:
+        """No smoothing noise to clip."""
         return 0.0
 
     @property
     def policy_delay(self) -> int:
+        """The actor is updated at every critic update (no delay)."""
         return 1
 
     def __post_init__(self) -> None:

@@ -557,8 +557,9 @@ class RecurrentPPO(OnPolicyAgent):
     """PPO with an LSTM or GRU core (see the module docstring).
 
     Args:
-        run_name: name of the run; config: an ``AlgoConfig`` whose ``algo_params`` is a
-            ``RecurrentPPOParams``; tabulate, run_dir: as ``PPO``'s.
+        run_name: name of the run.
+        config: an ``AlgoConfig`` whose ``algo_params`` is a ``RecurrentPPOParams``.
+        preprocess_fn, tabulate, run_dir: as ``PPO``'s.
 
     Raises:
         TypeError: if ``config.algo_params`` is not a ``RecurrentPPOParams``.

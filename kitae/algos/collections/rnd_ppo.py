@@ -361,8 +361,11 @@ def intrinsic_gae(
     returns ``A_t + values[t]`` (``kitae.timesteps.compute_gae`` with no episode end).
 
     Args:
-        rewards: ``(T,)`` intrinsic rewards; values: ``(T,)`` ``V_int(s_t)``; last_next_value:
-            ``()`` ``V_int`` of the rollout's last next observation.
+        rewards: ``(T,)`` intrinsic rewards.
+        values: ``(T,)`` ``V_int(s_t)``.
+        last_next_value: ``()`` ``V_int`` of the rollout's last next observation.
+        gamma: the intrinsic discount factor in ``[0, 1]``.
+        lambda_: GAE's ``lambda`` in ``[0, 1]``.
 
     Returns:
         ``(advantages (T,), returns (T,))``.

@@ -340,6 +340,7 @@ class EnvConfig:
             TypeError: ``data`` is not a mapping, or a field has the wrong type.
             ValueError: an unknown or missing field, or a value out of range (named ``env_cfg.<field>``).
         """
+        require_mapping("env_cfg", data)  # before dict(): dict(["ab"]) is {"a": "b"}
         data = dict(data)
         for key in ("observation_space", "action_space"):
             if isinstance(data.get(key), dict):

@@ -394,6 +394,11 @@ def test_from_dict_section_not_a_mapping():
     data["train_cfg"] = [1, 2]
     with pytest.raises(TypeError, match=r"train_cfg"):
         AlgoConfig.from_dict(data)
+    # env_cfg: its spaces are read first; ["ab"] was read as {"a": "b"} ("unknown field env_cfg.a")
+    for section in (3, ["ab"]):
+        data = {**_config().to_dict(), "env_cfg": section}
+        with pytest.raises(TypeError, match=rf"^env_cfg must be a mapping of fields, got {re.escape(repr(section))}$"):
+            AlgoConfig.from_dict(data)
 
 
 def test_from_dict_missing_algo_params_class():

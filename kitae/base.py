@@ -532,7 +532,7 @@ class BaseAgent(IAgent):
         few arrays and a remote actor needs only those.
 
         Args:
-            state: the agent's train state (a pytree; its leaves keep their shapes).
+            state: the agent's train state (a pytree; each leaf returned keeps its shape).
 
         Returns:
             A pytree of some of ``state``'s leaves, unchanged.

@@ -291,6 +291,14 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``kitae`` command line: ``--version`` and one subcommand of ``COMMANDS`` (``train``,
+    ``sweep``, ``tune``, ``resume``, ``eval``, ``plot``, ``config``), each with its flags, help
+    and examples. Its usage errors are one line (``kitae: error: ...``) and exit with status 2.
+
+    Returns:
+        The parser; ``parse_args`` gives a namespace whose ``command`` is the subcommand's name
+        (``None`` when none was given).
+    """
     parser = _Parser(
         prog="kitae",
         description="Train, resume, evaluate and plot kitae agents. Each run lives in a run directory "
@@ -701,6 +709,19 @@ def _warnings_in_one_line(previous):
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Runs one ``kitae`` command; an error is one line on stderr, not a traceback.
+
+    Args:
+        argv: the arguments after the program name (default ``sys.argv[1:]``).
+
+    Returns:
+        The exit status: 0 done (``--help``, ``--version`` included); 2 a usage error, no
+        command, or a ``RunError``, ``CheckpointError``, ``ValueError``, ``TypeError`` or
+        ``FileNotFoundError``; 3 the run diverged; 1 another ``OSError``, lost distributed
+        workers, or XLA out of memory; 130 Ctrl-C that aborted; ``128 + signal number`` a run
+        stopped by SIGINT / SIGTERM (after its checkpoint) or whose output pipe was closed
+        (SIGPIPE).
+    """
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

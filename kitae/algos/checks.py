@@ -41,7 +41,9 @@ def _is_state_leaf(x: Any) -> bool:
 def check_state(state: Any) -> None:
     """Refuses a ``train_state_factory`` output that cannot be the agent's state, when the agent
     is made: ``None`` (a factory without its ``return``) or a pytree with a leaf that is not an
-    array (the state is an argument of every compiled update and act).
+    array (the state is an argument of every compiled update and act). ``state``: the agent's
+    state pytree (an ``AgentPyTree`` of ``TrainState`` objects), leaves of any shape; each leaf must
+    be an array (a PRNG key's included) or a number.
 
     Raises:
         TypeError: naming what was returned and what is allowed.
@@ -76,9 +78,15 @@ def check_update_step_output(
     ``(B,)``).
 
     Args:
-        out: what the update step returned; ``old_leaves``, ``state_def`` and ``given_type``: the
-            leaves, the tree structure and the type name of the state it was given, read before the
-            call (a guide-style step reassigns the given state's fields in place).
+        out: what the update step returned.
+        old_leaves: the leaves of the state it was given (``jax.tree_util.tree_flatten`` order),
+            read before the call (a guide-style step reassigns the given state's fields in place):
+            each new leaf must have the shape of the old one in its place.
+        state_def: the tree structure of the state it was given.
+        given_type: the type name of the state it was given (for the message).
+        agent_name: the agent's name (for the message).
+        prioritized: prioritized replay: ``info["td_error"]`` (``(B,)``) is allowed, and not
+            checked.
 
     Raises:
         TypeError: for an output that is not a pair, a state of another structure, or an ``info``

@@ -166,7 +166,7 @@ def tuple_to_dict(experience: tuple) -> dict[str, tuple]:
 
     Args:
         experience: a non-empty ``NamedTuple`` (or plain tuple) whose fields are dicts with the same
-            set of agent keys.
+            set of agent keys (``{agent: (T, E, ...)}``, say; leaves of any shape, kept as they are).
 
     Returns:
         A dict ``{agent: tuple}``, each tuple of the same type as ``experience``.

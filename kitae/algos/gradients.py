@@ -40,7 +40,7 @@ def as_batch(batch_type: Callable[..., B], batch: Any) -> B:
     """The ``compute_gradients_fn``'s batch as ``batch_type`` (a ``NamedTuple``: ``DQNBatch``,
     ``PPOBatch``...) from one of them, a tuple in its fields' order, or a mapping of its fields
     (seed 003's ``compute_gradients`` takes "a dict containing all required tensors"). Runs at
-    trace time.
+    trace time; the leaves (``(B, ...)`` each) are not touched, so they keep their shape.
 
     Raises:
         TypeError: naming the missing and unknown fields of a mapping, or the type of anything

@@ -114,7 +114,8 @@ def epoch_minibatches(
 
 
 def mean_over_steps(infos: dict[str, jax.Array]) -> dict[str, jax.Array]:
-    """The mean of each entry of a scan's stacked infos over its leading (step) axis."""
+    """The mean of each entry of a scan's stacked infos over its leading (step) axis: each leaf
+    ``(n_steps, ...)`` becomes ``(...)`` (a scalar for a scalar info)."""
     return jax.tree_util.tree_map(lambda x: jnp.mean(x, axis=0), infos)
 
 
@@ -183,7 +184,9 @@ def on_policy_update(
     Args:
         pipeline: the ``ExperiencePipeline`` of the agent's processing.
         update_step_fn: one gradient step ``(state, key, minibatch) -> (state, info)``.
-        state: the agent's state; key: a PRNG key; rollout: leaves ``(T, E, ...)``.
+        state: the agent's state pytree (its leaves' shapes are kept).
+        key: a PRNG key (a raw ``(2,)`` uint32 key).
+        rollout: leaves ``(T, E, ...)``.
         n_epochs, batch_size: static.
 
     Returns:

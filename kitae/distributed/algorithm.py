@@ -314,7 +314,8 @@ class AgentAlgorithm(Algorithm):
 
     def set_state(self, state: Any) -> None:
         """Sets the whole state from what ``get_state`` returns (or a state pytree of the agent's
-        structure; leaves of the current state's shapes); the acting weights follow."""
+        structure): each leaf of the shape of the current state's leaf in its place
+        (``tree_leaves`` order); the acting weights follow."""
         self.state = _into(self.state, state, "state", "get_state")
         self._acting = self.agent.acting_params(self.state)
 
@@ -464,7 +465,16 @@ class AgentAlgorithm(Algorithm):
 
     def gradient_batch(self, step_key: jax.Array, buffer_state: Any) -> tuple[Any, jax.Array]:
         """Off-policy: one gradient step's minibatch sampled from ``buffer_state`` and processed
-        with this state, and the key of its update step (``kitae.base.OffPolicyAgent.gradient_batch``)."""
+        with this state, and the key of its update step (``kitae.base.OffPolicyAgent.gradient_batch``).
+
+        Args:
+            step_key: the gradient step's key, one row ``(2,)`` of ``gradient_step_keys``.
+            buffer_state: the replay buffer's ``BufferState`` (``data`` leaves ``(capacity, E, ...)``).
+
+        Returns:
+            ``(batch, update_key)``: the processed minibatch (leaves ``(batch_size, ...)``) and a
+            raw ``(2,)`` uint32 PRNG key.
+        """
         if self.agent.algo_type is not AlgoType.OFF_POLICY:
             raise TypeError(f"{type(self.agent).__name__} is on-policy: its minibatches come from process_rollout")
         return self._compiled()["gradient_batch"](self._param_args(), self.state, step_key, buffer_state)

@@ -141,12 +141,19 @@ class DistributedExecutor(EvaluatesBySource):
                 split evenly between the collection workers.
             env: the environment id (``"CartPole-v1"``, ``"envpool:Pong-v5"``,
                 ``"gymnax:CartPole-v1"``, an ``EnvSpec``): each worker makes its own copies.
+            n_env_steps: the transitions to train until, over all environments (>= 1; the run
+                ends at the first whole iteration that reaches it).
             start: the ``LoopState`` to go on from (default: the agent's).
             seeds: ``[seed]`` of the environments' reset (default ``config.seed``).
             callbacks: ``kitae.loops.callbacks.Callback`` objects.
 
         Returns:
             A ``RunResult`` (the agent itself is not changed).
+
+        Raises:
+            TypeError: for an environment object instead of an id.
+            ValueError: for ``n_env_steps`` < 1, ``n_envs`` not a multiple of the workers, spaces
+                that differ from ``env_cfg``'s, or more than one seed.
         """
         check_positive_int("n_env_steps", n_env_steps)
         spec = self.check(env, agent.config.env_cfg.n_envs)

@@ -57,7 +57,8 @@ class CollectionWorker:
         agent_factory: builds the agent (picklable).
         env_id: the environment: an ``EnvSpec`` (with the run's ``env_kwargs``) or its id.
         n_envs: this worker's environments (its shard of the run's ``n_envs``).
-        index: the worker's index in ``[0, n_workers)``; ``n_workers``: how many collect.
+        index: the worker's index in ``[0, n_workers)``.
+        n_workers: how many workers collect.
     """
 
     def __init__(
@@ -103,9 +104,11 @@ class CollectionWorker:
 
         Args:
             acting: the acting weights as ``AgentAlgorithm.get_weights`` gives them (a list of
-                arrays);
-            key: the loop key at the first step; ``env_step``: the run's transitions before it;
-            total_envs: the run's environments over all workers (the steps a vector step counts);
+                arrays, each of its leaf's shape).
+            key: the loop key at the first step (a raw ``(2,)`` uint32 PRNG key).
+            env_step: the run's transitions before the first step.
+            n_steps: vector steps to collect.
+            total_envs: the run's environments over all workers (the steps a vector step counts).
             version: the number of updates behind ``acting`` (returned, for the policy lag).
 
         Returns:
@@ -155,11 +158,13 @@ class GradientWorker:
         self._epoch_minibatches = jax.jit(epoch_minibatches, static_argnums=(2,))
 
     def pid(self) -> int:
+        """The worker's process id (the fault tests kill it)."""
         return os.getpid()
 
     def set_state(self, state: Any, version: int) -> None:
-        """Takes the updater's state (``AgentAlgorithm.get_state``'s list of arrays; ``version``:
-        its number of applied gradient steps)."""
+        """Takes the updater's state (``AgentAlgorithm.get_state``'s list of arrays, each of the
+        shape of its leaf of the agent's state pytree; ``version``: its number of applied gradient
+        steps)."""
         self.algorithm.set_state(state)
         self.version = version
 
@@ -182,14 +187,16 @@ class GradientWorker:
         self.buffer.state = buffer_state
 
     def reset_buffer(self) -> None:
+        """Empties the buffer (on-policy: after each update, as the updater's)."""
         self.buffer.reset()
 
     def update(self, key: jax.Array) -> tuple[Any, np.ndarray, dict[str, float], Any, bool]:
-        """One whole update with the loop key (``kitae.loops.collect.update_step``, the host
-        loop's compiled call): returns ``(state as get_state's list of arrays, next loop key,
-        info, priorities, finite)`` as host arrays (``priorities``: the buffer's new
-        prioritized-replay priorities, which the updater's buffer takes too; ``None`` without
-        them; ``finite``: false where the update was not finite, and so not kept)."""
+        """One whole update with the loop key ``key`` (a raw ``(2,)`` uint32 PRNG key;
+        ``kitae.loops.collect.update_step``, the host loop's compiled call): returns ``(state as
+        get_state's list of arrays, next loop key (2,), info, priorities, finite)`` as host arrays
+        (``priorities``: the buffer's new prioritized-replay priorities, which the updater's buffer
+        takes too; ``None`` without them; ``finite``: false where the update was not finite, and so
+        not kept)."""
         out = self.steps.update(self.algorithm.state, key, self.buffer.state)
         info, finite = jax.device_get((out.info, out.finite))
         self.buffer.set_priorities(out.priorities)  # the state before it where the update was not kept
@@ -198,8 +205,10 @@ class GradientWorker:
         return self.algorithm.get_state(), np.asarray(out.key), info, jax.device_get(out.priorities), bool(finite)
 
     def begin_update(self, update_key: jax.Array) -> None:
-        """The first part of an update made gradient step by gradient step (on-policy: process the
-        rollout with the state at the update's start)."""
+        """The first part of an update made gradient step by gradient step, from ``update_key`` (a
+        raw ``(2,)`` uint32 PRNG key): on-policy, the rollout (leaves ``(T, E, ...)``) processed
+        with the state at the update's start (leaves ``(N, ...)``) and one key per epoch
+        ``(n_epochs, 2)``; off-policy, the keys of the gradient steps ``(n_epochs, 2)``."""
         self._minibatches = {}
         if self.on_policy:
             rollout = self.agent.update_data(self.buffer.state)
@@ -214,6 +223,10 @@ class GradientWorker:
         ``(step, 0)``) on part ``part`` of ``parts`` of its minibatch, with this worker's state.
 
         Args:
+            step: ``(epoch, minibatch)`` on-policy, ``(gradient step, 0)`` off-policy.
+            part: which part of the minibatch, in ``[0, parts)``: its rows
+                ``[part * n // parts, (part + 1) * n // parts)`` (``shard``).
+            parts: how many parts the minibatch is cut into (1: all of it).
             apply_first: synchronous mode: the previous step's mean gradients, applied to this
                 worker's state first (every worker and the updater apply the same gradients to the
                 same state, so all hold the same bits without sending the state).

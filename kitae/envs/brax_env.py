@@ -164,7 +164,19 @@ class BraxEnv:
         return brax_state.obs, BraxEnvState(brax_state=brax_state, time=jnp.zeros((), jnp.int32))
 
     def step(self, key: jax.Array, state: BraxEnvState, action: jax.Array, params: BraxParams) -> JaxTimeStep:
-        """One step; an episode that ended is reset from ``key`` (see the module docstring)."""
+        """One step; an episode that ended is reset from ``key`` (see the module docstring).
+
+        Args:
+            key: a PRNG key (a raw ``(2,)`` uint32 key), the reset's (Brax's physics takes none).
+            state: the ``BraxEnvState`` of one environment.
+            action: ``(action_size,)``, clipped to the control range.
+            params: the ``BraxParams`` (its ``episode_length``).
+
+        Returns:
+            A ``JaxTimeStep`` of one environment: ``observation`` (the new episode's where one
+            ended) and ``next_observation`` ``(obs_size,)``, ``reward`` a float32 scalar,
+            ``terminated`` and ``truncated`` bool scalars.
+        """
         ts = self.step_without_reset(key, state, action, params)
         ended = jnp.logical_or(jnp.asarray(ts.terminated), jnp.asarray(ts.truncated))  # arrays: one agent
         reset_obs, reset_state = self.reset(key, params)

@@ -235,7 +235,20 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
         return self._layout(obs), dict(infos)
 
     def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
-        """One step of every environment, resetting those whose episode ended (see the class)."""
+        """One step of every environment, resetting those whose episode ended (see the class).
+
+        Args:
+            actions: ``(E, *action_shape)`` (``(E,)`` for a discrete space), one per environment.
+
+        Returns:
+            ``(obs (E, *obs_shape), rewards (E,), terminated (E,) bool, truncated (E,) bool,
+            infos)``; where an episode ended, ``obs`` holds the next episode's first observation
+            and ``infos["final_obs"]`` ``(E, *obs_shape)`` the final one (``infos["_final_obs"]``
+            ``(E,)`` says where).
+
+        Raises:
+            ValueError: when ``actions`` does not have ``E`` rows.
+        """
         self._used = True
         actions = np.asarray(actions, dtype=self._action_dtype)
         if actions.shape[:1] != (self.num_envs,):

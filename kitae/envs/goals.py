@@ -84,6 +84,15 @@ class BitFlippingEnv(gym.Env):
         }
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
+        """Starts an episode: random bits and a random goal that differs from them.
+
+        Args:
+            seed: reseeds ``np_random`` (Gymnasium's ``reset``), or ``None``.
+            options: not read.
+
+        Returns:
+            ``(observation, {})``: the goal dict, each entry ``(n_bits,)`` float32 of 0 and 1.
+        """
         super().reset(seed=seed)
         self._state = self.np_random.integers(0, 2, self.n_bits).astype(np.float32)
         self._goal = self._state
@@ -93,6 +102,20 @@ class BitFlippingEnv(gym.Env):
         return self._observation(), {}
 
     def step(self, action: Any) -> tuple[dict, float, bool, bool, dict]:
+        """Flips bit ``action``.
+
+        Args:
+            action: the bit to flip, a scalar int in ``[0, n_bits)``.
+
+        Returns:
+            ``(observation, reward, terminated, truncated, info)``: the goal dict (each entry
+            ``(n_bits,)`` float32), 0.0 when the bits equal the goal (the episode then terminates)
+            else -1.0, whether it terminated, whether it was cut (``n_bits`` steps without reaching
+            the goal), and ``{"is_success": terminated}``.
+
+        Raises:
+            ValueError: for an action outside ``[0, n_bits)``.
+        """
         index = int(action)
         if not 0 <= index < self.n_bits:
             raise ValueError(f"action={action!r} is not allowed; allowed: an int in [0, {self.n_bits})")
@@ -138,6 +161,16 @@ class JaxBitFlipping:
         return {"observation": state.bits, "achieved_goal": state.bits, "desired_goal": state.goal}
 
     def reset(self, key: jax.Array, params: Any) -> tuple[dict, BitFlippingState]:
+        """Starts an episode: random bits and a goal that differs from them in at least one bit.
+
+        Args:
+            key: a PRNG key (a raw ``(2,)`` uint32 key).
+            params: not read (``default_params`` is ``None``).
+
+        Returns:
+            ``(observation, state)``: the goal dict (each entry ``(n_bits,)`` float32) and a
+            ``BitFlippingState`` with ``steps`` 0.
+        """
         del params
         bits_key, goal_key = jax.random.split(key)
         bits = jax.random.bernoulli(bits_key, 0.5, (self.n_bits,)).astype(jnp.float32)
@@ -150,6 +183,20 @@ class JaxBitFlipping:
         return self._observation(state), state
 
     def step(self, key: jax.Array, state: BitFlippingState, action: Any, params: Any) -> Any:
+        """Flips bit ``action``; an episode that ends here is reset from ``key``.
+
+        Args:
+            key: a PRNG key (a raw ``(2,)`` uint32 key), used only by the reset.
+            state: the ``BitFlippingState`` (``bits``, ``goal`` ``(n_bits,)``, ``steps`` scalar).
+            action: the bit to flip, a scalar int in ``[0, n_bits)``.
+            params: not read.
+
+        Returns:
+            A ``JaxTimeStep``: ``observation`` and ``next_observation`` goal dicts (each entry
+            ``(n_bits,)`` float32; ``observation`` the new episode's where one ended), ``reward``
+            a float32 scalar (0.0 at the goal, else -1.0), ``terminated`` (goal reached) and
+            ``truncated`` (``n_bits`` steps without reaching it) bool scalars.
+        """
         from kitae.envs.jax_env import JaxTimeStep
 
         bits = state.bits.at[action].set(1.0 - state.bits[action])

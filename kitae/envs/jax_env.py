@@ -56,16 +56,44 @@ class JaxEnv(Protocol):
 
     # read-only properties: an environment may declare narrower spaces (BraxEnv's are Boxes)
     @property
-    def observation_space(self) -> gym.Space: ...
+    def observation_space(self) -> gym.Space:
+        """The Gymnasium space of ONE environment's observation (a ``Box`` of shape ``obs_shape``,
+        or a ``Dict`` of such)."""
 
     @property
-    def action_space(self) -> gym.Space: ...
+    def action_space(self) -> gym.Space:
+        """The Gymnasium space of ONE environment's action (``Discrete``: a scalar; ``Box``: shape
+        ``action_shape``)."""
 
     default_params: Any
 
-    def reset(self, key: jax.Array, params: Any) -> tuple[Any, Any]: ...
+    def reset(self, key: jax.Array, params: Any) -> tuple[Any, Any]:
+        """Starts an episode of one environment.
 
-    def step(self, key: jax.Array, state: Any, action: Any, params: Any) -> JaxTimeStep: ...
+        Args:
+            key: a PRNG key (a raw ``(2,)`` uint32 key).
+            params: the environment's parameters (``default_params`` unless given).
+
+        Returns:
+            ``(observation, state)``: the first observation, ``(*obs_shape)`` (or a dict of such
+            arrays), and the environment's state pytree.
+        """
+
+    def step(self, key: jax.Array, state: Any, action: Any, params: Any) -> JaxTimeStep:
+        """One step of one environment; where the episode ends there, the environment is reset
+        from ``key`` and the final observation is kept in ``next_observation``.
+
+        Args:
+            key: a PRNG key (a raw ``(2,)`` uint32 key).
+            state: the state pytree ``reset`` or the previous ``step`` returned.
+            action: one action, an element of ``action_space`` (a scalar for ``Discrete``, else
+                ``(*action_shape)``).
+            params: the environment's parameters.
+
+        Returns:
+            A ``JaxTimeStep``: ``observation`` and ``next_observation`` ``(*obs_shape)``,
+            ``reward`` a float32 scalar, ``terminated`` and ``truncated`` bool scalars.
+        """
 
 
 def _import_lazily(name: str) -> None:
@@ -167,16 +195,43 @@ class GymnaxEnv:
         self._visualizer: Any = None
 
     def reset(self, key: jax.Array, params: Any) -> tuple[Any, Any]:
+        """gymnax's ``reset``: ``(observation (*obs_shape), state)`` of one environment, from ``key``
+        (a raw ``(2,)`` uint32 PRNG key) and gymnax's ``params``."""
         return self.env.reset(key, params)
 
     def step(self, key: jax.Array, state: Any, action: Any, params: Any) -> JaxTimeStep:
+        """gymnax's auto-resetting ``step`` of one environment as a ``JaxTimeStep``.
+
+        Args:
+            key: a PRNG key (a raw ``(2,)`` uint32 key): the step's and, where the episode ends,
+                the reset's.
+            state: gymnax's state pytree.
+            action: one action (a scalar for a discrete space, else ``(*action_shape)``).
+            params: gymnax's environment parameters.
+
+        Returns:
+            ``observation`` and ``next_observation`` (gymnax's ``info["final_observation"]``)
+            ``(*obs_shape)``, ``reward`` a float32 scalar, ``terminated`` and ``truncated`` bool
+            scalars (a step that does both counts as terminated only).
+        """
         obs, new_state, reward, terminated, truncated, info = self.env.step(key, state, action, params)
         return _gymnax_timestep(obs, new_state, reward, terminated, truncated, info["final_observation"])
 
     def step_without_reset(self, key: jax.Array, state: Any, action: Any, params: Any) -> JaxTimeStep:
         """One step that keeps the state it reaches, even where the episode ends there (``step``
         resets it): what a video draws. The physics gets the key ``step`` gives it (the first of
-        ``split(key)``); ``observation`` and ``next_observation`` are both the observation reached."""
+        ``split(key)``); ``observation`` and ``next_observation`` are both the observation reached.
+
+        Args:
+            key: a PRNG key (a raw ``(2,)`` uint32 key).
+            state: gymnax's state pytree of one environment.
+            action: one action (a scalar for a discrete space, else ``(*action_shape)``).
+            params: gymnax's environment parameters.
+
+        Returns:
+            A ``JaxTimeStep`` of one environment: observations ``(*obs_shape)``, ``reward`` a
+            float32 scalar, ``terminated`` and ``truncated`` bool scalars.
+        """
         step_key, _ = jax.random.split(key)
         obs, new_state, reward, terminated, _ = self.env.step_env(step_key, state, action, params)
         return _gymnax_timestep(obs, new_state, reward, terminated, self.env.is_truncated(new_state, params), obs)

@@ -65,12 +65,18 @@ class JaxTransformObservation:
         self.default_params = env.default_params
 
     def reset(self, key: jax.Array, params: Any) -> tuple[Any, Any]:
-        """``env.reset`` with ``fn`` applied to the observation."""
+        """``env.reset`` with ``fn`` applied to the observation: ``key`` a raw ``(2,)`` uint32 PRNG
+        key, ``params`` the wrapped environment's; returns ``(fn(observation), state)`` of ONE
+        environment (``fn``'s output shape, ``observation_space``)."""
         observation, state = self.env.reset(key, params)
         return self.fn(observation), state
 
     def step(self, key: jax.Array, state: Any, action: Any, params: Any) -> JaxTimeStep:
-        """``env.step`` with ``fn`` applied to ``observation`` and ``next_observation``."""
+        """``env.step`` with ``fn`` applied to ``observation`` and ``next_observation``: ``key`` a
+        raw ``(2,)`` uint32 PRNG key, ``state`` the wrapped environment's state pytree, ``action``
+        one environment's (a scalar for a discrete space, else ``(*action_shape)``), ``params`` the
+        wrapped environment's; the other fields of the ``JaxTimeStep`` (scalar ``reward``,
+        ``terminated``, ``truncated``) are the wrapped step's."""
         ts = self.env.step(key, state, action, params)
         return ts._replace(observation=self.fn(ts.observation), next_observation=self.fn(ts.next_observation))
 

@@ -256,9 +256,16 @@ class JaxMARLEnv:
         episode, so this calls ``step_env`` (no reset) and ``reset`` and picks between them
         with ``dones["__all__"]``, as JaxMARL does, keeping the final observation.
 
+        Args:
+            key: a PRNG key (a raw ``(2,)`` uint32 key), split into the step's and the reset's.
+            state: JaxMARL's state pytree of one environment.
+            action: ``{agent: action}``, each a scalar (discrete) or ``(*action_shape)``.
+            params: not read.
+
         Returns:
-            A ``JaxTimeStep`` whose ``observation``, ``next_observation``, ``reward``,
-            ``terminated`` and ``truncated`` are dicts keyed by agent. With
+            A ``JaxTimeStep`` whose ``observation``, ``next_observation`` (each agent's
+            ``(*obs_shape)`` float32), ``reward`` (float32 scalars), ``terminated`` and
+            ``truncated`` (bool scalars) are dicts keyed by agent. With
             ``episode_end="truncation"``: ``truncated[a] = dones["__all__"]``, ``terminated`` all
             False. With ``"termination"``: ``terminated[a] = dones[a] or dones["__all__"]``,
             ``truncated`` all False.
@@ -275,7 +282,18 @@ class JaxMARLEnv:
         """One step that keeps the state it reaches, even where the episode ends there (``step``
         resets it): what a video draws. ``key`` is the step's own (``step`` splits its key into
         this one and the reset's); ``observation`` and ``next_observation`` are both the
-        observations reached."""
+        observations reached.
+
+        Args:
+            key: a PRNG key (a raw ``(2,)`` uint32 key).
+            state: JaxMARL's state pytree of one environment.
+            action: ``{agent: action}``, each a scalar (discrete) or ``(*action_shape)``.
+            params: not read.
+
+        Returns:
+            A ``JaxTimeStep`` of dicts keyed by agent: observations ``(*obs_shape)`` float32,
+            rewards float32 scalars, ``terminated`` and ``truncated`` bool scalars.
+        """
         return self._advance(key, state, action)[0]
 
     def _advance(self, key: jax.Array, state: Any, action: dict) -> tuple[JaxTimeStep, jax.Array]:

@@ -40,6 +40,8 @@ class CartPoleNoVelocity(gym.ObservationWrapper):
         self.observation_space = _space(env.observation_space)
 
     def observation(self, observation: Any) -> np.ndarray:
+        """CartPole's ``(4,)`` observation ``(x, x_dot, theta, theta_dot)`` as ``(x, theta)``,
+        ``(2,)`` float32."""
         return np.asarray(observation, np.float32)[list(POSITION_INDICES)]
 
 

@@ -102,7 +102,12 @@ def space_mismatch(expected: gym.Space, actual: gym.Space, where: str = "") -> s
     observations, and one agent trains in both.
 
     Args:
+        expected: the space the agent was built for.
+        actual: the environment's space.
         where: the path of the sub-space being compared (for the message), ``""`` at the top.
+
+    Returns:
+        One line naming the first difference, or ``None``.
     """
     at = f" at {where}" if where else ""
     if type(expected) is not type(actual):
@@ -165,7 +170,14 @@ def observation_mismatch(space: gym.Space, observation: Any, where: str = "") ->
     values, so it costs microseconds and works on traced observations.
 
     Args:
+        space: the space of one observation.
+        observation: one observation (a ``Box``'s ``(*shape)``, a ``Discrete``'s scalar) or a batch
+            ``(N, *shape)`` (``(N,)`` for ``Discrete``); a dict or tuple of such for ``Dict`` and
+            ``Tuple`` spaces.
         where: the path of the sub-observation being compared (for the message), ``""`` at the top.
+
+    Returns:
+        One line naming the first misfit (the shape found and those allowed), or ``None``.
     """
     at = f" at {where}" if where else ""
     if isinstance(space, gym.spaces.Dict):
@@ -210,7 +222,9 @@ def check_observation(
     """Checks what is handed to an agent's ``explore`` / ``select_action`` against the observation
     space it was built for (``observation_mismatch``); in multi-agent mode (``parallel``) the
     observation is a dict keyed by agent, each entry checked against the one agent's space.
-    ``space_name`` is what the message calls the space.
+    ``space_name`` is what the message calls the space. ``observation``: one observation
+    ``(*obs_shape)`` or a batch ``(N, *obs_shape)`` (``{agent: ...}`` of those when ``parallel``);
+    only its shapes are read.
 
     Raises:
         ValueError: naming what differs and the space.

@@ -89,7 +89,9 @@ class ActionMaskObservation(gym.Wrapper):
         return self._observation(observation, info), info
 
     def step(self, action: Any) -> tuple[dict, Any, bool, bool, dict]:
-        """``env.step`` with the mask moved into the observation."""
+        """``env.step`` with the mask moved into the observation: ``action`` a scalar int in
+        ``[0, n)``; the observation is ``{observation_key: env's observation, "action_mask": (n,)
+        int8}``."""
         observation, reward, terminated, truncated, info = self.env.step(action)
         return self._observation(observation, info), reward, terminated, truncated, info
 

@@ -24,6 +24,7 @@ class ActorCriticAgent(CollectionAgent):
     collection_module: Any = None
 
     def make_networks(self, creator: Any, action_space: gym.Space) -> Any:
+        """``(actor, critic)`` ``Network`` objects from the creator (``make_actor_critic``)."""
         return make_actor_critic(creator, action_space)
 
     def check_action_space(self, action_space: gym.Space) -> None:

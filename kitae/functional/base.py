@@ -196,6 +196,10 @@ def critic_ensemble(critic: Network, copies: int) -> Network:
 def as_key(rng: Any) -> jax.Array:
     """The PRNG key to use from ``rng``: a JAX key as is, a Haiku ``hk.PRNGSequence``'s next key.
 
+    Accepted JAX keys: a typed key array (``jax.random.key``) or a raw uint32 key, ``(2,)`` (an
+    array whose last axis is 2, ``(..., 2)``, is returned as is too); the result has ``rng``'s
+    shape, or ``(2,)`` from a sequence.
+
     Raises:
         TypeError: for anything else.
     """
@@ -288,15 +292,19 @@ class BaseAgent(abc.ABC):
 
     @abc.abstractmethod
     def init_params(self, rng: Any) -> Any:
-        """The initial parameters, from a PRNG key or an ``hk.PRNGSequence``."""
+        """The initial parameters (the agent's ``Params`` pytree), from ``rng``: a PRNG key (a raw
+        ``(2,)`` uint32 key) or an ``hk.PRNGSequence``."""
 
     @abc.abstractmethod
     def init_policy(self, rng: Any) -> Any:
-        """The initial policy state."""
+        """The initial policy state (a pytree; the built-in agents' is ``PolicyState(count)``, an
+        int32 scalar), from ``rng``: a PRNG key (a raw ``(2,)`` uint32 key) or an ``hk.PRNGSequence``."""
 
     @abc.abstractmethod
     def init_optimizer(self, params: Any, rng: Any) -> OptimState:
-        """The initial optimizer state for ``params``."""
+        """The initial optimizer state for ``params`` (the ``init_params`` pytree: the optax state's
+        moments take its leaves' shapes): ``OptimState(count, opt_state)``, ``count`` an int32 scalar
+        0. ``rng``: a PRNG key (a raw ``(2,)`` uint32 key) or an ``hk.PRNGSequence``."""
 
     @abc.abstractmethod
     def predict(self, params: Any, policy_state: Any, obs: Any, key: Any, evaluation: bool = False) -> tuple[Any, Any]:

@@ -295,5 +295,7 @@ def off_policy_experience(
 
 
 def update_key(data: Mapping[str, Any], seed: int, count: jax.Array) -> jax.Array:
-    """``data["key"]``, or ``fold_in(PRNGKey(seed), count)``: a pure function of explicit state."""
+    """``data["key"]``, or ``fold_in(PRNGKey(seed), count)``: a pure function of explicit state.
+    ``count``: the optimizer's int32 scalar step count; returns a raw ``(2,)`` uint32 PRNG key (or
+    ``data["key"]`` as given)."""
     return data["key"] if "key" in data else jax.random.fold_in(jax.random.PRNGKey(seed), count)

@@ -139,6 +139,7 @@ class DQN(CollectionAgent):
         self.use_collection(collection, self.collection_config(params, max_grad_norm), learning_rate, max_grad_norm)
 
     def check_action_space(self, action_space: gym.Space) -> None:
+        """Raises ``ValueError`` unless ``action_space`` is ``Discrete``."""
         if not isinstance(action_space, gym.spaces.Discrete):
             raise ValueError(f"action_space={action_space} is not allowed for DQN; allowed: gymnasium.spaces.Discrete")
 
@@ -165,12 +166,15 @@ class DQN(CollectionAgent):
         return Params(policy, jax.tree_util.tree_map(jnp.copy, policy))
 
     def init_policy(self, rng: Any) -> PolicyState:
-        """``PolicyState(count=0)``; ``rng`` is not used (accepted for the seed's signature)."""
+        """``PolicyState(count=0)``, an int32 scalar; ``rng`` (a raw ``(2,)`` uint32 PRNG key or an
+        ``hk.PRNGSequence``) is not used (accepted for the seed's signature)."""
         del rng
         return PolicyState(jnp.zeros((), jnp.int32))
 
     def init_optimizer(self, params: Params, rng: Any) -> OptimState:
-        """``OptimState(count=0, opt_state)`` for the online parameters; ``rng`` is not used."""
+        """``OptimState(count=0, opt_state)`` (``count`` an int32 scalar) for ``params.policy``,
+        the online network's parameter pytree (the optax state's moments take its leaves' shapes);
+        ``rng`` (a raw ``(2,)`` uint32 PRNG key or an ``hk.PRNGSequence``) is not used."""
         del rng
         return OptimState(jnp.zeros((), jnp.int32), self.tx.init(params.policy))
 

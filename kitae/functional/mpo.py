@@ -172,7 +172,7 @@ class MPO(ActorCriticAgent):
 
     def init_params(self, rng: Any) -> Params:
         """Actor and critic initialised on dummy inputs (the targets copies), the duals at the
-        ``init_*`` values.
+        ``init_*`` values (scalars). ``rng``: a PRNG key (a raw ``(2,)`` uint32 key) or an ``hk.PRNGSequence``.
 
         Raises:
             TypeError: if the actor's or the critic's outputs do not fit the action space (shapes
@@ -192,12 +192,15 @@ class MPO(ActorCriticAgent):
         )
 
     def init_policy(self, rng: Any) -> PolicyState:
-        """``PolicyState(count=0)``; ``rng`` is not used."""
+        """``PolicyState(count=0)``, an int32 scalar; ``rng`` (a raw ``(2,)`` uint32 PRNG key or an
+        ``hk.PRNGSequence``) is not used."""
         del rng
         return MPO.PolicyState(jnp.zeros((), jnp.int32))
 
     def init_optimizer(self, params: Params, rng: Any) -> OptimState:
-        """``OptimState(count=0, {"policy", "critic", "dual"} optimizer states)``; ``rng`` not used."""
+        """``OptimState(count=0, {"policy", "critic", "dual"} optimizer states)``: ``count`` an int32
+        scalar, each optax state's moments of the shapes of its part of ``params`` (the ``Params``
+        pytree); ``rng`` (a raw ``(2,)`` uint32 PRNG key or an ``hk.PRNGSequence``) is not used."""
         del rng
         opt_state = {
             "policy": self.tx.init(params.policy),
@@ -207,7 +210,9 @@ class MPO(ActorCriticAgent):
         return OptimState(jnp.zeros((), jnp.int32), opt_state)
 
     def collection_state(self, params: Params, optimizer_state: OptimState | None = None) -> collection.MPOState:
-        """The collection's ``MPOState`` for these explicit parts (made on every call)."""
+        """The collection's ``MPOState`` for these explicit parts (made on every call): ``params``
+        (the ``Params`` pytree) and ``optimizer_state`` (``None``: no optimizer states, step 0)
+        become its ``TrainState`` objects, their leaves' shapes kept; ``step`` an int32 scalar."""
         step = jnp.zeros((), jnp.int32) if optimizer_state is None else optimizer_state.count
         opt = {} if optimizer_state is None else optimizer_state.opt_state
 

@@ -207,7 +207,8 @@ class PPO(CollectionAgent):
         seed: int,
     ) -> cfg.AlgoConfig:
         """Takes the on-policy collection algorithm ``module``'s functions for ``params`` (its
-        params dataclass), after checking ``n_epochs`` and ``batch_size``; returns the config.
+        params dataclass of scalar hyperparameters: ``gamma``, ``clip_coef``, ...; no arrays),
+        after checking ``n_epochs`` and ``batch_size``; returns the config.
 
         Raises:
             ValueError: for ``n_epochs`` or ``batch_size`` not an int >= 1.
@@ -225,6 +226,8 @@ class PPO(CollectionAgent):
         return config
 
     def check_action_space(self, action_space: gym.Space) -> None:
+        """Raises ``ValueError`` unless ``action_space`` is ``Discrete``, a 1-D ``MultiDiscrete`` or
+        ``MultiBinary``, or a 1-D ``Box``."""
         ok = isinstance(action_space, gym.spaces.Discrete) or (
             isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1
         )
@@ -242,7 +245,8 @@ class PPO(CollectionAgent):
     value_allowed = "values (B,) or (B, 1)"
 
     def init_params(self, rng: Any) -> Params:
-        """``Params(network)``: the network initialised on a dummy observation.
+        """``Params(network)``: the network initialised on a dummy observation ``(1, *obs_shape)``.
+        ``rng``: a PRNG key (a raw ``(2,)`` uint32 key) or an ``hk.PRNGSequence``.
 
         Raises:
             TypeError: if the network's outputs do not fit the action space
@@ -292,17 +296,24 @@ class PPO(CollectionAgent):
         )
 
     def init_policy(self, rng: Any) -> PolicyState:
-        """``PolicyState(count=0)``; ``rng`` is not used."""
+        """``PolicyState(count=0)``, an int32 scalar; ``rng`` (a raw ``(2,)`` uint32 PRNG key or an
+        ``hk.PRNGSequence``) is not used."""
         del rng
         return PPO.PolicyState(jnp.zeros((), jnp.int32))
 
     def init_optimizer(self, params: Params, rng: Any) -> OptimState:
-        """``OptimState(count=0, opt_state)``; ``rng`` is not used."""
+        """``OptimState(count=0, opt_state)``: ``count`` an int32 scalar, the optax state's moments
+        of the shapes of ``params.network``'s leaves; ``rng`` (a raw ``(2,)`` uint32 PRNG key or an
+        ``hk.PRNGSequence``) is not used."""
         del rng
         return OptimState(jnp.zeros((), jnp.int32), self.tx.init(params.network))
 
     def collection_state(self, params: Params, optimizer_state: OptimState | None = None) -> collection.PPOState:
-        """The collection's ``PPOState`` for these explicit parts (made on every call, never kept)."""
+        """The collection's ``PPOState`` for these explicit parts (made on every call, never kept):
+        ``params.network`` (its leaves' shapes kept) and ``optimizer_state`` (``None``: no optimizer
+        state, step 0) in its ``TrainState``, with running statistics of shape ``()`` and
+        ``discounted_returns`` ``(1,)`` (placeholders: the functional agent's ``PPOParams`` keep
+        ``normalize_observations`` and ``normalize_rewards`` False)."""
         return collection.PPOState(
             actor_critic=TrainState(
                 step=jnp.zeros((), jnp.int32) if optimizer_state is None else optimizer_state.count,

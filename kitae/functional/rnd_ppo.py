@@ -168,8 +168,9 @@ class RNDPPO(PPO):
         )
 
     def init_optimizer(self, params: Params, rng: Any) -> OptimState:  # type: ignore[override]
-        """``OptimState(count=0, {"network", "rnd_predictor"} optimizer states)``; ``rng`` is not
-        used."""
+        """``OptimState(count=0, {"network", "rnd_predictor"} optimizer states)``: ``count`` an int32
+        scalar, each optax state's moments of the shapes of its part of ``params``;
+        ``rng`` (a raw ``(2,)`` uint32 PRNG key or an ``hk.PRNGSequence``) is not used."""
         del rng
         opt_state = {"network": self.tx.init(params.network), "rnd_predictor": self.tx.init(params.rnd_predictor)}
         return OptimState(jnp.zeros((), jnp.int32), opt_state)
@@ -177,7 +178,10 @@ class RNDPPO(PPO):
     def collection_state(  # type: ignore[override]
         self, params: Params, optimizer_state: OptimState | None = None
     ) -> collection.RNDPPOState:
-        """The collection's ``RNDPPOState`` for these explicit parts (made on every call)."""
+        """The collection's ``RNDPPOState`` for these explicit parts (made on every call): the
+        ``Params`` pytree's parts, their shapes kept (RND's observation statistics
+        ``(*obs_shape)``, the intrinsic discounted returns ``(n_envs,)``), and ``optimizer_state``
+        (``None``: no optimizer states, step 0)."""
         base = super().collection_state(PPO.Params(params.network))
         step = jnp.zeros((), jnp.int32) if optimizer_state is None else optimizer_state.count
         opt = {} if optimizer_state is None else optimizer_state.opt_state

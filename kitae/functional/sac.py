@@ -255,12 +255,15 @@ class SAC(ActorCriticAgent):
         jax.eval_shape(self.critic.apply, qvalue, obs, action)  # critic_ensemble checks the shapes
 
     def init_policy(self, rng: Any) -> PolicyState:
-        """``PolicyState(count=0)``; ``rng`` is not used."""
+        """``PolicyState(count=0)``, an int32 scalar; ``rng`` (a raw ``(2,)`` uint32 PRNG key or an
+        ``hk.PRNGSequence``) is not used."""
         del rng
         return SAC.PolicyState(jnp.zeros((), jnp.int32))
 
     def init_optimizer(self, params: Params, rng: Any) -> OptimState:
-        """``OptimState(count=0, {"policy", "qvalue", "alpha"} optimizer states)``; ``rng`` not used."""
+        """``OptimState(count=0, {"policy", "qvalue", "alpha"} optimizer states)``: ``count`` an
+        int32 scalar, each optax state's moments of the shapes of its part of ``params``;
+        ``rng`` (a raw ``(2,)`` uint32 PRNG key or an ``hk.PRNGSequence``) is not used."""
         del rng
         opt_state = {
             "policy": self.tx.init(params.policy),
@@ -270,7 +273,9 @@ class SAC(ActorCriticAgent):
         return OptimState(jnp.zeros((), jnp.int32), opt_state)
 
     def collection_state(self, params: Params, optimizer_state: OptimState | None = None) -> collection.SACState:
-        """The collection's ``SACState`` for these explicit parts (made on every call)."""
+        """The collection's ``SACState`` for these explicit parts (made on every call): ``params``
+        (the ``Params`` pytree: ``alpha`` ``{"log_alpha": ()}``, a scalar) and ``optimizer_state``
+        (``None``: no optimizer states, step 0) as its ``TrainState`` objects, leaves' shapes kept."""
         step = jnp.zeros((), jnp.int32) if optimizer_state is None else optimizer_state.count
         opt = {} if optimizer_state is None else optimizer_state.opt_state
 

@@ -134,20 +134,25 @@ class TD3(ActorCriticAgent):
         return TD3.Params(actor, critic, *copy)
 
     def init_policy(self, rng: Any) -> PolicyState:
-        """``PolicyState(count=0)``; ``rng`` is not used."""
+        """``PolicyState(count=0)``, an int32 scalar; ``rng`` (a raw ``(2,)`` uint32 PRNG key or an
+        ``hk.PRNGSequence``) is not used."""
         del rng
         return TD3.PolicyState(jnp.zeros((), jnp.int32))
 
     def init_optimizer(self, params: Params, rng: Any) -> OptimState:
-        """``OptimState(count=0, {"actor", "critic"} optimizer states)``; ``rng`` is not used."""
+        """``OptimState(count=0, {"actor", "critic"} optimizer states)``: ``count`` an int32
+        scalar, each optax state's moments of the shapes of its part of ``params``;
+        ``rng`` (a raw ``(2,)`` uint32 PRNG key or an ``hk.PRNGSequence``) is not used."""
         del rng
         return OptimState(
             jnp.zeros((), jnp.int32), {"actor": self.tx.init(params.actor), "critic": self.tx.init(params.critic)}
         )
 
     def collection_state(self, params: Params, optimizer_state: OptimState | None = None) -> collection.TD3State:
-        """The collection's ``TD3State`` for these explicit parts (made on every call). The actor's
-        step (updates so far) follows from the critics' count: ``ceil(count / policy_delay)``."""
+        """The collection's ``TD3State`` for these explicit parts (made on every call): ``params``
+        (the ``Params`` pytree, leaves' shapes kept) and ``optimizer_state`` (``None``: no
+        optimizer states, count 0). The actor's step (updates so far, an int32 scalar) follows from
+        the critics' count: ``ceil(count / policy_delay)``."""
         count = jnp.zeros((), jnp.int32) if optimizer_state is None else optimizer_state.count
         opt = {} if optimizer_state is None else optimizer_state.opt_state
         return collection.TD3State(

@@ -52,7 +52,10 @@ class JaxStep(NamedTuple):
 def reset_env_carry(env: Any, agents: tuple[str, ...] | None, key: jax.Array, memory: Memory | None = None) -> EnvCarry:
     """Resets ``env`` with ``split(key)[1]``; the carry's environment key is ``split(key)[0]``,
     running returns and lengths start at zero; ``memory``: a recurrent agent's
-    (``kitae.loops.collect.initial_memory``)."""
+    (``kitae.loops.collect.initial_memory``).
+
+    ``key`` is a raw ``(2,)`` uint32 PRNG key; the carry's observations are ``(E, *obs_shape)``,
+    its returns ``(E,)`` float32 (``{agent: (E,)}`` with ``agents``) and lengths ``(E,)`` int32."""
     env_key, reset_key = jax.random.split(key)
     observation, env_state = env.reset(reset_key)
     n = env.num_envs

@@ -47,7 +47,9 @@ class AgentEpisodes:
         """Adds one vector step.
 
         Args:
-            rewards / terminations / truncations: ``{agent: (N,)}``.
+            rewards: ``{agent: (N,)}`` each agent's reward in each copy.
+            terminations: ``{agent: (N,)}`` bool, whether its episode terminated.
+            truncations: ``{agent: (N,)}`` bool, whether its episode was cut.
 
         Returns:
             ``(ended, team, per_agent)``: ``ended (N,)`` bool (the copy's episode ended: a

@@ -137,7 +137,11 @@ def pick_seed(tree: Any, seed_index: int) -> Any:
 
 def apply_loop_state(agent: Any, state: LoopState, seed_index: int | None = None) -> Any:
     """Sets the agent facade's state, key, counters and buffer from a loop state (row
-    ``seed_index`` of a batched one). Returns the agent."""
+    ``seed_index`` of a batched one). Returns the agent.
+
+    ``state``: a ``LoopState`` pytree of one seed (``agent_key`` ``(2,)``, ``env_step`` and
+    ``n_updates`` scalars), or of seeds trained together (every leaf with a leading seed axis,
+    ``(n_seeds, ...)``) with ``seed_index`` the row to take."""
     if seed_index is not None:
         state = pick_seed(state, seed_index)
     agent.state = state.agent_state
@@ -180,7 +184,7 @@ def reset_seed(seed: int, step: int) -> int:
 def env_reset_key(seed: Any, step: Any) -> jax.Array:
     """The key a JAX environment is reset from when a run starts or goes on at ``step`` without
     the environments' state: ``fold_in(PRNGKey(seed), 1)``, folded with ``step`` past step 0
-    (``seed`` and ``step`` may be traced)."""
+    (``seed`` and ``step`` may be traced, scalars). Returns a raw ``(2,)`` uint32 key."""
     base = jax.random.fold_in(jax.random.PRNGKey(seed), 1)
     step = jnp.asarray(step, jnp.int32)
     return jnp.where(step == 0, base, jax.random.fold_in(base, step))

@@ -44,6 +44,8 @@ class CheckpointerCallback(Callback):
         self.checkpointer = checkpointer
 
     def on_checkpoint(self, payload: Payload) -> None:
+        """``checkpointer.save(step, payload)`` at the payload's environment step (one seed's: a
+        scalar ``payload.state.env_step``)."""
         self.checkpointer.save(int(payload.state.env_step), payload)
 
 

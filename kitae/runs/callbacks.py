@@ -46,6 +46,8 @@ class MetricsLogger(Callback):
         self.metrics, self.seeds = metrics, seeds
 
     def on_episodes(self, episodes: Episodes) -> None:
+        """Writes one row per row of ``episodes`` (its ``step``, ``return_``, ``length`` and
+        ``count``, each ``(n,)``), with the seed at ``episodes.seed_index``."""
         seed = self.seeds[episodes.seed_index]
         for i in range(len(episodes)):
             self.metrics.write(
@@ -72,6 +74,9 @@ class CheckpointSaver(Callback):
         self.last: Path | None = None
 
     def on_checkpoint(self, payload: Payload) -> None:
+        """Saves ``payload`` at its furthest seed's step (the largest of ``payload.state.env_step``,
+        a scalar, or ``(n_seeds,)`` for seeds trained together), with the evaluation's
+        ``eval_return`` in its metadata when ``payload`` was evaluated; ``last`` becomes its folder."""
         extra = self.evaluation.checkpoint_meta(payload) if self.evaluation is not None else None
         self.last = self.checkpointer.save(int(np.max(np.asarray(payload.state.env_step))), payload, extra=extra)
 
@@ -129,6 +134,11 @@ class PeriodicEvaluation(Callback):
         return {"eval_return": means if payload.meta.get("seeds") is not None else means[0]}
 
     def on_checkpoint(self, payload: Payload) -> None:
+        """Evaluates each seed's acting parameters of ``payload`` (for seeds trained together, the
+        ``index``-th slice along the leading axis of every leaf of ``payload.state.agent_state``),
+        writes one ``metrics.jsonl`` row per seed and the first seed's TensorBoard scalars, and
+        keeps the means for ``checkpoint_meta`` and ``latest``. Nothing while the run is being
+        stopped (``stopping()`` true)."""
         if self.stopping is not None and self.stopping():
             return
         steps = np.broadcast_to(np.asarray(payload.state.env_step), (len(self.seeds),))
@@ -206,6 +216,9 @@ class StopAtReturn(Callback):
         self.reached: dict | None = None
 
     def on_episodes(self, episodes: Episodes) -> None:
+        """Records the furthest step of ``episodes`` and, without an evaluation, the rows of its
+        seed (``return_`` and ``count``, each ``(n,)``) that the mean over its last
+        ``RECENT_EPISODES`` episodes reads."""
         self.step = max(self.step, int(np.max(episodes.step, initial=0)))
         if self.evaluation is not None:
             return
@@ -217,6 +230,8 @@ class StopAtReturn(Callback):
         self.changed = True
 
     def on_checkpoint(self, payload: Payload) -> None:
+        """With an evaluation that has run, records the checkpoint's furthest step
+        (``payload.state.env_step``) so ``should_stop`` looks at the new evaluation."""
         if self.evaluation is not None and self.evaluation.latest is not None:
             self.step = max(self.step, int(np.max(np.asarray(payload.state.env_step))))
             self.changed = True
@@ -230,6 +245,9 @@ class StopAtReturn(Callback):
         return [mean if count >= RECENT_EPISODES else None for mean, count in means]
 
     def should_stop(self) -> bool:
+        """Whether every seed's return (``returns``) has reached ``target``; once it has, ``reached``
+        is set and every later call is ``True``. Looks again only when episodes or an evaluation
+        came since the last call."""
         if self.reached is not None:
             return True
         if not self.changed:  # called after every host step: look only when something changed
@@ -263,6 +281,7 @@ class ImportWhileTraining(Callback):
         self.modules: tuple[str, ...] = modules
 
     def on_progress(self, progress: Progress) -> None:
+        """Imports the modules at the first call; later calls do nothing."""
         modules, self.modules = self.modules, ()
         for name in modules:
             importlib.import_module(name)

@@ -307,6 +307,7 @@ class Checkpointer:
         return steps[-1] if steps else None
 
     def path(self, step: int) -> Path:
+        """The folder of the checkpoint at ``step`` (``<directory>/<step>``), whether on disk or not."""
         return self.directory / str(step)
 
     def best_step(self) -> int | None:

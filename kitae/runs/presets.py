@@ -325,6 +325,11 @@ def resolve(
         algo: the algorithm's name (its preset file).
         params_cls: its params dataclass (the ``--set algo_params.<field>`` keys).
         env: the environment.
+        config_file: a ``--config`` YAML file (``load_config_file``), or ``None``.
+        sets: ``--set`` items, ``["update_cfg.learning_rate=1e-3", ...]`` (``parse_sets``), or
+            ``None``.
+        overrides: the command-line flags' values as a nested mapping of the same keys (entries
+            ``None`` or ``{}``, flags not given, are dropped), or ``None``.
 
     A ``distributed`` section (``--workers``, a config file's, ``--set distributed.workers=2``)
     asks for the distributed executor; its collection workers share ``n_envs``: when ``n_envs``
@@ -335,6 +340,11 @@ def resolve(
     Returns:
         A mapping with ``seed``, ``n_envs``, ``n_env_steps``, ``algo_params``, ``update_cfg``,
         ``train_cfg`` and possibly ``env_kwargs`` and ``distributed``.
+
+    Raises:
+        TypeError: for a ``seed``, ``n_envs`` or ``n_env_steps`` that is not an int.
+        ValueError: for ``n_envs`` or ``n_env_steps`` < 1, a ``--set`` item that is not allowed,
+            or a ``distributed`` section that is not.
     """
     resolved: dict[str, Any] = {
         "seed": 0,

@@ -25,6 +25,8 @@ class ProgressBar(Callback):
         self.progress: Any = None
 
     def on_start(self, info: RunInfo) -> None:
+        """Shows the bar (unless quiet) at ``info.start_step`` of ``info.end_step``; its label is the
+        description, with the seed when the run trains one."""
         if self.quiet:
             return
         from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
@@ -45,6 +47,8 @@ class ProgressBar(Callback):
         self.progress.start()
 
     def on_progress(self, progress: Progress) -> None:
+        """Moves the bar to ``progress.step`` with the steps per second and the latest finite return
+        (the previous one is kept when ``progress.latest_return`` is ``None`` or not finite)."""
         if progress.latest_return is not None and np.isfinite(progress.latest_return):
             self.latest_return = progress.latest_return
         if self.progress is None:
@@ -53,9 +57,11 @@ class ProgressBar(Callback):
         self.progress.update(self.task, completed=progress.step, sps=f"{progress.sps:,.0f}", ret=ret)
 
     def on_end(self, result: Any) -> None:
+        """Closes the bar (``result`` is not read)."""
         self.close()
 
     def close(self) -> None:
+        """Stops the bar and lets it go; nothing when there is none (quiet, or already closed)."""
         if self.progress is not None:
             self.progress.stop()
             self.progress = None

@@ -57,6 +57,9 @@ class MetricsFile:
         self._file = self.path.open("a")
 
     def write(self, **values: Any) -> None:
+        """Appends ``values`` (named scalars, or arrays of any shape) as one JSON line (through
+        ``json_safe``: arrays as nested lists, non-finite floats as ``null``); buffered until
+        ``flush`` or ``close``."""
         self._file.write(json.dumps(json_safe(values), allow_nan=False) + "\n")
 
     def flush(self) -> None:
@@ -64,6 +67,7 @@ class MetricsFile:
         self._file.flush()
 
     def close(self) -> None:
+        """Flushes and closes the file."""
         self._file.close()
 
 

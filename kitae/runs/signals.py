@@ -24,13 +24,17 @@ class StopRequest(Callback):
         self.signal: int | None = None
 
     def __call__(self) -> bool:
+        """Whether a SIGINT or SIGTERM came (as ``should_stop``; the ``stopping`` of
+        ``PeriodicEvaluation``)."""
         return self.signal is not None
 
     def should_stop(self) -> bool:
+        """Whether a SIGINT or SIGTERM came: the executor then stops and saves a checkpoint."""
         return self.signal is not None
 
     @property
     def name(self) -> str:
+        """The signal's name (``"SIGINT"``, ``"SIGTERM"``), ``""`` before one came."""
         return signal.Signals(self.signal).name if self.signal is not None else ""
 
 

@@ -161,7 +161,9 @@ def train_state_a2c_factory(
 ) -> ppo.PPOState:
     """PPO's state (``ppo.train_state_ppo_factory``: the actor-critic and the normalisation
     statistics) with A2C's optimizer: ``optimizer_factory`` with ``algo_params.optimizer``
-    (RMSprop by default), the ``UpdateConfig``'s learning rate, clipping and annealing.
+    (RMSprop by default), the ``UpdateConfig``'s learning rate, clipping and annealing. The
+    arguments are ``train_state_ppo_factory``'s (``key`` a PRNG key (a raw ``(2,)`` uint32 key)); the statistics are
+    ``(*obs_shape)`` and scalars, ``discounted_returns`` ``(n_envs * n_agents,)``.
 
     Raises:
         ValueError: for a config A2C cannot train (``check_config``).

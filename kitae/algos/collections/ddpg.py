@@ -146,7 +146,9 @@ def ou_noise_step(
 def train_state_ddpg_factory(
     key: jax.Array, config: cfg.AlgoConfig, *, preprocess_fn: Callable | None = None, tabulate: bool = False
 ) -> td3.TD3State:
-    """TD3's state with one critic: the actor, the critic, their targets and Adam optimizers."""
+    """TD3's state with one critic: the actor, the critic, their targets and Adam optimizers
+    (``td3.train_state_td3_factory``, same arguments: ``key`` a PRNG key (a raw ``(2,)`` uint32 key)); the critic's
+    ``apply_fn`` returns ``(1, B)``, the ensemble layout of TD3's ``(2, B)``."""
     td3.check_action_space(config.env_cfg.action_space, "DDPG")
     refuse_action_mask(config.env_cfg.observation_space, "DDPG")  # named DDPG, not TD3, in the error
     return td3.train_state_td3_factory(key, config, preprocess_fn=preprocess_fn, tabulate=tabulate)
@@ -250,7 +252,9 @@ class DDPG(OffPolicyAgent):
         self._not_random = np.asarray(self.algo_params.start_step, np.int32)  # env_step >= start_step
 
     def acting_params(self, state: td3.TD3State) -> td3.TD3State:
-        """The actor without its optimizer state and target parameters (what acting reads)."""
+        """The actor without its optimizer state and target parameters (what acting reads):
+        ``state`` is the agent's ``TD3State`` pytree; the actor's parameters keep their leaves'
+        shape, ``critic`` becomes ``None``."""
         return td3.TD3State(actor=state.actor.replace(opt_state=None, target_params=None), critic=None)
 
     def act(

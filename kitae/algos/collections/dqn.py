@@ -668,7 +668,9 @@ class DQN(OffPolicyAgent):
         self._greedy = np.float32(0.0)  # epsilon of select_action (an array: no new static value)
 
     def acting_params(self, state: DQNState) -> DQNState:
-        """The online Q-network without its optimizer state and target parameters (what acting reads)."""
+        """The online Q-network without its optimizer state and target parameters (what acting
+        reads): ``state`` is the agent's ``DQNState`` pytree; the online parameters keep their
+        leaves' shape."""
         return DQNState(qvalue=state.qvalue.replace(opt_state=None, target_params=None))
 
     def act(

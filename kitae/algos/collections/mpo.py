@@ -266,6 +266,8 @@ class MPOPolicy(nn.Module):
 
     @nn.compact
     def __call__(self, observations: Any) -> tuple[jax.Array, jax.Array]:
+        """``observations (..., *obs_shape) -> (mean (..., D), L (..., D, D))``: ``mean`` in
+        ``[-1, 1]``, ``L`` the lower-triangular Cholesky factor of the covariance."""
         x = MLP(self.hidden, "elu")(self.encoder(observations))
         d = self.action_dim
         mean = jnp.tanh(nn.Dense(d, kernel_init=dense_init(0.01), name="mean")(x))
@@ -402,10 +404,14 @@ def train_state_mpo_factory(
     ``init_*`` values) with Adam at ``dual_learning_rate``.
 
     Args:
-        key: PRNG key.
+        key: a PRNG key (a raw ``(2,)`` uint32 key).
         config: the ``AlgoConfig`` (``algo_params`` an ``MPOParams``).
         preprocess_fn: optional function applied to the observations before both networks.
         tabulate: print each network's layers and parameter counts.
+
+    Returns:
+        An ``MPOState``: the actor and critic initialised on ``(1, *obs_shape)`` observations and
+        ``(1, D)`` actions, the duals float32 scalars.
     """
     p: MPOParams = config.algo_params
     observation_space, action_space = config.env_cfg.observation_space, config.env_cfg.action_space
@@ -635,7 +641,9 @@ class MPO(OffPolicyAgent):
         self.apply_gradients_fn = apply_gradients_factory(config)
 
     def acting_params(self, state: MPOState) -> MPOState:
-        """The policy without its optimizer state and target parameters (what acting reads)."""
+        """The policy without its optimizer state and target parameters (what acting reads):
+        ``state`` is the agent's ``MPOState`` pytree; the actor's parameters keep their leaves'
+        shape, ``critic`` and ``dual`` become ``None``."""
         return MPOState(actor=state.actor.replace(opt_state=None, target_params=None), critic=None, dual=None)
 
     def act(

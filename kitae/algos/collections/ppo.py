@@ -496,11 +496,12 @@ class SharedActorCritic(nn.Module):
         return self.policy_head(self._features(observations))
 
     def value(self, observations: Any) -> jax.Array:
-        """observations -> values ``(...)``."""
+        """observations ``(..., *obs_shape)`` -> values ``(...)``."""
         return self.value_head(self._features(observations))
 
     def __call__(self, observations: Any) -> tuple[Any, jax.Array]:
-        """observations -> ``(distribution, values (...))`` with one pass through the encoder."""
+        """observations ``(..., *obs_shape)`` -> ``(distribution with batch shape (...), values
+        (...))`` with one pass through the encoder."""
         features = self._features(observations)
         return self.policy_head(features), self.value_head(features)
 
@@ -530,11 +531,12 @@ class SeparateActorCritic(nn.Module):
         return self.policy_head(self.policy_encoder(self._preprocess(observations)))
 
     def value(self, observations: Any) -> jax.Array:
-        """observations -> values ``(...)``."""
+        """observations ``(..., *obs_shape)`` -> values ``(...)``."""
         return self.value_head(self.value_encoder(self._preprocess(observations)))
 
     def __call__(self, observations: Any) -> tuple[Any, jax.Array]:
-        """observations -> ``(distribution, values (...))``."""
+        """observations ``(..., *obs_shape)`` -> ``(distribution with batch shape (...), values
+        (...))``."""
         observations = self._preprocess(observations)
         return (
             self.policy_head(self.policy_encoder(observations)),
@@ -832,7 +834,8 @@ def approx_kl_and_clip_fraction(
     log_probs: jax.Array, old_log_probs: jax.Array, clip_coef: float | jax.Array
 ) -> tuple[jax.Array, jax.Array]:
     """Diagnostics: ``mean((ratio - 1) - log ratio)`` (the k3 KL estimator) and the fraction of
-    ratios outside ``[1 - clip_coef, 1 + clip_coef]``."""
+    ratios outside ``[1 - clip_coef, 1 + clip_coef]``, from ``log_probs`` and ``old_log_probs``
+    ``(B,)`` (any matching shapes) and a scalar ``clip_coef``: two float32 scalars."""
     log_ratio = log_probs - old_log_probs
     ratio = jnp.exp(log_ratio)
     approx_kl = jnp.mean((ratio - 1.0) - log_ratio)
@@ -1149,7 +1152,8 @@ class PPO(OnPolicyAgent):
 
     def acting_params(self, state: PPOState) -> PPOState:
         """The state without the optimizer state (acting reads the parameters and the observation
-        statistics)."""
+        statistics): ``state`` is the agent's ``PPOState`` pytree; every leaf kept keeps its shape
+        (``observation_statistics`` ``(*obs_shape)``, ``discounted_returns`` ``(n_envs * n_agents,)``)."""
         return state.replace(actor_critic=state.actor_critic.replace(opt_state=None))
 
     def act(

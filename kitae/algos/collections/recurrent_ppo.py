@@ -212,6 +212,8 @@ class RecurrentActorCritic(nn.Module):
     shared: bool
 
     def setup(self) -> None:
+        """Makes the submodules: the encoder, the core and the two head MLPs, plus a second
+        encoder and core for the critic unless ``shared``."""
         self.encoder = self.encoder_fn()
         self.core = RecurrentCore(self.kind, self.features)
         self.policy_mlp, self.value_mlp = self.head_fn(), self.head_fn()
@@ -250,6 +252,9 @@ class RecurrentActorCritic(nn.Module):
         return (hidden, *self.heads(outputs))
 
     def __call__(self, hidden: Any, observations: Any, start: jax.Array) -> tuple[Any, Any, jax.Array]:
+        """``step``: ``(hidden, observations (B, *obs_shape), start (B,)) -> (hidden, distribution
+        with batch shape (B,), values (B,))``; ``hidden`` as ``agent_initial_hidden`` makes it (GRU
+        ``(B, features)``, LSTM a pair of them; a pair of those with separate cores)."""
         return self.step(hidden, observations, start)
 
 
@@ -278,7 +283,19 @@ def agent_initial_hidden(config: cfg.AlgoConfig, n: int) -> Any:
 def train_state_factory(
     key: jax.Array, config: cfg.AlgoConfig, *, preprocess_fn: Callable | None = None, tabulate: bool = False
 ) -> RecurrentPPOState:
-    """Builds the state: the recurrent actor-critic's ``TrainState``.
+    """Builds the state: the recurrent actor-critic's ``TrainState`` (initialised on one row:
+    observations ``(1, *obs_shape)``, the initial hidden state, ``start`` ``(1,)``) and PPO's
+    running statistics (observations ``(*obs_shape)``, returns scalars, ``discounted_returns``
+    ``(n_envs * n_agents,)``).
+
+    Args:
+        key: a PRNG key (a raw ``(2,)`` uint32 key) for the parameters.
+        config: the ``AlgoConfig`` (``algo_params`` a ``RecurrentPPOParams``).
+        preprocess_fn: must be ``None``.
+        tabulate: print the network's table of layers and parameters.
+
+    Returns:
+        A ``RecurrentPPOState``.
 
     Raises:
         ValueError: for a config recurrent PPO cannot train (``check_config``), or a
@@ -620,7 +637,9 @@ class RecurrentPPO(OnPolicyAgent):
         return agent_initial_hidden(self.config, n)
 
     def acting_params(self, state: RecurrentPPOState) -> RecurrentPPOState:
-        """The state without the optimizer state."""
+        """The state without the optimizer state: ``state`` is the agent's ``RecurrentPPOState``
+        pytree; every leaf kept keeps its shape (the statistics ``(*obs_shape)`` and scalars,
+        ``discounted_returns`` ``(n_envs * n_agents,)``)."""
         return state.replace(actor_critic=state.actor_critic.replace(opt_state=None))
 
     def act_recurrent(
@@ -656,7 +675,13 @@ class RecurrentPPO(OnPolicyAgent):
         self, acting_params: Any, key: jax.Array, observation: Any, env_step: Any, deterministic: bool = False
     ) -> tuple[Any, Any]:
         """Not available: a recurrent agent acts with its hidden state (``act_recurrent``; the
-        executors and ``kitae.distributed.AgentAlgorithm.acting_step`` carry it)."""
+        executors and ``kitae.distributed.AgentAlgorithm.acting_step`` carry it). The arguments
+        are ``BaseAgent.act``'s (``key`` a raw ``(2,)`` uint32 PRNG key, ``observation``
+        ``(E, *obs_shape)``); none is read.
+
+        Raises:
+            TypeError: always.
+        """
         raise TypeError(
             "RecurrentPPO acts with a hidden state: call act_recurrent(acting_params, key, observation, hidden, "
             "start, env_step), or train it with agent.train / kitae train, which carry the hidden state"

@@ -378,7 +378,8 @@ def intrinsic_gae(
 def combine_advantages(
     extrinsic: jax.Array, intrinsic: jax.Array, extrinsic_coef: float | jax.Array, intrinsic_coef: float | jax.Array
 ) -> jax.Array:
-    """``extrinsic_coef * extrinsic + intrinsic_coef * intrinsic`` (any matching shapes)."""
+    """``extrinsic_coef * extrinsic + intrinsic_coef * intrinsic``: advantages ``(T,)`` (any
+    matching shapes), scalar coefficients; the result has the advantages' shape."""
     return extrinsic_coef * extrinsic + intrinsic_coef * intrinsic
 
 
@@ -687,7 +688,9 @@ class RNDPPO(ppo.PPO):
 
     def acting_params(self, state: RNDPPOState) -> ppo.PPOState:  # type: ignore[override]
         """What acting reads: PPO's state (the actor-critic without its optimizer state, the
-        actor-critic's statistics), without RND's networks and statistics."""
+        actor-critic's statistics), without RND's networks and statistics. ``state`` is the agent's
+        ``RNDPPOState`` pytree; every leaf kept keeps its shape (``observation_statistics``
+        ``(*obs_shape)``, ``discounted_returns`` ``(n_envs * n_agents,)``)."""
         return ppo.PPOState(
             actor_critic=state.actor_critic.replace(opt_state=None),
             observation_statistics=state.observation_statistics,

@@ -451,14 +451,16 @@ def train_state_sac_factory(
     ``UpdateConfig``).
 
     Args:
-        key: PRNG key.
+        key: a PRNG key (a raw ``(2,)`` uint32 key).
         config: an ``AlgoConfig`` with ``SACParams`` and a ``Box`` action space.
         preprocess_fn: optional ``observations -> observations`` applied before both networks
             (inside their ``apply_fn``).
         tabulate: print each network's table of layers.
 
     Returns:
-        A ``SACState``.
+        A ``SACState``: the networks initialised on ``(1, *obs_shape)`` observations and ``(1, D)``
+        actions (with ``n_critics > 1``, the critics' parameters stacked on a leading ``n_critics``
+        axis), ``log_alpha`` a float32 scalar, every ``step`` an int32 scalar.
     """
     params = config.algo_params
     observation_space = config.env_cfg.observation_space
@@ -762,7 +764,9 @@ class SAC(OffPolicyAgent):
 
     def acting_params(self, state: SACState) -> SACState:
         """The part of the state that acting reads: the policy without its optimizer state, so
-        each act call hands the compiled function a handful of arrays instead of ~60."""
+        each act call hands the compiled function a handful of arrays instead of ~60. ``state`` is
+        the agent's ``SACState`` pytree; the policy's parameters keep their leaves' shape,
+        ``qvalue`` and ``alpha`` become ``None``."""
         return SACState(policy=state.policy.replace(opt_state=None), qvalue=None, alpha=None)
 
     def act(

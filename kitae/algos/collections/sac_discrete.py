@@ -118,7 +118,8 @@ def discrete_sac_temperature_loss(
     log_alpha: jax.Array, probs: jax.Array, log_probs: jax.Array, target: jax.Array | float
 ) -> jax.Array:
     """``-log_alpha * mean_b (sum_a pi(a|s_b) log pi(a|s_b) + target)`` (the policy held
-    constant): the temperature rises while the entropy is below ``target``."""
+    constant): the temperature rises while the entropy is below ``target``. ``log_alpha`` a
+    scalar, ``probs`` and ``log_probs`` ``(B, n)``, ``target`` a scalar; returns a scalar."""
     neg_entropy = jax.lax.stop_gradient(jnp.sum(probs * log_probs, axis=-1))
     return -jnp.mean(log_alpha * (neg_entropy + target))
 
@@ -129,6 +130,9 @@ def train_state_factory(
     """The actor (``policy_factory``: a categorical policy, ReLU, ``policy_hidden``), the critics
     (``qvalue_factory``: ``Q(s, .)`` per critic, ``q_hidden``, ``n_critics``; the targets a copy)
     and the temperature, each with its own Adam (``optimizer_from_config`` with its rate).
+    ``key``: a PRNG key (a raw ``(2,)`` uint32 key); the networks are initialised on
+    ``(1, *obs_shape)`` observations, the critics' ``apply_fn`` returns ``(n_critics, B, n)``,
+    ``log_alpha`` is a float32 scalar.
 
     Raises:
         ValueError: for observations that carry an ``"action_mask"`` (``refuse_action_mask``):

@@ -264,6 +264,9 @@ class Preprocessed(nn.Module):
     preprocess_fn: Callable
 
     def __call__(self, observations: Any, *rest: Any) -> Any:
+        """``module(preprocess_fn(observations), *rest)``: observations ``(B, *obs_shape)`` (what
+        ``preprocess_fn`` takes), ``rest`` the module's other inputs (a critic's actions
+        ``(B, D)``); returns the module's output."""
         return self.module(self.preprocess_fn(observations), *rest)
 
 
@@ -285,13 +288,14 @@ def train_state_td3_factory(
     ``policy_delay`` times shorter, since it is updated that much less often).
 
     Args:
-        key: PRNG key.
+        key: a PRNG key (a raw ``(2,)`` uint32 key).
         config: the ``AlgoConfig`` (``algo_params`` a ``TD3Params``).
         preprocess_fn: optional function applied to the observations before both networks.
         tabulate: print each network's layers and parameter counts.
 
     Returns:
-        A ``TD3State``.
+        A ``TD3State``, the networks initialised on ``(1, *obs_shape)`` observations and
+        ``(1, D)`` actions (with ``n_critics > 1``, the critics' parameters stacked on a leading ``n_critics`` axis).
     """
     p = config.algo_params
     observation_space, action_space = config.env_cfg.observation_space, config.env_cfg.action_space
@@ -645,7 +649,9 @@ class TD3(OffPolicyAgent):
         self._not_random = np.asarray(self.algo_params.start_step, np.int32)  # env_step >= start_step
 
     def acting_params(self, state: TD3State) -> TD3State:
-        """The actor without its optimizer state and target parameters (what acting reads)."""
+        """The actor without its optimizer state and target parameters (what acting reads):
+        ``state`` is the agent's ``TD3State`` pytree; the actor's parameters keep their leaves'
+        shape, ``critic`` becomes ``None``."""
         return TD3State(actor=state.actor.replace(opt_state=None, target_params=None), critic=None)
 
     def act(

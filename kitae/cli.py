@@ -159,7 +159,9 @@ class _Parser(argparse.ArgumentParser):
 COMMANDS = ("train", "sweep", "tune", "resume", "eval", "plot", "config")
 
 
-def _positive_int(text: str) -> int:
+def _int(text: str) -> int:
+    """An argparse type: an int. Its range is checked where the value is read, in the error that
+    names the flag and what is allowed (``--steps 0 is not allowed; allowed: an int >= 1``)."""
     try:
         value = int(text)
     except ValueError:
@@ -170,7 +172,7 @@ def _positive_int(text: str) -> int:
 def _seed(text: str) -> int:
     """An evaluation seed: an int in [0, 2**32), refused by argparse otherwise (Gymnasium's reset
     raised on a negative one, a traceback)."""
-    value = _positive_int(text)
+    value = _int(text)
     if not 0 <= value < 2**32:
         raise argparse.ArgumentTypeError(f"{value} is not allowed; allowed: an int in [0, 2**32)")
     return value
@@ -191,15 +193,15 @@ def _add_train_flags(parser: argparse.ArgumentParser, seeds: bool = False) -> No
         default="gymnax:CartPole-v1",
         help="SOURCE:ID, e.g. gymnax:CartPole-v1 or CartPole-v1 (default: gymnax:CartPole-v1)",
     )
-    parser.add_argument("--steps", type=_positive_int, help="environment steps, summed over environments")
-    parser.add_argument("--seed", type=_positive_int, help="the seed (default from the preset: 0)")
+    parser.add_argument("--steps", type=_int, help="environment steps, summed over environments")
+    parser.add_argument("--seed", type=_int, help="the seed (default from the preset: 0)")
     if seeds:
         parser.add_argument(
             "--seeds",
-            type=_positive_int,
+            type=_int,
             help="train K seeds (seed, seed+1, ...): vmapped in one program for JAX environments",
         )
-    parser.add_argument("--n-envs", type=_positive_int, help="number of environments")
+    parser.add_argument("--n-envs", type=_int, help="number of environments")
     parser.add_argument("--config", help="a YAML file (n_envs, n_env_steps, algo_params, ...) or a run's config.yaml")
     parser.add_argument(
         "--set",
@@ -210,10 +212,10 @@ def _add_train_flags(parser: argparse.ArgumentParser, seeds: bool = False) -> No
     )
     parser.add_argument(
         "--workers",
-        type=_positive_int,
+        type=_int,
         help="train on Ray with N collection workers, each stepping the preset's n_envs (docs/distributed.md)",
     )
-    parser.add_argument("--gradient-workers", type=_positive_int, help="with --workers: gradient workers (default 1)")
+    parser.add_argument("--gradient-workers", type=_int, help="with --workers: gradient workers (default 1)")
     parser.add_argument(
         "--async",
         dest="async_mode",
@@ -227,9 +229,9 @@ def _add_train_flags(parser: argparse.ArgumentParser, seeds: bool = False) -> No
 
 def _add_shared_run_flags(parser: argparse.ArgumentParser, unit: str) -> None:
     """The flags ``kitae sweep`` and ``kitae tune`` take as ``kitae train`` does (what is not varied)."""
-    parser.add_argument("--steps", type=_positive_int, help=f"environment steps of each {unit}")
-    parser.add_argument("--seed", type=_positive_int, help="the first seed (default from the preset: 0)")
-    parser.add_argument("--n-envs", type=_positive_int, help="number of environments")
+    parser.add_argument("--steps", type=_int, help=f"environment steps of each {unit}")
+    parser.add_argument("--seed", type=_int, help="the first seed (default from the preset: 0)")
+    parser.add_argument("--n-envs", type=_int, help="number of environments")
     parser.add_argument("--config", help="a YAML file, as for kitae train")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="as for kitae train")
     _add_import_flag(parser)
@@ -348,7 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=V1,V2,...",
         help="a float field and its values, e.g. update_cfg.learning_rate=1e-4,3e-4 (repeatable: the product)",
     )
-    sweep.add_argument("--seeds", type=_positive_int, default=1, help="seeds per combination (default 1)")
+    sweep.add_argument("--seeds", type=_int, default=1, help="seeds per combination (default 1)")
     _add_shared_run_flags(sweep, "run")
     sweep.add_argument(
         "--sweep-dir", help="where to write the sweep (default runs/sweep-<algo>-<env>-s<seed>-<date>-<time>)"
@@ -356,7 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--quiet", action="store_true", help="no progress bar")
     sweep.add_argument(
         "--workers",
-        type=_positive_int,
+        type=_int,
         help="host-loop environments: train N combinations at a time in Ray tasks (default: one after another)",
     )
     sweep.add_argument(
@@ -373,7 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tune.add_argument("algo", help="a kitae train algorithm (ppo, dqn, sac, ...)")
     tune.add_argument("env", help="SOURCE:ID, e.g. gymnax:CartPole-v1")
-    tune.add_argument("--trials", type=_positive_int, required=True, help="trials to finish in the study, in all")
+    tune.add_argument("--trials", type=_int, required=True, help="trials to finish in the study, in all")
     tune.add_argument(
         "--space",
         action="append",
@@ -381,12 +383,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=LOW:HIGH[:log]",
         help="a float field's range (repeatable; default: the algorithm's, see kitae.runs.tune.DEFAULT_SPACES)",
     )
-    tune.add_argument("--seeds", type=_positive_int, default=1, help="seeds per trial, scored by their mean")
-    tune.add_argument("--batch", type=_positive_int, default=8, help="trials per compiled program (default 8)")
+    tune.add_argument("--seeds", type=_int, default=1, help="seeds per trial, scored by their mean")
+    tune.add_argument("--batch", type=_int, default=8, help="trials per compiled program (default 8)")
     _add_shared_run_flags(tune, "trial")
     tune.add_argument("--study-dir", help="where the study goes (default runs/tune-<algo>-<env>-s<seed>)")
     tune.add_argument("--quiet", action="store_true", help="no progress bar")
-    tune.add_argument("--workers", type=_positive_int, help="host-loop environments: N trials at a time on Ray")
+    tune.add_argument("--workers", type=_int, help="host-loop environments: N trials at a time on Ray")
     tune.add_argument("--address", help="with --workers: HOST:PORT of an existing Ray cluster")
 
     resume = sub.add_parser(
@@ -400,7 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     resume.add_argument("run_dir", metavar="RUN_DIR", help="the run directory, e.g. runs/ppo-CartPole-v1-s0-...")
     resume.add_argument(
-        "--steps", type=_positive_int, help="the run's new TOTAL of environment steps (default: its n_env_steps)"
+        "--steps", type=_int, help="the run's new TOTAL of environment steps (default: its n_env_steps)"
     )
     resume.add_argument(
         "--quiet",
@@ -418,7 +420,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     evaluate.add_argument("run_dir", metavar="RUN_DIR", help="the run directory")
-    evaluate.add_argument("--episodes", type=_positive_int, default=10, help="episodes to run (default: 10)")
+    evaluate.add_argument("--episodes", type=_int, default=10, help="episodes to run (default: 10)")
     evaluate.add_argument("--video", action="store_true", help="record one episode as an MP4 in RUN_DIR/videos/")
     evaluate.add_argument(
         "--seed",
@@ -459,7 +461,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plot.add_argument(
         "--window",
-        type=_positive_int,
+        type=_int,
         default=10,
         help="each seed's curve is the mean of its last N episodes (default: 10; 1: every episode)",
     )

@@ -862,6 +862,12 @@ class OffPolicyAgent(BaseAgent):
                         "(B,), the TD errors of its minibatch"
                     )
                 assert indices is not None  # prioritized sampling always says which items it drew
+                if np.shape(td_error) != np.shape(indices):  # checked while traced: no cost per step
+                    raise ValueError(
+                        f"{type(self).__name__}'s update step returned info['td_error'] of shape "
+                        f"{tuple(np.shape(td_error))}; allowed: ({np.shape(indices)[0]},), one TD error per "
+                        "transition of its minibatch (replay.prioritized=True)"
+                    )
                 priorities = update_priorities(
                     priorities, indices, td_error, replay.priority_exponent, replay.priority_epsilon
                 )

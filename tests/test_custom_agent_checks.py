@@ -198,6 +198,27 @@ def test_an_update_step_with_an_info_entry_that_is_not_a_scalar_is_refused():
         _train("host", update=per_sample)
 
 
+def test_a_td_error_that_is_not_one_per_transition_is_refused_under_prioritized_replay():
+    """Prioritized replay takes ``info["td_error"]`` as the minibatch's new priorities, one per
+    transition: another shape is refused naming it (the update's info check lets it through)."""
+    import dataclasses
+
+    import kitae.config as cfg
+
+    env = _env("host")
+    config = make_config(env, TinyDQNParams(start_step=0, skip_steps=16), batch_size=8, n_env_steps=STEPS)
+    config = dataclasses.replace(config, replay=cfg.ReplayConfig(prioritized=True))
+    td_error = _update_returning(lambda info, batch: {**info, "td_error": jnp.zeros((8, 2))})
+    prioritized_dqn = type("FactoryDQN", (FactoryDQN,), {"replay_features": frozenset({"prioritized"})})
+    agent = prioritized_dqn("checks", config, run_dir="unused", update=td_error)
+    with pytest.raises(ValueError) as error:
+        HostExecutor().run(agent, env, STEPS)
+    assert str(error.value) == (
+        "FactoryDQN's update step returned info['td_error'] of shape (8, 2); allowed: (8,), one TD error per "
+        "transition of its minibatch (replay.prioritized=True)"
+    )
+
+
 def test_an_update_step_that_returns_part_of_the_state_is_refused():
     with pytest.raises(
         TypeError,

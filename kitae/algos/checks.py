@@ -85,8 +85,9 @@ def check_update_step_output(
         state_def: the tree structure of the state it was given.
         given_type: the type name of the state it was given (for the message).
         agent_name: the agent's name (for the message).
-        prioritized: prioritized replay: ``info["td_error"]`` (``(B,)``) is allowed, and not
-            checked.
+        prioritized: prioritized replay: ``info["td_error"]`` (``(B,)``) is allowed here (not a
+            scalar); ``BaseAgent.update_with_replay``, which takes it as the new priorities,
+            checks its shape against the minibatch's.
 
     Raises:
         TypeError: for an output that is not a pair, a state of another structure, or an ``info``

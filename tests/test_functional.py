@@ -180,6 +180,14 @@ def test_a_haiku_prng_sequence_is_accepted_as_rng():
     assert same(a, b)
 
 
+def test_what_is_not_a_prng_key_is_refused_as_rng():
+    """A float array of two numbers was taken as a raw key (any array whose last axis is 2)."""
+    assert as_key(jax.random.PRNGKey(3)).shape == (2,) and as_key(jax.random.key(3)).shape == ()
+    for rng in (jnp.array([1.0, 2.0]), jnp.zeros(3, jnp.uint32), 7):
+        with pytest.raises(TypeError, match=r"allowed: a JAX PRNG key or a haiku.PRNGSequence"):
+            as_key(rng)
+
+
 # ---- pure ------------------------------------------------------------------------------------
 
 

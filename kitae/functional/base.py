@@ -196,16 +196,18 @@ def critic_ensemble(critic: Network, copies: int) -> Network:
 def as_key(rng: Any) -> jax.Array:
     """The PRNG key to use from ``rng``: a JAX key as is, a Haiku ``hk.PRNGSequence``'s next key.
 
-    Accepted JAX keys: a typed key array (``jax.random.key``) or a raw uint32 key, ``(2,)`` (an
-    array whose last axis is 2, ``(..., 2)``, is returned as is too); the result has ``rng``'s
-    shape, or ``(2,)`` from a sequence.
+    Accepted JAX keys: a typed key array (``jax.random.key``) or a raw uint32 key, ``(2,)`` (a
+    uint32 array whose last axis is 2, ``(..., 2)``, is returned as is too); the result has
+    ``rng``'s shape, or ``(2,)`` from a sequence.
 
     Raises:
-        TypeError: for anything else.
+        TypeError: for anything else (a float array of two numbers is not a key).
     """
     if isinstance(rng, hk.PRNGSequence):
         return next(rng)
-    if isinstance(rng, jax.Array) and (jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key) or rng.shape[-1:] == (2,)):
+    if isinstance(rng, jax.Array) and (
+        jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key) or (rng.dtype == jnp.uint32 and rng.shape[-1:] == (2,))
+    ):
         return rng
     raise TypeError(f"rng={rng!r} is not allowed; allowed: a JAX PRNG key or a haiku.PRNGSequence")
 

@@ -10,7 +10,17 @@ import gymnasium as gym
 import jax
 import numpy as np
 import pytest
-from _agents import TinyA2C, TinyA2CParams, TinyDQN, TinyDQNParams, make_config, tiny_dqn_explore_factory
+from _agents import (
+    TinyA2C,
+    TinyA2CParams,
+    TinyDQN,
+    TinyDQNParams,
+    make_config,
+    tiny_dqn_explore_factory,
+    tiny_dqn_process_factory,
+    tiny_dqn_state_factory,
+    tiny_dqn_update_factory,
+)
 
 import kitae.config as cfg
 from kitae.base import BaseAgent, OffPolicyAgent
@@ -177,11 +187,19 @@ def test_act_is_a_pure_function_of_its_inputs(cartpole4):
     assert agent.state is state and agent.key is key and agent._key_index == block
 
 
-def test_base_agent_is_abstract():
+def test_base_agent_is_abstract(cartpole4):
+    """``BaseAgent("x", None, ...)`` raised a TypeError for its ``config=None`` alone, so the test
+    passed with no abstract method at all. Now: the abstract methods by name, and the refusal of a
+    ``BaseAgent`` built from a valid config and the guide's factories."""
     assert issubclass(OffPolicyAgent, BaseAgent)
     assert OffPolicyAgent.algo_type is AlgoType.OFF_POLICY
-    with pytest.raises(TypeError):
-        BaseAgent("x", None, None, None, None, None)
+    assert BaseAgent.__abstractmethods__ == {"make_buffer", "_make_update_fn", "update_data"}
+    assert OffPolicyAgent.__abstractmethods__ == frozenset()  # the kinds of agent define them
+    config = make_config(cartpole4, TinyDQNParams())
+    factories = (tiny_dqn_state_factory, tiny_dqn_explore_factory, tiny_dqn_process_factory, tiny_dqn_update_factory)
+    with pytest.raises(TypeError, match="Can't instantiate abstract class BaseAgent") as error:
+        BaseAgent("x", config, *factories, run_dir="unused")
+    assert all(name in str(error.value) for name in ("make_buffer", "_make_update_fn", "update_data"))
 
 
 def test_interact_keys_per_agent_in_parallel_mode(cartpole4):
@@ -229,16 +247,27 @@ def test_the_guide_example_runs_as_written(tmp_path):
 
 
 def test_explore_fn_is_lifted_for_single_observations():
+    """Shapes only were checked (and a tautology, ``isinstance(Discrete(2), gym.Space)``): an
+    explore that dropped the observation passed. Now, without exploration, each single
+    observation's action is the argmax of its own Q-values, and the observations chosen lead to
+    both actions."""
     from kitae.algos.factory import explore_general_factory
 
     env = make_vec_env("CartPole-v1", 1)
     config = make_config(env, TinyDQNParams())
     agent = TinyDQN("x", config, run_dir="unused")
-    single = explore_general_factory(tiny_dqn_explore_factory(config), vectorized=False, parallel=False)
-    action, log_prob = single(agent.state, jax.random.PRNGKey(0), np.zeros(4, np.float32), exploration=0.0)
-    assert action.shape == () and log_prob.shape == ()
     env.close()
-    assert isinstance(gym.spaces.Discrete(2), gym.Space)
+    single = explore_general_factory(tiny_dqn_explore_factory(config), vectorized=False, parallel=False)
+    observations = 3.0 * np.asarray(jax.random.normal(jax.random.PRNGKey(1), (8, 4)), np.float32)
+    qvalues = np.asarray(agent.state.qvalue.apply_fn(agent.state.qvalue.params, observations))  # (8, 2)
+    actions = []
+    for i, observation in enumerate(observations):
+        action, log_prob = single(agent.state, jax.random.PRNGKey(i), observation, exploration=0.0)
+        assert action.shape == () and log_prob.shape == ()
+        assert int(action) == int(np.argmax(qvalues[i])), (i, qvalues[i])
+        assert float(log_prob) == pytest.approx(0.0, abs=1e-6)  # the greedy action, probability 1
+        actions.append(int(action))
+    assert set(actions) == {0, 1}, qvalues  # the observation decides the action
 
 
 def test_observation_mismatch_reads_shapes_only():

@@ -12,6 +12,7 @@ from importlib import metadata
 from pathlib import Path
 
 import jax
+import numpy as np
 import pytest
 import yaml
 
@@ -535,12 +536,22 @@ def _snapshot(run_dir: Path) -> dict:
 
 
 def test_eval_reports_mean_and_std_and_records_a_video(capsys, run_copy):
+    """The summary's return was checked to lie in CartPole's range and its std to be >= 0: a std
+    always 0 passed. Now both are the mean and std of the episodes' returns, which ``eval_run``
+    (the same seed, 0, and episodes) gives back, and those returns are not all equal."""
+    from kitae.runs.evaluation import eval_run
+
     assert main(["eval", str(run_copy), "--episodes", "7", "--video"]) == 0
     out = capsys.readouterr().out
     assert "gymnax:CartPole-v1: return" in out and "over 7 episodes" in out and "checkpoint step 4,096" in out
     summary = json.loads((run_copy / "summary.json").read_text())
     assert summary["eval_episodes"] == 7 and summary["eval_step"] == 4096
-    assert 8 <= summary["eval_return"] <= 500 and summary["eval_return_std"] >= 0
+    returns = eval_run(run_copy, episodes=7, seed=0)["returns"][0]  # rewrites the summary: read above
+    assert len(returns) == 7 and all(8 <= r <= 500 for r in returns)
+    assert len(set(returns)) > 1, returns  # a std of 0 would not be told from one never computed
+    assert summary["eval_return"] == pytest.approx(np.mean(returns), rel=1e-6)
+    assert summary["eval_return_std"] == pytest.approx(np.std(returns), rel=1e-6)
+    assert f"return {np.mean(returns):.2f} +- {np.std(returns):.2f} over 7 episodes" in out
     assert summary["state_fingerprint"]  # the training summary is kept
     videos = list((run_copy / "videos").glob("*.mp4"))
     assert len(videos) == 1 and videos[0].stat().st_size > 1000

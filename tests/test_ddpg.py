@@ -146,9 +146,28 @@ def test_ddpg_acts_without_its_hidden_state_only_with_normal_noise(tmp_path):
 
 @pytest.mark.parametrize(("env_id", "noise"), [("Pendulum-v1", "normal"), ("gymnax:Pendulum-v1", "ornstein_uhlenbeck")])
 def test_training_is_deterministic_for_a_seed(tmp_path, env_id, noise):
+    """Two runs of one seed were compared, their exit codes ignored: runs that failed alike, or
+    that did not train, passed. Now each run succeeds, its trained state (the checkpoint the
+    summary's fingerprint is of) is not the freshly built one, and another seed builds another
+    state. (Not a third run of another seed: one run of the gymnax OU case takes ~11 s.)"""
+    from kitae.runs.load import load_agent
+    from kitae.runs.rundir import state_fingerprint
+
+    sets = ["algo_params.start_step=200", f"algo_params.noise_type={noise}"]
+    sets += [s for s in small("ddpg") if s != "--set"]
     fingerprints = []
     for name in ("a", "b"):
         argv = ["train", "ddpg", env_id, "--steps", "600", "--run-dir", str(tmp_path / name), "--quiet"]
-        main([*argv, "--set", "algo_params.start_step=200", "--set", f"algo_params.noise_type={noise}", *small("ddpg")])
+        assert main([*argv, *(arg for s in sets for arg in ("--set", s))]) == 0
         fingerprints.append(json.loads((tmp_path / name / "summary.json").read_text())["state_fingerprint"])
     assert fingerprints[0] == fingerprints[1]
+    trained = load_agent(tmp_path / "a").state
+    assert state_fingerprint(trained) == fingerprints[0]
+    fresh = [preset_agent("ddpg", env_id, steps=600, seed=seed, run_dir=tmp_path / f"fresh{seed}", sets=sets)
+             for seed in (0, 1)]  # fmt: skip
+    for _, env in fresh:
+        env.close()
+    layout = [(np.shape(x), np.asarray(x).dtype) for x in jax.tree_util.tree_leaves(trained)]
+    assert [(np.shape(x), np.asarray(x).dtype) for x in jax.tree_util.tree_leaves(fresh[0][0].state)] == layout
+    assert state_fingerprint(fresh[0][0].state) != fingerprints[0]  # trained
+    assert state_fingerprint(fresh[0][0].state) != state_fingerprint(fresh[1][0].state)  # the seed matters

@@ -308,9 +308,24 @@ def test_weights_round_trip_and_are_checked(dqn_setup):
 
 
 def test_state_round_trips(dqn_setup):
+    """``b.set_state(zeros)`` then ``a.set_state(b.get_state())`` compared ``a`` with ``b``: both
+    wrap the same agent and start from the same state object, so a ``set_state`` that validated and
+    then dropped its input passed. Now the values set are the values read back, and they differ
+    from the agent's own."""
     agent, _, _ = dqn_setup
     a, b = AgentAlgorithm(agent), AgentAlgorithm(agent)
-    b.set_state([x * 0 for x in a.get_state()])
+    original = a.get_state()
+    assert any(np.any(x != 0) for x in original)  # the agent's state is not already zeros
+    b.set_state([np.zeros_like(x) for x in original])
+    assert all(not np.any(x) for x in b.get_state())
+    assert not _same_bits(b.state, agent.state) and _same_bits(a.state, agent.state)
+    assert all(not np.any(x) for x in b.get_weights())  # the acting weights follow the state
+    assert _same_bits(b.get_weights(), jax.tree_util.tree_leaves(agent.acting_params(b.state)))
+    ones = [np.full_like(x, i + 1) for i, x in enumerate(original)]  # a distinct non-zero value per leaf
+    a.set_state(ones)
+    assert _same_bits(a.get_state(), ones)
+    assert not _same_bits(a.get_weights(), b.get_weights())
+    assert _same_bits(a.get_weights(), jax.tree_util.tree_leaves(agent.acting_params(a.state)))
     a.set_state(b.get_state())
     assert _same_bits(a.state, b.state) and _same_bits(a.get_weights(), b.get_weights())
     with pytest.raises(ValueError, match="state has"):

@@ -321,6 +321,9 @@ class TestDeterministic(chex.TestCase):
         np.testing.assert_array_equal(log_prob, np.zeros(2))
         x, logp = self.variant(lambda d, k: d.sample_and_log_prob(k))(Deterministic(value), jax.random.key(0))
         np.testing.assert_array_equal(x, value)
+        # were shape-checked only: an entropy of ones passed; the class documents zeros for both
+        np.testing.assert_array_equal(logp, np.zeros(2, np.float32))
+        np.testing.assert_array_equal(entropy, np.zeros(2, np.float32))
         assert logp.shape == (2,) and entropy.shape == (2,)
 
 

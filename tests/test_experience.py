@@ -254,9 +254,18 @@ def test_vectorized_no_transform_merges(jit):
 
 
 def test_vectorized_legacy_uint32_key():
+    """A legacy ``uint32[2]`` key was checked for the output's shape only: one key broadcast to
+    every environment passed. Now the noise differs across environments and is that of the split
+    keys, computed by hand as in ``test_vectorized``."""
+    key = jax.random.PRNGKey(1)
     pipe = ExperiencePipeline([scale_transform], vectorized=True)
-    out = pipe.run(STATE, jax.random.PRNGKey(1), make_exp((T, E)))
+    out = pipe.run(STATE, key, make_exp((T, E)))
     assert out.noise.shape == (T * E,)
+    noise = np.asarray(out.noise).reshape(T, E)
+    assert not np.allclose(noise[:, 0], noise[:, 1]) and not np.allclose(noise[:, 1], noise[:, 2])
+    env_keys = jax.random.split(key, E)  # (E, 2) uint32
+    expected_noise = np.stack([jax.random.uniform(jax.random.split(env_keys[e], 1)[0], (T,)) for e in range(E)], axis=1)
+    np.testing.assert_allclose(noise, expected_noise)
 
 
 # ---------------------------------------------------------------------------------------------

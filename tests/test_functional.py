@@ -192,9 +192,21 @@ def test_what_is_not_a_prng_key_is_refused_as_rng():
 
 
 def test_jit_changes_no_result_and_is_safe_twice():
+    """``plain`` and ``jitted`` run one compiled program, so equal results held for a ``jit()`` that
+    did nothing. Now: ``jit()`` puts the compiled ``predict`` and ``update`` (``jitted_methods``'s)
+    on the instance in place of the class's methods and marks it jitted; a second ``jit()`` keeps
+    those same functions; and the results are unchanged."""
     plain, jitted = DQN(haiku_network, ENV, 1e-3), DQN(haiku_network, ENV, 1e-3)
+    assert jitted.__dict__["_jitted"] is False and not {"predict", "update"} & set(jitted.__dict__)
     jitted.jit()
+    assert jitted.__dict__["_jitted"] is True
+    predict, update = jitted.__dict__["predict"], jitted.__dict__["update"]
+    for fn, name in ((predict, "predict"), (update, "update")):
+        assert fn.__qualname__ == f"CollectionAgent.jitted_methods.<locals>.{name}"
+    assert jitted.predict is predict and jitted.update is update  # not the class's bound methods
+    assert plain.predict.__func__ is DQN.predict and "predict" not in plain.__dict__
     jitted.jit()
+    assert jitted.predict is predict and jitted.update is update  # the second call changes nothing
     data, key = batch(jax.random.PRNGKey(8)), jax.random.PRNGKey(9)
     results = []
     for agent in (plain, jitted):

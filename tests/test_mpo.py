@@ -293,12 +293,15 @@ def _summary(run_dir):
 
 
 def test_host_training_is_deterministic_for_a_seed(tmp_path):
+    """Only two runs of one seed were compared: a seed that changed nothing passed. Now a run of
+    another seed gives other bits."""
     args = ["train", "mpo", "Pendulum-v1", "--steps", "400", "--quiet", "--set", "algo_params.start_step=200"]
     args += small("mpo")
-    for name in ("a", "b"):
-        assert main([*args, "--run-dir", str(tmp_path / name)]) == 0
-    a, b = _summary(tmp_path / "a"), _summary(tmp_path / "b")
-    assert a["steps"] == 400 and a["state_fingerprint"] == b["state_fingerprint"]
+    for name, seed in (("a", "0"), ("b", "0"), ("c", "1")):
+        assert main([*args, "--seed", seed, "--run-dir", str(tmp_path / name)]) == 0
+    a, b, c = _summary(tmp_path / "a"), _summary(tmp_path / "b"), _summary(tmp_path / "c")
+    assert a["steps"] == c["steps"] == 400 and a["state_fingerprint"] == b["state_fingerprint"]
+    assert c["state_fingerprint"] != a["state_fingerprint"]
 
 
 def test_compiled_training_is_deterministic_and_resumes_to_the_same_bits(tmp_path):

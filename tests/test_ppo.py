@@ -502,6 +502,9 @@ def test_same_seed_gives_bit_identical_parameters():
     assert stats_a.episode_returns == stats_b.episode_returns
     init = ppo.train_state_ppo_factory(jax.random.PRNGKey(0), a.config)
     assert not _leaves_equal(a.state.actor_critic.params, init.actor_critic.params)
+    # another seed gives other bits (a seed that changed nothing passed before)
+    c, _ = _short_run(seed=6, name="c")
+    assert not _leaves_equal(a.state.actor_critic.params, c.state.actor_critic.params)
 
 
 def test_smoke_training_run_continuous():

@@ -206,13 +206,21 @@ def test_the_update_over_sequences_equals_stepping_the_core(tmp_path, shared, co
 
 
 def test_recurrent_training_is_deterministic_for_a_seed(tmp_path):
+    """Only two runs of one seed were compared: a seed that changed nothing, or a run that did not
+    train, passed. Now a run of another seed gives other bits, and the trained state is not the
+    freshly built one."""
     prints = []
-    for name in ("a", "b"):
-        agent, env = _agent(tmp_path, name=name)
+    for name, seed in (("a", 0), ("b", 0), ("c", 1)):
+        agent, env = preset_agent(
+            "ppo_lstm", "CartPoleNoVel-v1", steps=512, n_envs=4, seed=seed, run_dir=tmp_path / name, sets=SETS
+        )
+        fresh, structure = state_fingerprint(agent.state), jax.tree_util.tree_structure(agent.state)
         result = EXECUTORS["host"].run(agent, env, 512)
+        assert jax.tree_util.tree_structure(result.state.agent_state) == structure  # bits compared, not shapes
         prints.append(state_fingerprint(result.state.agent_state))
+        assert prints[-1] != fresh
         env.close()
-    assert prints[0] == prints[1]
+    assert prints[0] == prints[1] != prints[2]
 
 
 def test_a_resumed_compiled_recurrent_run_gives_the_bits_of_an_uninterrupted_one(tmp_path):

@@ -33,8 +33,23 @@ check: $(STAMP)
 test: check
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
+# The learning benchmarks of BENCHMARKS.md's table "Re-run after the architecture change", each
+# script with the table's arguments, one after the other (hours on 2 cores). A script that fails
+# stops make, except bench_ppo.py, which also exits 1 when a target is missed (the leading -: make
+# reports it and goes on; the others report a miss in their output and results). They write into
+# benchmarks/results/, or into KITAE_BENCH_RESULTS's folder if set.
 bench: $(STAMP)
-	for script in benchmarks/bench_*.py; do $(PY) $$script || exit 1; done
+	-$(PY) benchmarks/bench_ppo.py
+	$(PY) benchmarks/bench_sac.py
+	$(PY) benchmarks/bench_td3.py
+	$(PY) benchmarks/bench_compiled_learning.py --only ppo td3 sac dqn
+	$(PY) benchmarks/bench_envpool.py --only cartpole
+	$(PY) benchmarks/bench_jaxmarl.py
+	$(PY) benchmarks/bench_minatar.py --steps 500000 --seeds 0
+	KITAE_NO_COMPILATION_CACHE=1 $(PY) benchmarks/bench_brax.py --algo ppo
+	KITAE_NO_COMPILATION_CACHE=1 $(PY) benchmarks/bench_brax.py --algo sac
+	$(PY) benchmarks/bench_pettingzoo.py
+	$(PY) benchmarks/bench_dqn.py
 
 compare: $(STAMP)
 	$(PY) -m pip install --quiet torch==2.13.0

@@ -37,16 +37,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import yaml  # noqa: E402
-from common import first_step_above, kitae_train, seed_figures  # noqa: E402
+import yaml
+from common import RESULTS, first_step_above, kitae_train, seed_figures
 
-from kitae.algos.collections.ppo import PPOParams  # noqa: E402
-from kitae.envs.make import EnvSpec  # noqa: E402
-from kitae.runs.presets import load_preset  # noqa: E402
-from kitae.runs.provenance import made_with  # noqa: E402
+from kitae.algos.collections.ppo import PPOParams
+from kitae.envs.make import EnvSpec
+from kitae.runs.presets import load_preset
+from kitae.runs.provenance import made_with
 
 CASES = {
     "a2c": ("CartPole-v1", "gymnax:CartPole-v1", 475.0),
@@ -135,7 +134,7 @@ def main() -> None:
                     args.algo, env_id, seeds, threshold, Path(tmp_name), report[case]
                 )
             report[case]["made_with"] = made_with()
-            RESULTS.mkdir(exist_ok=True)
+            RESULTS.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(report, indent=2))
 
 

@@ -19,11 +19,10 @@ import json
 import resource
 import sys
 import time
-from pathlib import Path
+
+from common import RESULTS
 
 from kitae.runs.provenance import made_with
-
-HERE = Path(__file__).resolve().parent
 
 # algo -> (env id, steps per seed, threshold on every seed's final return)
 CASES = {
@@ -92,8 +91,8 @@ def main() -> None:
     args = parser.parse_args()
     env_id, steps, threshold = CASES[args.algo]
     row = run_case(args.algo, env_id, args.steps or steps, threshold, args.seeds, args.cache)
-    path = HERE / "results" / f"brax_{args.algo}_{env_id.split(':')[1]}.json"
-    path.parent.mkdir(exist_ok=True)
+    path = RESULTS / f"brax_{args.algo}_{env_id.split(':')[1]}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(row, indent=2))
     print(f"wrote {path}")
 

@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+from common import RESULTS
 
 
 def _agent(seed: int = 0):
@@ -146,8 +146,8 @@ def main() -> None:
             f"from the command line, 1 command with --seeds {args.n_seeds} / {args.n_seeds} commands: "
             f"{summary['ratio']:.2f} (median)"
         )
-        (HERE / "results").mkdir(exist_ok=True)
-        (HERE / "results" / "compiled_cli_seeds.json").write_text(
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / "compiled_cli_seeds.json").write_text(
             json.dumps({"steps": args.steps, "n_seeds": args.n_seeds, "summary": summary, "rows": cli_rows}, indent=2)
         )
         return
@@ -198,8 +198,8 @@ def main() -> None:
             f"{args.n_seeds} seeds in one call / {args.n_seeds} separate runs, wall time: "
             f"{summary['one_call_over_separate_wall']:.2f} (median of per-round ratios)"
         )
-    (HERE / "results").mkdir(exist_ok=True)
-    (HERE / "results" / "compiled_ppo_cartpole.json").write_text(
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "compiled_ppo_cartpole.json").write_text(
         json.dumps({"steps": args.steps, "summary": summary, "rows": rows}, indent=2)
     )
 

@@ -15,9 +15,8 @@ import argparse
 import json
 import resource
 import time
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+from common import RESULTS
 
 CASES = [
     # algo, env id, steps per seed, threshold
@@ -64,13 +63,13 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", choices=[c[0] for c in CASES])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     args = parser.parse_args()
-    path = HERE / "results" / "compiled_learning.json"
+    path = RESULTS / "compiled_learning.json"
     rows = json.loads(path.read_text()) if path.exists() else {}
     for algo, env_id, steps, threshold in CASES:
         if args.only and algo not in args.only:
             continue
         rows[algo] = run_case(algo, env_id, steps, threshold, args.seeds)
-        path.parent.mkdir(exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(rows, indent=2))
 
 

@@ -31,10 +31,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from common import RESULTS
+
 from kitae.runs.provenance import made_with
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = Path(__file__).resolve().parent / "results"
 
 CASES: dict[str, dict] = {
     "ppo_sync": {"argv": ["ppo", "CartPole-v1", "--workers", "2", "--steps", "500000"], "target": 475.0},
@@ -93,7 +94,7 @@ def main() -> None:
         for name in args.only or list(CASES):
             report[name] = run_case(name, args.seeds, Path(tmp))
             report[name]["made_with"] = made_with()
-            RESULTS.mkdir(exist_ok=True)
+            RESULTS.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(report, indent=2))
             print(json.dumps({name: {"final_returns": report[name]["final_returns"], "met": report[name]["met"]}}))
 

@@ -33,10 +33,10 @@ sys.path.insert(0, str(ROOT))
 os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
 
 import gymnasium as gym  # noqa: E402
+from common import RESULTS  # noqa: E402
 
 from kitae.runs.provenance import made_with  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
 STEP_SECONDS = 0.002
 
 
@@ -140,7 +140,7 @@ def main() -> None:
         "made_with": made_with(),
         "command": "python benchmarks/bench_distributed_scaling.py " + " ".join(sys.argv[1:]),
     }
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "distributed_scaling.json").write_text(json.dumps(report, indent=2))
     print(
         json.dumps(

@@ -35,10 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
+from common import RESULTS
 
 from kitae.runs.provenance import made_with
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def _time_steps(env, actions: np.ndarray) -> float:
@@ -171,7 +170,7 @@ def main() -> None:
     parser.add_argument("--pong-steps", type=int, default=16_384)
     args = parser.parse_args()
     only = set(args.only or ("throughput", "cartpole", "pong"))
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     if "throughput" in only:
         throughput()
     if "cartpole" in only:

@@ -46,9 +46,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from common import RESULTS
+
 from kitae.runs.provenance import made_with
 
-RESULTS = Path(__file__).resolve().parent / "results"
 KITAE = [sys.executable, "-m", "kitae.cli"]
 LEARNING_RATES = ["1e-4", "2.5e-4", "1e-3", "2.5e-3"]
 SEEDS = 4

@@ -21,10 +21,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from common import RESULTS
+
 from kitae.runs.provenance import made_with
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def main() -> None:
@@ -52,7 +53,7 @@ def main() -> None:
         "runs": runs,
         "made_with": made_with(),
     }
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"functional_dqn_{args.network}.json").write_text(json.dumps(report, indent=2))
     print(json.dumps({"final_returns": finals, "met": report["met"]}))
 

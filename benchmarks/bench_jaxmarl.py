@@ -24,6 +24,7 @@ import argparse
 import dataclasses
 import json
 import resource
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,10 +32,10 @@ from typing import Any
 
 import jax
 import numpy as np
+from common import RESULTS
 
 from kitae.runs.provenance import made_with
 
-HERE = Path(__file__).resolve().parent
 ENV_ID = "jaxmarl:MPE_simple_spread_v3"
 
 
@@ -67,7 +68,7 @@ def main() -> None:
     parser.add_argument("--eval-envs", type=int, default=64)
     parser.add_argument("--eval-episodes", type=int, default=10)
     parser.add_argument("--eval-seed", type=int, default=12345)
-    parser.add_argument("--output", default=str(HERE / "results" / "jaxmarl_simple_spread.json"))
+    parser.add_argument("--output", default=str(RESULTS / "jaxmarl_simple_spread.json"))
     args = parser.parse_args()
 
     from kitae.envs.make import make_jax_env
@@ -119,9 +120,7 @@ def main() -> None:
     row = {
         "name": "ippo_simple_spread_compiled",
         "env_id": ENV_ID,
-        "command": "python benchmarks/bench_jaxmarl.py"
-        + (f" --steps {args.steps}" if args.steps else "")
-        + f" --seeds {' '.join(map(str, args.seeds))}",
+        "command": " ".join(["python", *sys.argv]),
         "algo": "ppo (IPPO: one set of parameters shared by the 3 agents)",
         "n_envs": env.num_envs,
         "n_agents": env.n_agents,

@@ -18,15 +18,14 @@ import argparse
 import json
 import resource
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from common import RESULTS
 
 from kitae.runs.provenance import made_with
 
-HERE = Path(__file__).resolve().parent
 ENV_ID = "gymnax:Breakout-MinAtar"
 
 
@@ -123,8 +122,8 @@ def main() -> None:
         + " ".join(map(str, args.seeds)),
     }
     print(json.dumps(row, indent=2))
-    path = HERE / "results" / "minatar_breakout.json"
-    path.parent.mkdir(exist_ok=True)
+    path = RESULTS / "minatar_breakout.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(row, indent=2) + "\n")
 
 

@@ -47,6 +47,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from common import RESULTS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -54,7 +55,6 @@ from kitae.envs.make import make_vec_env
 from kitae.runs.provenance import made_with
 
 ENV_ID = "pettingzoo:mpe2.simple_spread_v3"
-RESULTS = Path(__file__).resolve().parent / "results"
 PPO_PARAMS = dict(gamma=0.95, gae_lambda=0.95, clip_coef=0.2, entropy_coef=0.01, value_coef=0.5, normalize_rewards=True)
 
 
@@ -217,7 +217,7 @@ def main() -> None:
         "algo_params": repr(PPOParams(**PPO_PARAMS)),
         "update_cfg": repr(update_cfg(args.n_envs, args.rollout)),
     }
-    RESULTS.mkdir(exist_ok=True)
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(result, indent=2))
     print(
         json.dumps(

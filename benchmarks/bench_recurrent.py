@@ -35,12 +35,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import curve_figures, kitae_train  # noqa: E402
+from common import RESULTS, curve_figures, kitae_train
 
-from kitae.runs.provenance import made_with  # noqa: E402
+from kitae.runs.provenance import made_with
 
 
 def learning(name: str, argv: list[str], seeds: list[int], tmp: Path, together: bool) -> dict:
@@ -136,7 +135,7 @@ def main() -> None:
             else:
                 report[case] = speed(args.speed_steps, args.repeats, tmp)
             report[case]["made_with"] = made_with()
-            RESULTS.mkdir(exist_ok=True)
+            RESULTS.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(report, indent=2))
 
 

@@ -38,12 +38,11 @@ import tempfile
 import time
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import kitae_train, seed_figures  # noqa: E402
+from common import RESULTS, kitae_train, seed_figures
 
-from kitae.runs.provenance import made_with  # noqa: E402
+from kitae.runs.provenance import made_with
 
 PER = ("--set", "replay.prioritized=true", "--set", "replay.n_step=3")
 PLAIN = ("--set", "replay.n_step=1")  # the CartPole preset's replay is 3-step since issue 10's re-run
@@ -218,7 +217,7 @@ def main() -> None:
     result["made_with"] = made_with()
     result["date"] = time.strftime("%Y-%m-%d")
     report[args.case] = result
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2))
     print(json.dumps(result, indent=2))
 

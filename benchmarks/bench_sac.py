@@ -235,8 +235,10 @@ def speed(sbx_python: str, rounds: int, steps: int) -> dict:
             for k in ("sps_total", "sps_steady", "cpu_ms_per_step_steady", "median_step_ms")
         }
     result = {"env_id": ENV_ID, "steps": steps, "rounds": rounds, "median": summary, "runs": runs}
-    (HERE / "results").mkdir(exist_ok=True)
-    (HERE / "results" / "sac_speed.json").write_text(json.dumps(result, indent=2))
+    from common import RESULTS
+
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "sac_speed.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(summary, indent=2))
     return result
 

@@ -43,11 +43,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import ROOT, kitae_train, seed_figures
+from common import RESULTS, ROOT, kitae_train, seed_figures
 
 from kitae.runs.provenance import made_with
 
-RESULTS = Path(__file__).resolve().parent / "results"
 TARGETS = {
     "LunarLander-v3": {"ppo": 200.0, "dqn": 100.0},
     "Acrobot-v1": {"ppo": -100.0, "dqn": -100.0},
@@ -119,7 +118,7 @@ def main() -> None:
             # read again just before writing: --only ppo and --only dqn may run side by side
             report = json.loads(path.read_text()) if path.exists() else {}
             report[algo] = case
-            RESULTS.mkdir(exist_ok=True)
+            RESULTS.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps({algo: case["met"] for algo, case in json.loads(path.read_text()).items()}))
 

@@ -2,6 +2,12 @@
 
 Each ``benchmarks/bench_<algo>.py`` names its tuned settings and calls ``run_learning``; results
 go to ``benchmarks/results/<name>.json`` and are summarised in BENCHMARKS.md.
+
+``RESULTS`` is the folder every benchmark script writes its results into: ``benchmarks/results/``,
+or the folder named by the environment variable ``KITAE_BENCH_RESULTS`` (made if missing), so that
+a run need not overwrite the recorded files. This module imports only the standard library at its
+top (kitae, JAX and NumPy inside the functions that use them), so that a worker process whose
+whole wall time is measured can import ``RESULTS`` at no cost.
 """
 
 from __future__ import annotations
@@ -9,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import resource
 import shutil
 import statistics
@@ -17,15 +24,12 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import kitae.config as cfg
 
-import kitae.config as cfg
-from kitae.envs.make import make_vec_env
-from kitae.runs.provenance import made_with
-
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(os.environ.get("KITAE_BENCH_RESULTS") or Path(__file__).resolve().parent / "results")
 
 
 def build_config(
@@ -40,6 +44,8 @@ def build_config(
 ) -> cfg.AlgoConfig:
     """An ``AlgoConfig`` for a vector environment made by ``make_vec_env`` (``replay``: the
     default ``ReplayConfig`` when ``None``)."""
+    import kitae.config as cfg
+
     return cfg.AlgoConfig(
         replay=replay or cfg.ReplayConfig(),
         seed=seed,
@@ -72,6 +78,11 @@ def run_learning(
     """Trains one agent per seed (one after the other) and records the mean return of the last
     ``last_episodes`` training episodes for each; passes if every seed reaches ``threshold``
     (``replay``: an off-policy agent's ``ReplayConfig``, the default when ``None``)."""
+    import numpy as np
+
+    from kitae.envs.make import make_vec_env
+    from kitae.runs.provenance import made_with
+
     runs = []
     for seed in seeds:
         env = make_vec_env(env_id, n_envs)
@@ -118,12 +129,14 @@ def run_learning(
         "algo_params": repr(algo_params),
         "update_cfg": repr(update_cfg),
     }
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2))
     return result
 
 
 def _rolling(stats, window: int):
+    import numpy as np
+
     returns = stats.episode_returns
     for i in range(window, len(returns) + 1):
         yield stats.episode_steps[i - 1], float(np.mean(returns[i - window : i]))

@@ -42,7 +42,8 @@ import tempfile
 import time
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from common import RESULTS
+
 STEPS = 500_000
 LEARNING_RATES = [1e-4, 2.5e-4, 1e-3, 2.5e-3]
 
@@ -188,6 +189,7 @@ def main() -> None:
         return
     result = run_case(args.case, args.rounds)
     path = args.out
+    path.parent.mkdir(parents=True, exist_ok=True)
     data = json.loads(path.read_text()) if path.exists() else {}
     data[args.case] = result
     path.write_text(json.dumps(data, indent=2) + "\n")

@@ -8,15 +8,15 @@ the peak resident memory, and kitae's speed ratio to each: in training wall time
 trains, measured inside each process) and in whole processes (imports and set-up included,
 paired round by round).
 
-kitae runs three ways: ``kitae`` is the host loop over the same Gymnasium vector environment as
-SB3 and SBX, with an empty compilation cache (every run compiles, as SB3/SBX's first run does);
-``kitae-warm`` is the same with kitae's persistent compilation cache warmed by one untimed run
-(what a user's second run of a configuration costs); ``kitae-compiled`` is the compiled loop over
-the gymnax port of the same environment (``gymnax:CartPole-v1`` / ``gymnax:Pendulum-v1``, same
-dynamics, same hyperparameters), cold cache, wall time including compilation. ``kitae-bare`` (not
-run by default) is the host loop with a cold cache and no run directory: the executor called
-without callbacks (``kitae.loops.host.HostExecutor().run``), so that, like SB3's and SBX's
-``learn`` here, it writes no logs, checkpoints or plot.
+kitae runs four ways, the first three by default: ``kitae`` is the host loop over the same
+Gymnasium vector environment as SB3 and SBX, with an empty compilation cache (every run compiles,
+as SB3/SBX's first run does); ``kitae-warm`` is the same with kitae's persistent compilation cache
+warmed by one untimed run (what a user's second run of a configuration costs); ``kitae-compiled``
+is the compiled loop over the gymnax port of the same environment (``gymnax:CartPole-v1`` /
+``gymnax:Pendulum-v1``, same dynamics, same hyperparameters), cold cache, wall time including
+compilation. ``kitae-bare`` (not run by default) is the host loop with a cold cache and no run
+directory: the executor called without callbacks (``kitae.loops.host.HostExecutor().run``), so
+that, like SB3's and SBX's ``learn`` here, it writes no logs, checkpoints or plot.
 
 Needs the optional comparison dependencies: ``make compare`` installs them
 (``pip install torch==2.13.0`` for the CPU wheel on disk, then ``.[compare]``).
@@ -24,6 +24,9 @@ Needs the optional comparison dependencies: ``make compare`` installs them
 Run: ``.venv/bin/python benchmarks/compare_sb3.py --task ppo-cartpole --repeats 3``
      (``--frameworks sb3 kitae`` for a subset)
      ``.venv/bin/python benchmarks/compare_sb3.py --task sac-pendulum --repeats 3``
+
+Results: ``benchmarks/results/compare_TASK.json``, or ``--out``'s file (a run on another machine,
+kept apart from the recorded one).
 """
 
 from __future__ import annotations
@@ -215,6 +218,9 @@ def main() -> None:
         default=["sb3", "sbx", "kitae", "kitae-warm", "kitae-compiled"],
         choices=["sb3", "sbx", "kitae", "kitae-warm", "kitae-compiled", "kitae-bare"],
     )
+    parser.add_argument(
+        "--out", type=Path, default=None, help="the JSON file to write (default: benchmarks/results/compare_TASK.json)"
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -289,10 +295,11 @@ def main() -> None:
         for key, value in summary[ours].items():
             if key.startswith("speed_ratio"):
                 print(f"{ours} {key.replace('_', ' ')}: {value:.2f}x")
-    (HERE / "results").mkdir(exist_ok=True)
-    (HERE / "results" / f"compare_{args.task}.json").write_text(
-        json.dumps({"task": args.task, **spec, "summary": summary}, indent=2)
-    )
+    from common import RESULTS
+
+    path = args.out or RESULTS / f"compare_{args.task}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"task": args.task, **spec, "summary": summary}, indent=2))
 
 
 if __name__ == "__main__":

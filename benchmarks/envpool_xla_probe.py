@@ -24,11 +24,10 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
+
+from common import RESULTS
 
 from kitae.runs.provenance import made_with
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 CHILD = r"""
 import sys, time
@@ -122,7 +121,7 @@ def main() -> None:
                 break  # it fails deterministically: two failures are enough to say so
         counts = {k: sum(r["outcome"] == k for r in runs) for k in ("finished", "hung", "failed")}
         result["modes"][mode] = {**counts, "runs": runs}
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / args.out).write_text(json.dumps(result, indent=2))
     print(json.dumps({m: {k: v for k, v in r.items() if k != "runs"} for m, r in result["modes"].items()}))
 

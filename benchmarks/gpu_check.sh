@@ -5,7 +5,9 @@
 #
 #     bash benchmarks/gpu_check.sh [train] [recurrent] [rejax] [tests]   # default: all four
 #
-# Results go under $OUT (default /tmp/gpu_check).
+# Results go under $OUT (default /tmp/gpu_check) and nowhere else: versions.txt, train.txt,
+# recurrent.txt, recurrent.json (bench_recurrent.py's, through KITAE_BENCH_RESULTS), rejax.txt,
+# compare_rejax.json (compare_rejax.py's --out) and tests.txt; benchmarks/results/ is left as it is.
 #
 # 1. one seed of PPO on gymnax CartPole-v1 (the preset, 500k steps), twice: the return, the
 #    compile and train seconds, and whether the two runs end with the same bits on the GPU;
@@ -45,13 +47,13 @@ has train && {
     done
 } 2>&1 | tee "$OUT/train.txt"
 
-has recurrent && timeout 200 python3 benchmarks/bench_recurrent.py --only speed --repeats 2 --speed-steps 51200 \
-    2>&1 | tee "$OUT/recurrent.txt"
-has recurrent && cp benchmarks/results/recurrent.json "$OUT/recurrent.json" 2>/dev/null
+has recurrent && KITAE_BENCH_RESULTS="$OUT" timeout 200 python3 benchmarks/bench_recurrent.py --only speed \
+    --repeats 2 --speed-steps 51200 2>&1 | tee "$OUT/recurrent.txt"
 
-has rejax && timeout 240 python3 benchmarks/compare_rejax.py one --rounds 2 2>&1 | tee "$OUT/rejax.txt"
-has rejax && timeout 150 python3 benchmarks/compare_rejax.py seeds --rounds 1 2>&1 | tee -a "$OUT/rejax.txt"
-has rejax && cp benchmarks/results/compare_rejax.json "$OUT/compare_rejax.json" 2>/dev/null
+has rejax && timeout 240 python3 benchmarks/compare_rejax.py one --rounds 2 --out "$OUT/compare_rejax.json" \
+    2>&1 | tee "$OUT/rejax.txt"
+has rejax && timeout 150 python3 benchmarks/compare_rejax.py seeds --rounds 1 --out "$OUT/compare_rejax.json" \
+    2>&1 | tee -a "$OUT/rejax.txt"
 
 has tests && timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_timesteps.py \
     tests/test_distributions.py 2>&1 | tail -15 | tee "$OUT/tests.txt"

@@ -13,6 +13,7 @@ to compare:
 
 from __future__ import annotations
 
+import argparse
 import time
 
 import flax.linen as nn
@@ -67,6 +68,7 @@ def compare(model: nn.Module, params: object, frames: jax.Array) -> None:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     frames = jnp.asarray(np.random.default_rng(0).integers(0, 255, (4, 256, 84, 84, 4), np.uint8))
     for layer in (nn.Conv, Conv):
         print(f"{layer.__module__}.{layer.__name__}:")

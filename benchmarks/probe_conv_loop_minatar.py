@@ -8,6 +8,7 @@ Run: ``.venv/bin/python benchmarks/probe_conv_loop_minatar.py``
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -31,6 +32,7 @@ class Net(nn.Module):
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     model = Net()
     frames = jnp.asarray(np.random.default_rng(0).integers(0, 2, (4, 1024, 10, 10, 4)).astype(np.float32))
     compare(model, model.init(jax.random.PRNGKey(0), frames[0, :1]), frames)

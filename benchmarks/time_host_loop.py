@@ -7,6 +7,7 @@ Run twice in a row so the second run loads its programs from the compilation cac
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -44,13 +45,20 @@ def _timed_steps(agent):  # the host loop's two compiled calls, each timed
     return collect.CompiledSteps(act=_timed("explore", steps.act), update=_timed("update", steps.update))
 
 
-host.compiled_steps = _timed_steps
-gymnasium.vector.SyncVectorEnv.step = _timed("env step", gymnasium.vector.SyncVectorEnv.step)
+def main() -> None:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+    host.compiled_steps = _timed_steps
+    gymnasium.vector.SyncVectorEnv.step = _timed("env step", gymnasium.vector.SyncVectorEnv.step)
 
-result = compare_sb3._kitae("ppo-cartpole", 0)
-other = result["wall_seconds"] - sum(seconds.values())
-print(
-    f"wall {result['wall_seconds']:.2f} s ({result['sps']:,.0f} steps/s, compile {result['compile_seconds']:.2f} s), "
-    + ", ".join(f"{k} {v:.2f} s" for k, v in seconds.items())
-    + f", explore {seconds['explore'] / calls['explore'] * 1e6:.0f} us per call, the rest {other:.2f} s"
-)
+    result = compare_sb3._kitae("ppo-cartpole", 0)
+    other = result["wall_seconds"] - sum(seconds.values())
+    print(
+        f"wall {result['wall_seconds']:.2f} s ({result['sps']:,.0f} steps/s, "
+        f"compile {result['compile_seconds']:.2f} s), "
+        + ", ".join(f"{k} {v:.2f} s" for k, v in seconds.items())
+        + f", explore {seconds['explore'] / calls['explore'] * 1e6:.0f} us per call, the rest {other:.2f} s"
+    )
+
+
+if __name__ == "__main__":
+    main()

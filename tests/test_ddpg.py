@@ -19,6 +19,7 @@ from kitae.cli import main
 from kitae.loops.collect import compiled_steps
 from kitae.loops.host import HostCollector
 from kitae.runs import preset_agent
+from tests._determinism import assert_trained_and_seeded
 from tests._small import small
 
 P = DDPGParams()
@@ -150,9 +151,6 @@ def test_training_is_deterministic_for_a_seed(tmp_path, env_id, noise):
     that did not train, passed. Now each run succeeds, its trained state (the checkpoint the
     summary's fingerprint is of) is not the freshly built one, and another seed builds another
     state. (Not a third run of another seed: one run of the gymnax OU case takes ~11 s.)"""
-    from kitae.runs.load import load_agent
-    from kitae.runs.rundir import state_fingerprint
-
     sets = ["algo_params.start_step=200", f"algo_params.noise_type={noise}"]
     sets += [s for s in small("ddpg") if s != "--set"]
     fingerprints = []
@@ -161,13 +159,4 @@ def test_training_is_deterministic_for_a_seed(tmp_path, env_id, noise):
         assert main([*argv, *(arg for s in sets for arg in ("--set", s))]) == 0
         fingerprints.append(json.loads((tmp_path / name / "summary.json").read_text())["state_fingerprint"])
     assert fingerprints[0] == fingerprints[1]
-    trained = load_agent(tmp_path / "a").state
-    assert state_fingerprint(trained) == fingerprints[0]
-    fresh = [preset_agent("ddpg", env_id, steps=600, seed=seed, run_dir=tmp_path / f"fresh{seed}", sets=sets)
-             for seed in (0, 1)]  # fmt: skip
-    for _, env in fresh:
-        env.close()
-    layout = [(np.shape(x), np.asarray(x).dtype) for x in jax.tree_util.tree_leaves(trained)]
-    assert [(np.shape(x), np.asarray(x).dtype) for x in jax.tree_util.tree_leaves(fresh[0][0].state)] == layout
-    assert state_fingerprint(fresh[0][0].state) != fingerprints[0]  # trained
-    assert state_fingerprint(fresh[0][0].state) != state_fingerprint(fresh[1][0].state)  # the seed matters
+    assert_trained_and_seeded(tmp_path / "a", fingerprints[0], "ddpg", env_id, 600, sets)

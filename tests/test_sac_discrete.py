@@ -24,6 +24,7 @@ from kitae.algos.collections.sac_discrete import (
 )
 from kitae.cli import main
 from kitae.runs import preset_agent
+from tests._determinism import assert_trained_and_seeded
 
 LN = math.log
 Q = jnp.array([[[1.0, 3.0]], [[2.0, 0.0]]])  # two critics, one state, two actions: (N, B, n)
@@ -103,23 +104,10 @@ def test_training_is_deterministic_for_a_seed(tmp_path, env_id):
     that did not train, passed. Now each run succeeds, its trained state (the checkpoint the
     summary's fingerprint is of) is not the freshly built one, and another seed builds another
     state. (Not a third run of another seed: one run takes ~10 s.)"""
-    from kitae.runs.load import load_agent
-    from kitae.runs.rundir import state_fingerprint
-
     fingerprints = []
     for name in ("a", "b"):
         argv = ["train", "sac", env_id, "--steps", "1600", "--run-dir", str(tmp_path / name), "--quiet"]
         assert main([*argv, "--set", "algo_params.start_step=400"]) == 0
         fingerprints.append(json.loads((tmp_path / name / "summary.json").read_text())["state_fingerprint"])
     assert fingerprints[0] == fingerprints[1]
-    trained = load_agent(tmp_path / "a").state
-    assert state_fingerprint(trained) == fingerprints[0]
-    sets = ["algo_params.start_step=400"]
-    fresh = [preset_agent("sac", env_id, steps=1600, seed=seed, run_dir=tmp_path / f"fresh{seed}", sets=sets)
-             for seed in (0, 1)]  # fmt: skip
-    for _, env in fresh:
-        env.close()
-    layout = [(np.shape(x), np.asarray(x).dtype) for x in jax.tree_util.tree_leaves(trained)]
-    assert [(np.shape(x), np.asarray(x).dtype) for x in jax.tree_util.tree_leaves(fresh[0][0].state)] == layout
-    assert state_fingerprint(fresh[0][0].state) != fingerprints[0]  # trained
-    assert state_fingerprint(fresh[0][0].state) != state_fingerprint(fresh[1][0].state)  # the seed matters
+    assert_trained_and_seeded(tmp_path / "a", fingerprints[0], "sac", env_id, 1600, ["algo_params.start_step=400"])

@@ -69,6 +69,17 @@ def test_cartpole_spaces_dtypes_and_same_step_mode():
         env.close()
 
 
+def test_check_env_refuses_envpools_own_pool_and_names_kitaes():
+    import envpool
+
+    pool = envpool.make("CartPole-v1", env_type="gymnasium", num_envs=2)
+    try:
+        with pytest.raises(ValueError, match=r"EnvPool pool .*make_vec_env\('envpool:TASK'"):
+            check_env(pool)
+    finally:
+        pool.close()
+
+
 def test_termination_gives_the_final_observation_and_resets_in_the_same_step():
     env = make_vec_env("envpool:CartPole-v1", 2)
     try:

@@ -93,6 +93,15 @@ def test_merge_n_first_dims_jit_static():
     np.testing.assert_array_equal(out, x.reshape(24))
 
 
+def test_merge_n_first_dims_refuses_a_traced_n():
+    # Seed 000: "AssertionError - If n is not specified as static when jitting."
+    x = jnp.zeros((4, 5, 6))
+    with pytest.raises(AssertionError, match="static"):
+        jax.jit(merge_n_first_dims)(x, 2)
+    with pytest.raises(AssertionError, match="static"):
+        jax.jit(stack_and_merge_n_first_dims)([x, x], 2)
+
+
 @pytest.mark.parametrize("n", [0, -1])
 def test_merge_n_first_dims_rejects_non_positive(n):
     with pytest.raises(AssertionError, match=f"n={n}"):

@@ -1116,6 +1116,34 @@ def test_a_subclass_that_defines_the_seeds_five_methods_works_and_jit_compiles_t
     assert LinearQAgent.traces == 1
 
 
+class ScaledLinearQAgent(LinearQAgent):
+    """Seed 002's ``**kwargs``: a keyword of the subclass's own (a loss scale, traced)."""
+
+    def update(self, params, optimizer_state, data, scale=1.0):
+        return super().update(params, optimizer_state, {**data, "reward": data["reward"] * scale})
+
+
+@pytest.mark.parametrize("jitted", [False, True])
+def test_keyword_arguments_reach_a_subclass_and_are_refused_by_the_built_in_agents(jitted):
+    agent = ScaledLinearQAgent(haiku_network, ENV, 0.1)
+    if jitted:
+        agent.jit()
+    data = batch(jax.random.PRNGKey(20))
+    params, _, optimizer_state = fresh(agent)
+    doubled = agent.update(params, optimizer_state, data, scale=2.0)
+    by_hand = agent.update(params, optimizer_state, {**data, "reward": data["reward"] * 2.0})
+    np.testing.assert_allclose(np.asarray(doubled[0]), np.asarray(by_hand[0]), rtol=1e-6)
+
+    dqn = DQN(haiku_network, ENV, 1e-3)
+    if jitted:
+        dqn.jit()
+    params, policy_state, optimizer_state = fresh(dqn)
+    with pytest.raises(TypeError, match=r"DQN.predict got keyword arguments \['foo'\]; allowed: none"):
+        dqn.predict(params, policy_state, data["obs"], jax.random.PRNGKey(0), False, foo=1)
+    with pytest.raises(TypeError, match=r"DQN.update got keyword arguments \['foo'\]; allowed: none"):
+        dqn.update(params, optimizer_state, data, foo=1)
+
+
 def test_a_subclass_missing_a_seed_method_is_refused_by_name():
     class NoUpdate(BaseAgent):
         init_params = LinearQAgent.init_params

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections import namedtuple
 
 import gymnasium as gym
@@ -108,6 +109,26 @@ def test_process_termination_restores_final_observations_and_logs(tmp_path):
     returns = events.Scalars("charts/episodic_return")
     assert [(e.step, e.value) for e in returns] == [(42, 10.0), (42, 8.0)]
     assert [e.value for e in events.Scalars("charts/episodic_length")] == [10.0, 8.0]
+
+
+def test_process_termination_warns_when_a_writer_gets_no_episode_returns(tmp_path):
+    # make_vec_env records no episode statistics: an ended episode with a writer and no
+    # `episodes=` would log nothing silently.
+    next_obs = np.array([[0.0], [5.0]], dtype=np.float32)
+    infos = {
+        "final_obs": np.array([np.array([9.0], np.float32), None], dtype=object),
+        "_final_obs": np.array([True, False]),
+    }
+    writer = SummaryWriter(str(tmp_path))
+    with pytest.warns(UserWarning, match="episodes="):
+        real = process_termination(3, next_obs, infos, writer)
+    np.testing.assert_array_equal(real, [[9.0], [5.0]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        process_termination(3, next_obs, infos, writer, episodes=[(0, 9.0, 9)])
+        process_termination(3, next_obs, infos, None)
+        process_termination(3, next_obs, {}, writer)
+    writer.close()
 
 
 def test_process_termination_without_episode_end_returns_the_observations():

@@ -63,9 +63,9 @@ def merge_n_first_dims(array: Array, n: int = 2) -> Array:
         The array reshaped to ``(D_1 * ... * D_n, ...)``.
 
     Raises:
-        AssertionError: if ``n <= 0``.
+        AssertionError: if ``n <= 0``, or ``n`` is not static when jitting (seed 000).
     """
-    assert n > 0, f"merge_n_first_dims: n must be a positive int, got n={n}"
+    _check_n("merge_n_first_dims", n)
     array = jnp.asarray(array)
     if array.ndim < n:  # fewer dimensions than asked: all of them are merged
         return array.reshape((math.prod(array.shape),))
@@ -73,6 +73,15 @@ def merge_n_first_dims(array: Array, n: int = 2) -> Array:
         return array
     # math.prod rather than -1 so that zero-sized dimensions are handled too.
     return array.reshape((math.prod(array.shape[:n]),) + array.shape[n:])
+
+
+def _check_n(name: str, n: Any) -> None:
+    """The documented ``AssertionError`` for an ``n`` traced by ``jax.jit`` (not static: the merged
+    shape would depend on a value) or not positive."""
+    assert not isinstance(n, jax.core.Tracer), (
+        f"{name}: n must be static when jitting (jax.jit(..., static_argnums=1)); got a traced value"
+    )
+    assert n > 0, f"{name}: n must be a positive int, got n={n}"
 
 
 def stack_and_merge_n_first_dims(arrays: Sequence[Array], n: int = 2) -> Array:
@@ -93,9 +102,9 @@ def stack_and_merge_n_first_dims(arrays: Sequence[Array], n: int = 2) -> Array:
         The stacked and merged array.
 
     Raises:
-        AssertionError: if ``n <= 0``.
+        AssertionError: if ``n <= 0``, or ``n`` is not static when jitting (seed 000).
     """
-    assert n > 0, f"stack_and_merge_n_first_dims: n must be a positive int, got n={n}"
+    _check_n("stack_and_merge_n_first_dims", n)
     return merge_n_first_dims(jnp.stack(list(arrays), axis=1), n)
 
 

@@ -1,5 +1,9 @@
 """The stateless agent API of seed 002: ``BaseAgent``, ``OptimState`` and the network adapters.
 
+Why this module is long: the base class, the collection agents' base and the network adapters
+(Haiku, Flax, ``make_actor_critic``) are one contract, each documented with the checks it makes;
+split, a reader would follow one call across three files.
+
 A functional agent is made once from a network creator, an environment (for its spaces) and a
 learning rate; after that it holds nothing that changes. Everything that does change is passed in
 and handed back: the parameters (``init_params``), the policy state (``init_policy``: what acting
@@ -309,17 +313,22 @@ class BaseAgent(abc.ABC):
         0. ``rng``: a PRNG key (a raw ``(2,)`` uint32 key) or an ``hk.PRNGSequence``."""
 
     @abc.abstractmethod
-    def predict(self, params: Any, policy_state: Any, obs: Any, key: Any, evaluation: bool = False) -> tuple[Any, Any]:
+    def predict(
+        self, params: Any, policy_state: Any, obs: Any, key: Any, evaluation: bool = False, **kwargs: Any
+    ) -> tuple[Any, Any]:
         """Acts on a batch of observations ``(B, ...)``: ``(PolicyOutput, PolicyState)``.
 
         ``key`` is a JAX key (an ``hk.PRNGSequence`` too, outside ``jax.jit``); ``evaluation`` a
-        Python bool, static under ``jit()``.
+        Python bool, static under ``jit()``. ``kwargs``: a subclass's own keyword arguments (seed
+        002's signature; ``jit()`` passes them on, traced); the built-in agents take none.
         """
 
     @abc.abstractmethod
-    def update(self, params: Any, optimizer_state: OptimState, data: Mapping[str, Any]) -> tuple[Any, Any, OptimState]:
+    def update(
+        self, params: Any, optimizer_state: OptimState, data: Mapping[str, Any], **kwargs: Any
+    ) -> tuple[Any, Any, OptimState]:
         """Trains on ``data`` (a mapping of arrays ``(B, ...)``): ``(OptimOutput, Params,
-        OptimState)``."""
+        OptimState)``. ``kwargs``: as ``predict``'s."""
 
     def jit(self) -> None:
         """Compiles ``predict`` (``evaluation`` static) and ``update`` in place: each is then
@@ -414,11 +423,14 @@ class CollectionAgent(BaseAgent):
     def _update(self, params: Any, optimizer_state: OptimState, data: Mapping[str, Any]) -> tuple[Any, Any, OptimState]:
         """The pure update: ``(OptimOutput, Params, OptimState)``."""
 
-    def predict(self, params: Any, policy_state: Any, obs: Any, key: Any, evaluation: bool = False) -> tuple[Any, Any]:
+    def predict(
+        self, params: Any, policy_state: Any, obs: Any, key: Any, evaluation: bool = False, **kwargs: Any
+    ) -> tuple[Any, Any]:
         """Acts on a batch of observations ``(B, ...)``; ``key`` a JAX key or an
         ``hk.PRNGSequence``; ``evaluation`` a Python bool (it picks the program: under your own
         ``jax.jit``, make it static, ``jax.jit(agent.predict, static_argnames="evaluation")``, or
-        call ``agent.jit()``).
+        call ``agent.jit()``). ``kwargs``: none taken (seed 002's signature has them for agents
+        of the user's own); any given is a ``TypeError`` naming it.
 
         Returns:
             ``(PolicyOutput, PolicyState)`` (the algorithm's types).
@@ -427,11 +439,15 @@ class CollectionAgent(BaseAgent):
             TypeError: for an ``evaluation`` that is an array (traced by ``jax.jit(agent.predict)``).
             ValueError: for observations that do not fit the observation space.
         """
+        self.check_no_kwargs("predict", kwargs)
         check_evaluation(evaluation)
         return self._compiled_predict(params, policy_state, obs, as_key(key), evaluation)
 
-    def update(self, params: Any, optimizer_state: OptimState, data: Mapping[str, Any]) -> tuple[Any, Any, OptimState]:
-        """Trains on ``data`` (a mapping of arrays, the algorithm's ``DATA_KEYS``).
+    def update(
+        self, params: Any, optimizer_state: OptimState, data: Mapping[str, Any], **kwargs: Any
+    ) -> tuple[Any, Any, OptimState]:
+        """Trains on ``data`` (a mapping of arrays, the algorithm's ``DATA_KEYS``); ``kwargs`` as
+        ``predict``'s.
 
         Returns:
             ``(OptimOutput, Params, OptimState)`` (the algorithm's types).
@@ -442,8 +458,18 @@ class CollectionAgent(BaseAgent):
                 ``jax.vmap``, where values cannot be read), an action outside the action space
                 (``check_action_values``).
         """
+        self.check_no_kwargs("update", kwargs)
         self.check_data_values(data)
         return self._compiled_update(params, optimizer_state, data)
+
+    def check_no_kwargs(self, method: str, kwargs: Mapping[str, Any]) -> None:
+        """Raises ``TypeError`` naming the keyword arguments given to ``method``, which the
+        built-in agents do not take."""
+        if kwargs:
+            raise TypeError(
+                f"{type(self).__name__}.{method} got keyword arguments {sorted(kwargs)}; allowed: none "
+                "(the built-in agents take only the documented arguments)"
+            )
 
     def check_data_values(self, data: Mapping[str, Any]) -> None:
         """Checks the values of a concrete ``data["action"]`` against the action space
@@ -483,11 +509,17 @@ class CollectionAgent(BaseAgent):
             return super().jitted_methods()
         compiled_predict, compiled_update = self._compiled_predict, self._compiled_update
 
-        def predict(params: Any, policy_state: Any, obs: Any, key: Any, evaluation: bool = False) -> tuple[Any, Any]:
+        def predict(
+            params: Any, policy_state: Any, obs: Any, key: Any, evaluation: bool = False, **kwargs: Any
+        ) -> tuple[Any, Any]:
+            self.check_no_kwargs("predict", kwargs)
             check_evaluation(evaluation)
             return compiled_predict(params, policy_state, obs, as_key(key), evaluation)
 
-        def update(params: Any, optimizer_state: OptimState, data: Mapping[str, Any]) -> tuple[Any, Any, OptimState]:
+        def update(
+            params: Any, optimizer_state: OptimState, data: Mapping[str, Any], **kwargs: Any
+        ) -> tuple[Any, Any, OptimState]:
+            self.check_no_kwargs("update", kwargs)
             self.check_data_values(data)
             return compiled_update(params, optimizer_state, data)
 

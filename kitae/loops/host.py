@@ -19,6 +19,7 @@ The environments' state cannot be saved: a run that goes on from a checkpoint re
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Any
 
 import gymnasium as gym
@@ -51,6 +52,8 @@ def check_env(env: EnvLike) -> EnvLike:
     reset in ``AutoresetMode.SAME_STEP`` (what ``kitae.envs.make.make_vec_env`` builds). A single
     PettingZoo ``ParallelEnv`` becomes a ``SyncVecParallelEnv`` of one copy (in this process); a
     ``VecParallelEnv`` (``SyncVecParallelEnv``, ``SubProcVecParallelEnv``) is returned as it is.
+    An EnvPool pool is kitae's ``EnvPoolVectorEnv`` (``make_vec_env("envpool:TASK", n)``): one
+    from ``envpool.make`` resets a step late and is refused, saying so.
 
     Args:
         env (EnvLike): An environment.
@@ -71,6 +74,12 @@ def check_env(env: EnvLike) -> EnvLike:
         return SyncVecParallelEnv([lambda: single])
     if isinstance(env, gym.vector.VectorEnv):
         mode = env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
+        if mode != AutoresetMode.SAME_STEP and _is_envpool(env):  # it cannot be wrapped after the fact
+            raise ValueError(
+                f"the EnvPool pool {type(env).__name__} resets on the step after an episode ends, losing "
+                "its real final observation; kitae needs AutoresetMode.SAME_STEP: make the pool with "
+                "kitae.envs.make.make_vec_env('envpool:TASK', n_envs) (kitae.envs.envpool_env.EnvPoolVectorEnv)"
+            )
         if mode != AutoresetMode.SAME_STEP:
             raise ValueError(
                 f"the vector environment resets in autoreset_mode={mode}; kitae needs "
@@ -88,6 +97,12 @@ def check_env(env: EnvLike) -> EnvLike:
         "kitae.envs.parallel.VecParallelEnv (SyncVecParallelEnv, SubProcVecParallelEnv), or a "
         "kitae.envs.jax_env.VecJaxEnv (kitae.envs.make.make_jax_env) for the compiled loop"
     )
+
+
+def _is_envpool(env: Any) -> bool:
+    """Whether ``env`` is a pool from ``envpool.make`` (its classes derive from EnvPool's; checked
+    without importing EnvPool)."""
+    return any(klass.__module__.startswith("envpool.") for klass in type(env).__mro__)
 
 
 def episode_statistics(infos: dict) -> list[tuple[int, float, int]]:
@@ -127,6 +142,9 @@ def process_termination(
             ``charts/episodic_length``), or ``None``.
         episodes: the episodes that ended in this step as ``(env_index, return, length)``; if
             ``None``, they are read from ``infos["episode"]`` where a wrapper recorded them.
+            ``make_vec_env`` records none (``kitae.loops.episodes`` says why), so a loop of your
+            own over it passes them (``kitae.loops.episodes.track_episodes`` keeps them from the
+            rewards); with a writer and neither, an ended episode logs nothing and warns.
 
     Returns:
         The next observations to store in the buffer, ``(E, ...)``.
@@ -140,6 +158,15 @@ def process_termination(
             ended = np.flatnonzero(infos["_final_obs"])
             real_next = _with_final_observations(next_observations, [finals[i] for i in ended], ended)
     if writer is not None:
+        if episodes is None and "episode" not in infos and real_next is not next_observations:
+            # An episode ended and nothing says its return: make_vec_env records no statistics
+            # (kitae.loops.episodes says why), so a loop of the user's own must pass them.
+            warnings.warn(
+                "process_termination: an episode ended but its return is unknown, so the writer logs "
+                "nothing; pass episodes=[(env_index, return, length), ...] (kitae.loops.episodes."
+                "track_episodes keeps them from the rewards)",
+                stacklevel=2,
+            )
         for _, episodic_return, length in episode_statistics(infos) if episodes is None else episodes:
             writer.add_scalar("charts/episodic_return", episodic_return, global_step)
             writer.add_scalar("charts/episodic_length", length, global_step)

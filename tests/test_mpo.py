@@ -143,15 +143,18 @@ def test_a_full_covariance_is_lower_triangular_with_a_positive_diagonal():
     assert np.any(np.tril(np.asarray(chol), -1) != 0.0)  # the entries below the diagonal are learned
 
 
-def test_sampled_actions_follow_the_gaussian_and_are_clipped():
+def test_sampled_actions_follow_the_gaussian_unclipped():
     mean = jnp.array([[0.1, -0.2], [0.9, 0.0]])
     chol = jnp.array([[[0.2, 0.0], [0.1, 0.1]], [[0.5, 0.0], [0.0, 0.5]]])
     for fn in _both(mpo.sample_actions, static_argnames="n"):
         samples = fn(jax.random.PRNGKey(0), mean, chol, n=20_000)
-        assert samples.shape == (20_000, 2, 2) and float(jnp.max(jnp.abs(samples))) <= 1.0
-        # the first state's samples are never clipped (4 std from the bounds): mean and L L^T
-        np.testing.assert_allclose(jnp.mean(samples[:, 0], 0), mean[0], atol=0.005)
-        np.testing.assert_allclose(jnp.cov(samples[:, 0].T), chol[0] @ chol[0].T, atol=0.002)
+        assert samples.shape == (20_000, 2, 2)
+        # near a bound too (the second state: 0.9 with std 0.5, 42 % beyond 1): mean and L L^T,
+        # which the M-step fits; clipped samples gave a mean of 0.75 there
+        for b in range(2):
+            np.testing.assert_allclose(jnp.mean(samples[:, b], 0), mean[b], atol=0.01)
+            np.testing.assert_allclose(jnp.cov(samples[:, b].T), chol[b] @ chol[b].T, atol=0.01)
+        assert float(jnp.max(samples[:, 1, 0])) > 1.0
     # with L = 0 a sample is the mean
     np.testing.assert_array_equal(mpo.sample_actions(jax.random.PRNGKey(0), mean, jnp.zeros((2, 2, 2)), 3)[1], mean)
 
@@ -218,13 +221,27 @@ def test_critic_target_and_loss_by_hand_under_jit_and_vmap():
     target_key, _ = jax.random.split(key)
     next_mean = jnp.tanh(0.3 * BATCH.next_observation)
     samples = mpo.sample_actions(target_key, next_mean, jnp.full((2, 1, 1), 0.5), MPOParams().n_action_samples)
-    y = BATCH.reward + BATCH.discount * (BATCH.next_observation[:, 0] + jnp.mean(samples[..., 0], axis=0))
+    clipped = jnp.clip(samples[..., 0], -1.0, 1.0)  # the critic scores what the environment would get
+    y = BATCH.reward + BATCH.discount * (BATCH.next_observation[:, 0] + jnp.mean(clipped, axis=0))
     np.testing.assert_allclose(info["loss_critic"], jnp.mean(jnp.square(jnp.array([1.0, 0.5]) - y)), rtol=1e-6)
     # vmapped over two batches of rewards: each its own loss
     rewards = jnp.stack([BATCH.reward, BATCH.reward + 1.0])
     losses = jax.vmap(lambda r: compute(state, key, tuple(BATCH._replace(reward=r)))[1]["loss_critic"])(rewards)
     # rewards + 1: y = (2, 3), Q - y = (-1, -2.5): mean(1, 6.25) = 3.625
     np.testing.assert_allclose(losses, [1.125, 3.625], rtol=1e-6)
+
+
+def test_a_critic_flat_in_the_action_leaves_a_policy_near_its_bound_where_it_is():
+    # With Q independent of the action the E-step's weights are uniform, so the M-step fits the
+    # target policy's own samples: at online = target (both KLs 0, their gradients 0) the actor's
+    # gradient is the mean's maximum-likelihood one, zero in expectation. Mean tanh(0.3 * 5) = 0.91,
+    # std 0.5: 43 % of the samples lie beyond 1; fitting them clipped gave a gradient pulling the
+    # mean in (d loss / d w = +0.56 here), unclipped it is sampling noise (0.01 at most over 5 keys).
+    config = _config(MPOParams(n_action_samples=20_000))
+    batch = BATCH._replace(observation=jnp.array([[5.0], [5.0]]))
+    grads, info = mpo.compute_gradients_factory(config)(_linear_state(0.0), jax.random.PRNGKey(3), tuple(batch))
+    np.testing.assert_allclose([info["kl_mean"], info["kl_stddev"]], [0.0, 0.0], atol=1e-6)
+    assert abs(float(grads["actor"]["w"])) < 0.05
 
 
 def test_one_update_step_moves_the_critic_and_polyak_averages_the_targets():

@@ -39,8 +39,9 @@ both (Polyak-averaged with ``tau``). Each gradient step on a batch of ``B`` stat
 their own Adam (``dual_learning_rate``).
 
 Actions: the policy works in ``[-1, 1]`` (a ``tanh`` mean; samples clipped to ``[-1, 1]`` before
-they are scored or sent); ``explore`` / ``select_action`` return actions in the environment's
-units (``scale_action`` with the ``Box`` bounds), the update unscales the stored ones. Only
+they are scored by the critic or sent, and fitted unclipped by the M-step); ``explore`` /
+``select_action`` return actions in the environment's units (``scale_action`` with the ``Box``
+bounds), the update unscales the stored ones. Only
 ``Box`` action spaces of shape ``(D,)`` with finite bounds; ``MPO`` refuses others when it is made.
 
 Usage (a runnable example; a few minutes on a laptop CPU)::
@@ -323,10 +324,12 @@ def mvn_log_prob(x: jax.Array, mean: jax.Array, chol: jax.Array) -> jax.Array:
 
 
 def sample_actions(key: jax.Array, mean: jax.Array, chol: jax.Array, n: int) -> jax.Array:
-    """``n`` samples ``clip(mean + L eps, -1, 1)``, ``eps ~ N(0, I)``, per state: ``mean (B, D)``,
-    ``chol (B, D, D)`` -> ``(n, B, D)``."""
+    """``n`` samples ``mean + L eps``, ``eps ~ N(0, I)``, per state: ``mean (B, D)``, ``chol (B, D,
+    D)`` -> ``(n, B, D)``. Not clipped: the M-step fits the Gaussian to them, and clipped samples
+    would pull its mean in from the bounds and shrink its covariance (a flat critic would then
+    move the policy). The critic scores them clipped to ``[-1, 1]``, as the environment acts."""
     eps = jax.random.normal(key, (n, *mean.shape), mean.dtype)
-    return jnp.clip(mean + jnp.einsum("bij,nbj->nbi", chol, eps), -1.0, 1.0)
+    return mean + jnp.einsum("bij,nbj->nbi", chol, eps)
 
 
 def temperature_dual_loss(temperature: jax.Array, q_values: jax.Array, epsilon: float | jax.Array) -> jax.Array:
@@ -382,9 +385,11 @@ def _repeat(observations: Any, n: int) -> Any:
 
 
 def _sample_values(apply_fn: Callable, params: Params, observations: Any, actions: jax.Array) -> jax.Array:
-    """``Q(s_b, a_ib)`` for actions ``(N, B, D)`` -> ``(N, B)``."""
+    """``Q(s_b, clip(a_ib, -1, 1))`` for actions ``(N, B, D)`` (``sample_actions``') -> ``(N, B)``:
+    the action the environment would receive, which is what the critic learnt from."""
     n, b = actions.shape[:2]
-    return apply_fn(params, _repeat(observations, n), actions.reshape(n * b, -1)).reshape(n, b)
+    clipped = jnp.clip(actions, -1.0, 1.0).reshape(n * b, -1)
+    return apply_fn(params, _repeat(observations, n), clipped).reshape(n, b)
 
 
 # ---------------------------------------------------------------------------------------------

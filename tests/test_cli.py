@@ -116,6 +116,13 @@ def test_unknown_environment(capsys):
         ["train", "ppo", "gymnax:CartPol-v1"],
         "unknown gymnax environment 'CartPol-v1'; did you mean 'CartPole-v1'",
     )
+    # kitae's own gymnax ids are suggested and listed too
+    _bad(
+        capsys,
+        ["train", "ppo_lstm", "gymnax:CartPoleNoVel-v2"],
+        "unknown gymnax environment 'CartPoleNoVel-v2'; did you mean 'CartPoleNoVel-v1'",
+    )
+    _bad(capsys, ["train", "dqn", "gymnax:BitFlip-v0"], "kitae adds: CartPoleNoVel-v1, BitFlipping-v0")
 
 
 def test_make_vec_env_points_a_jax_id_to_make_jax_env():

@@ -275,6 +275,13 @@ def test_acting_step_in_multi_agent_mode_keys_everything_by_agent(tmp_path):
     assert sorted(restarted[3]) == ["log_prob", "value"] and set(restarted[3]["value"]) == set(obs)
     for got, want in zip(jax.tree_util.tree_leaves(restarted[:3]), jax.tree_util.tree_leaves(fresh[:3]), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    first, *others = list(obs)
+    with pytest.raises(
+        ValueError, match=rf"^done\[{first!r}\] of shape \({n + 1},\) is not allowed; allowed: \({n},\)"
+    ):
+        algorithm.acting_step(obs, rhs, {name: np.ones(n + 1) for name in obs})
+    with pytest.raises(ValueError, match=rf"^done has no entry for agents \[{others[0]!r}"):
+        algorithm.acting_step(obs, rhs, {first: np.ones(n)})
     env.close()
 
     sets = ["env_kwargs.continuous_actions=true"]

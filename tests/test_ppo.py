@@ -427,6 +427,28 @@ def test_other_params_are_refused():
         PPO("refused", config, run_dir="unused")
 
 
+def test_the_params_of_kitaes_other_ppos_are_refused_and_a_users_subclass_is_not(tmp_path):
+    # RecurrentPPOParams and RNDPPOParams extend PPOParams: PPO took them and ignored their fields
+    # (PPO.unserialize of a ppo_lstm run then failed on the checkpoint's array count)
+    from kitae.algos.collections.recurrent_ppo import RecurrentPPOParams
+    from kitae.algos.collections.rnd_ppo import RNDPPOParams
+
+    spaces = (gym.spaces.Box(-1, 1, (3,)), gym.spaces.Discrete(2))
+    for params in (RecurrentPPOParams(core="gru"), RNDPPOParams()):
+        name = type(params).__name__
+        with pytest.raises(TypeError, match=f"^algo_params={name} is not allowed for PPO; allowed: a PPOParams$"):
+            PPO("refused", _config(*spaces, params), run_dir=str(tmp_path / name))
+
+    @dataclasses.dataclass
+    class MyPPOParams(PPOParams):
+        note: str = "mine"
+
+    assert (
+        PPO("mine", _config(*spaces, MyPPOParams(gamma=0.9)), run_dir=str(tmp_path / "mine")).config.algo_params.gamma
+        == 0.9
+    )
+
+
 @pytest.mark.parametrize(
     "field, value",
     [

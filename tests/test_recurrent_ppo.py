@@ -168,6 +168,9 @@ def test_acting_step_resets_where_done_says_the_previous_episode_ended(tmp_path)
     with pytest.raises(TypeError, match="needs hidden and start"):
         agent.act_extras(acting, observation)
     assert jax.tree_util.tree_map(np.shape, after) == jax.tree_util.tree_map(np.shape, agent.initial_hidden(4))
+    # a done without one flag per row: named, not numpy's reshape error
+    with pytest.raises(ValueError, match=r"^done of shape \(3,\) is not allowed; allowed: \(4,\), one flag per row"):
+        algorithm.acting_step(observation, rhs, np.ones(3))
     env.close()
 
 

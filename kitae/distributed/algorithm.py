@@ -251,7 +251,8 @@ class AgentAlgorithm(Algorithm):
             for the others. Multi-agent: each a dict keyed by agent.
 
         Raises:
-            ValueError: for observations that do not fit ``config.env_cfg.observation_space``.
+            ValueError: for observations that do not fit ``config.env_cfg.observation_space``;
+                for a recurrent agent, a ``done`` without one flag per row.
         """
         del args
         check_observation(self.agent.config.env_cfg.observation_space, obs, self.agent.parallel)
@@ -283,12 +284,14 @@ class AgentAlgorithm(Algorithm):
         copy's episode ends for all its agents at once, so one ``done`` ``(E,)`` serves every
         agent (a dict keyed by agent is taken as it is)."""
         if not self.agent.parallel:
-            return (self.agent.initial_hidden(n) if rhs is None else rhs), np.asarray(done, bool).reshape(n)
+            return (self.agent.initial_hidden(n) if rhs is None else rhs), _flags(done, n, "done")
         hidden = {agent: self.agent.initial_hidden(n) for agent in obs} if rhs is None else rhs
         if isinstance(done, dict):
-            return hidden, {agent: np.asarray(done[agent], bool).reshape(n) for agent in obs}
-        flags = np.asarray(done, bool).reshape(n)
-        return hidden, dict.fromkeys(obs, flags)
+            missing = sorted(set(obs) - set(done))
+            if missing:
+                raise ValueError(f"done has no entry for agents {missing}; allowed: (E,) or a dict keyed by agent")
+            return hidden, {agent: _flags(done[agent], n, f"done[{agent!r}]") for agent in obs}
+        return hidden, dict.fromkeys(obs, _flags(done, n, "done"))
 
     def set_weights(self, actor_weights: Any, *args: Any) -> None:
         """Sets the acting weights from what ``get_weights`` returns: their arrays, in order, with
@@ -594,6 +597,18 @@ def _batch_size(obs: Any) -> int:
     if not leaves:
         raise ValueError("obs holds no array")
     return int(np.shape(leaves[0])[0])
+
+
+def _flags(done: Any, n: int, name: str) -> np.ndarray:
+    """``done`` as ``(E,)`` bools (one per row of the ``E`` observations); a clear error for
+    another number of values."""
+    flags = np.asarray(done, bool)
+    if flags.size != n:
+        raise ValueError(
+            f"{name} of shape {flags.shape} is not allowed; allowed: ({n},), one flag per row of the "
+            f"{n} observations (the previous step ended that row's episode)"
+        )
+    return flags.reshape(n)
 
 
 def _into(like: Any, values: Any, name: str, getter: str) -> Any:

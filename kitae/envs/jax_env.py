@@ -175,9 +175,13 @@ class GymnaxEnv:
         from gymnax.environments.spaces import gymnax_space_to_gym_space
 
         if name not in gymnax.registered_envs:
-            hint = closest_names(name, gymnax.registered_envs)
+            from kitae.envs import goals, memory  # kitae's own gymnax ids (kitae.envs.make makes them)
+
+            ours = [memory.NAME, goals.NAME]
+            hint = closest_names(name, [*gymnax.registered_envs, *ours])
             raise ValueError(
-                f"unknown gymnax environment {name!r}{hint}; registered: {', '.join(gymnax.registered_envs)}"
+                f"unknown gymnax environment {name!r}{hint}; registered: {', '.join(gymnax.registered_envs)}; "
+                f"kitae adds: {', '.join(ours)}"
             )
         self.name = name
         if env_kwargs:

@@ -1103,10 +1103,14 @@ class PPO(OnPolicyAgent):
         if not isinstance(config, cfg.AlgoConfig):
             raise TypeError(f"config={type(config).__name__} is not allowed; allowed: a kitae.config.AlgoConfig")
         name, params_class = type(self).algo_name, type(self).params_class
-        if not isinstance(config.algo_params, params_class):
+        given = type(config.algo_params)
+        # kitae's recurrent and RND PPOs extend PPOParams: their params are another algorithm's,
+        # whose fields PPO would ignore (a user's own subclass of PPOParams is let through)
+        if not isinstance(config.algo_params, params_class) or (
+            given is not params_class and given.__module__.startswith("kitae.")
+        ):
             raise TypeError(
-                f"algo_params={type(config.algo_params).__name__} is not allowed for {name}; allowed: a "
-                f"{params_class.__name__}"
+                f"algo_params={given.__name__} is not allowed for {name}; allowed: a {params_class.__name__}"
             )
         factories = self.collection_factories()
         factories.check(config)

@@ -18,6 +18,7 @@ and ``render(state)`` (an RGB frame), with which ``kitae eval --video`` plays an
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol
 
 import gymnasium as gym
@@ -96,6 +97,26 @@ class JaxEnv(Protocol):
         """
 
 
+def check_gymnax_id(name: str, also: Sequence[str] = ()) -> None:
+    """Refuses a ``name`` that is neither in ``gymnax.registered_envs`` nor in ``also`` (the ids
+    ``kitae.envs.make`` adds: ``CartPoleNoVel-v1``, ...), with the closest names and the lists.
+
+    Raises:
+        ValueError: for an unknown id.
+    """
+    for module in ("seaborn", "matplotlib.pyplot"):  # gymnax imports them to render only
+        _import_lazily(module)
+    import gymnax
+
+    if name in gymnax.registered_envs or name in also:
+        return
+    hint = closest_names(name, [*gymnax.registered_envs, *also])
+    added = f"; kitae adds: {', '.join(also)}" if also else ""
+    raise ValueError(
+        f"unknown gymnax environment {name!r}{hint}; registered: {', '.join(gymnax.registered_envs)}{added}"
+    )
+
+
 def _import_lazily(name: str) -> None:
     """Puts a stand-in for module ``name`` in ``sys.modules`` that imports the real module on its
     first attribute use, unless it is imported already or not installed.
@@ -169,20 +190,10 @@ class GymnaxEnv:
     """
 
     def __init__(self, name: str, **env_kwargs: Any) -> None:
-        for module in ("seaborn", "matplotlib.pyplot"):  # gymnax imports them to render only
-            _import_lazily(module)
+        check_gymnax_id(name)
         import gymnax
         from gymnax.environments.spaces import gymnax_space_to_gym_space
 
-        if name not in gymnax.registered_envs:
-            from kitae.envs import goals, memory  # kitae's own gymnax ids (kitae.envs.make makes them)
-
-            ours = [memory.NAME, goals.NAME]
-            hint = closest_names(name, [*gymnax.registered_envs, *ours])
-            raise ValueError(
-                f"unknown gymnax environment {name!r}{hint}; registered: {', '.join(gymnax.registered_envs)}; "
-                f"kitae adds: {', '.join(ours)}"
-            )
         self.name = name
         if env_kwargs:
             _check_gymnax_options(name, env_kwargs)

@@ -134,10 +134,12 @@ def make_jax_env(env_id: str | EnvSpec, n_envs: int, **env_kwargs: Any) -> Any:
         ValueError: for an id whose source is not a JAX source.
         ImportError: for a source whose optional extra is not installed.
     """
-    from kitae.envs.jax_env import GymnaxEnv, VecJaxEnv
+    from kitae.envs.jax_env import GymnaxEnv, VecJaxEnv, check_gymnax_id
 
     spec = EnvSpec.parse(env_id)
     env_kwargs = {**spec.env_kwargs, **env_kwargs}
+    if spec.source == "gymnax":
+        check_gymnax_id(spec.name, also=(memory.NAME, goals.NAME))
     if spec.source == "gymnax" and spec.name == memory.NAME:  # kitae's CartPole without velocities
         return VecJaxEnv(memory.gymnax_cartpole_no_velocity(**env_kwargs), n_envs)
     if spec.source == "gymnax" and spec.name == goals.NAME:  # kitae's bit flipping, in JAX

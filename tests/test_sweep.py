@@ -30,7 +30,7 @@ from kitae.runs.load import load_agent
 from kitae.runs.resolve import preset_agent
 from kitae.runs.signals import StopRequest
 from kitae.runs.summary import describe_divergence
-from kitae.runs.sweep import SweepSpec, parse_grid, sweep_run
+from kitae.runs.sweep import SweepSpec, grid_annealing, parse_grid, sweep_run
 from kitae.runs.sweep_resume import resume_sweep
 
 pytestmark = pytest.mark.timeout(300)
@@ -50,6 +50,8 @@ def _leaves(tree):
         ("update_cfg.learning_rate=1e-3,fast", "'fast' is not allowed; allowed: numbers"),
         ("update_cfg.learning_rate=1e-3,true", "'true' is not allowed"),
         ("update_cfg.learning_rate=1e-3,1e-3", "repeat one"),
+        ("update_cfg.learning_rate=lin_1e-3,3e-4", r"mixes annealed \(lin_V\) and constant values; allowed: all"),
+        ("algo_params.clip_coef=lin_0.1", "'lin_0.1' is not allowed; allowed: numbers, V1"),
     ],
 )
 def test_grid_items_are_refused_when_malformed(item, message):
@@ -66,6 +68,31 @@ def test_grid_keys_given_twice_are_refused_and_values_parse_as_floats():
         parse_grid([f"{LR}=1e-4", f"{LR}=1e-3"])
     with pytest.raises(RunError, match="at least one --grid"):
         parse_grid([])
+
+
+def test_a_swept_learning_rate_anneals_as_set_reads_it():
+    # plain values are constant rates (what --set update_cfg.learning_rate=V trains, whatever the
+    # preset does), lin_V values annealed ones
+    assert parse_grid([f"{LR}=lin_1e-4,lin_3e-4"]) == {LR: [1e-4, 3e-4]}
+    assert grid_annealing([f"{LR}=lin_1e-4,lin_3e-4"]) is True
+    assert grid_annealing([f"{LR}=1e-4,3e-4", "algo_params.clip_coef=0.1,1"]) is False
+    assert grid_annealing(["algo_params.clip_coef=0.1,1"]) is None
+
+
+@pytest.mark.parametrize("value", ["1e-3", "lin_1e-3"], ids=["constant", "annealed"])
+def test_a_host_sweeps_combination_is_the_run_kitae_train_set_makes(tmp_path, capsys, value):
+    """PPO's CartPole preset anneals its rate (lin_1e-3): a swept plain value kept the preset's
+    annealing where ``kitae train --set`` trains a constant rate, so the two runs differed."""
+    sweep_dir, run_dir = tmp_path / "sweep", tmp_path / "train"
+    common = ["ppo", "CartPole-v1", "--steps", "1024", "--quiet"]
+    grid = f"{LR}={value},{'lin_' if 'lin' in value else ''}3e-4"
+    assert main(["sweep", *common, "--grid", grid, "--sweep-dir", str(sweep_dir)]) == 0
+    assert main(["train", *common, "--set", f"{LR}={value}", "--run-dir", str(run_dir)]) == 0
+    capsys.readouterr()
+    combination = json.loads((sweep_dir / "learning_rate=0.001" / "summary.json").read_text())
+    alone = json.loads((run_dir / "summary.json").read_text())
+    assert combination["state_fingerprint"] == [alone["state_fingerprint"]]
+    assert load_agent(sweep_dir / "learning_rate=0.001").config.update_cfg.learning_rate_annealing is ("lin" in value)
 
 
 def test_sweepable_keys_are_the_float_fields_and_traced_config_refuses_others():

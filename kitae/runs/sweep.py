@@ -117,8 +117,16 @@ class SweepSpec:
     address: str | None = None
 
 
+LEARNING_RATE = "update_cfg.learning_rate"
+ANNEALED = "lin_"
+"""A swept learning rate written ``lin_V`` anneals from ``V`` to 0, as ``--set`` reads it."""
+
+
 def parse_grid(items: list[str]) -> dict[str, list[float]]:
     """``["update_cfg.learning_rate=1e-4,3e-4"]`` -> ``{"update_cfg.learning_rate": [1e-4, 3e-4]}``.
+
+    ``update_cfg.learning_rate``'s values may be written ``lin_V`` (all of them or none), as
+    ``--set`` takes them: ``learning_rate_annealing`` says which (``grid_annealing``).
 
     Raises:
         RunError: for an item that is not ``KEY=V1,V2,...`` with numbers, or a key given twice.
@@ -133,16 +141,36 @@ def parse_grid(items: list[str]) -> dict[str, list[float]]:
             raise RunError(f"--grid {item!r} is not KEY=V1,V2,...")
         if key in grid:
             raise RunError(f"--grid {key} is given twice; give all its values in one --grid")
+        parts = [part.strip() for part in text.split(",")]
+        annealed = [part.startswith(ANNEALED) for part in parts] if key == LEARNING_RATE else [False]
+        if any(annealed) and not all(annealed):
+            raise RunError(
+                f"--grid {key}={text} mixes annealed (lin_V) and constant values; allowed: all lin_V or none "
+                "(whether the rate anneals is one program's structure)"
+            )
         values = []
-        for part in text.split(","):
-            value = parse_value(part.strip())
+        for part in parts:
+            value = parse_value(part.removeprefix(ANNEALED) if all(annealed) else part)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise RunError(f"--grid {key}: {part.strip()!r} is not allowed; allowed: numbers, V1,V2,...")
+                allowed = "numbers, or lin_V for each" if key == LEARNING_RATE else "numbers"
+                raise RunError(f"--grid {key}: {part!r} is not allowed; allowed: {allowed}, V1,V2,...")
             values.append(float(value))
         if len(set(values)) != len(values):
             raise RunError(f"--grid {key}: the values {text} repeat one")
         grid[key] = values
     return grid
+
+
+def grid_annealing(items: list[str]) -> bool | None:
+    """Whether the swept learning rate anneals: ``True`` for ``lin_V`` values, ``False`` for
+    plain ones (a constant rate, whatever the preset does: what ``--set
+    update_cfg.learning_rate=V`` trains), ``None`` when ``items`` (``parse_grid``'s, checked
+    there) do not sweep it."""
+    for item in items:
+        key, _, text = item.partition("=")
+        if key.strip() == LEARNING_RATE:
+            return text.strip().startswith(ANNEALED)
+    return None
 
 
 def with_values(config: AlgoConfig, values: dict[str, float]) -> AlgoConfig:
@@ -407,6 +435,7 @@ def sweep_run(spec: SweepSpec) -> dict:
     grid = parse_grid(spec.grid)
     if spec.seeds < 1:
         raise RunError(f"--seeds {spec.seeds} is not allowed; allowed: an int >= 1")
+    annealing = grid_annealing(spec.grid)  # as --set reads the rate: each combination is its kitae train
     run, env = resolve_train(
         RunSpec(
             spec.algo,
@@ -420,6 +449,9 @@ def sweep_run(spec: SweepSpec) -> dict:
             run_dir=spec.sweep_dir,
         )
     )
+    if annealing is not None:
+        update = dataclasses.replace(run.config.update_cfg, learning_rate_annealing=annealing)
+        run = dataclasses.replace(run, config=dataclasses.replace(run.config, update_cfg=update))
     try:
         allowed = sweepable_keys(run.config)
         for key in grid:

@@ -565,8 +565,11 @@ def _tune(args: argparse.Namespace) -> int:
         f"{report['diverged']} diverged), wall {report['wall_seconds']:.1f} s"
     )
     if report["stopped"]:
-        print(f"kitae: tune stopped: {counts}; the same command continues the study", file=sys.stderr)
-        return 130
+        print(
+            f"kitae: tune stopped by {report['signal']}: {counts}; the same command continues the study",
+            file=sys.stderr,
+        )
+        return 128 + int(report["signum"])
     if report["best"] is None:
         print(f"{counts}; no trial completed -> {report['study_dir']}")
         return 0

@@ -673,6 +673,19 @@ def test_a_reader_that_closes_the_pipe_early_ends_the_command_quietly(run_copy):
     assert process.wait(timeout=120) == 141 and err == "", err
 
 
+@pytest.mark.parametrize("damaged", ['{"steps": 10', "[1, 2]"], ids=["truncated", "a list"])
+def test_eval_leaves_a_damaged_summary_as_it_is_and_says_so(capsys, run_copy, damaged):
+    """A list gave an AttributeError traceback; a truncated file was silently replaced by one
+    holding the evaluation's fields alone (the run's steps, final return and fingerprint lost)."""
+    (run_copy / "summary.json").write_text(damaged)
+    assert main(["eval", str(run_copy), "--episodes", "1"]) == 0
+    captured = capsys.readouterr()
+    assert "over 1 episode" in captured.out
+    assert captured.err.startswith("kitae: warning:") and "summary.json is not a JSON object" in captured.err
+    assert len(captured.err.strip().splitlines()) == 1, captured.err
+    assert (run_copy / "summary.json").read_text() == damaged
+
+
 def test_eval_of_one_episode_says_one_episode(capsys, run_copy):
     assert main(["eval", str(run_copy), "--episodes", "1"]) == 0
     assert "over 1 episode (deterministic policy" in capsys.readouterr().out
@@ -778,7 +791,9 @@ def test_resume_of_a_run_stopped_at_its_end_before_its_summary_writes_it(capsys,
 def test_bad_run_directories(capsys, run_copy, tmp_path):
     for command in (["resume"], ["eval"], ["plot"]):
         _bad(capsys, [*command, str(tmp_path / "missing")], "does not exist")
-        _bad(capsys, [*command, str(tmp_path)], "not a kitae run directory")
+        # tmp_path holds run_copy: a folder of runs (a sweep that lost its plan) names one
+        _bad(capsys, [*command, str(tmp_path)], "not a kitae run directory", f"e.g. {str(run_copy)!r}")
+        _bad(capsys, [*command, str(run_copy / "checkpoints")], "it has no config.yaml")
     (run_copy / "config.yaml").write_text("seed: [1,\n")
     before = _snapshot(run_copy)
     for command in (["resume"], ["eval"], ["plot"]):

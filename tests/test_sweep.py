@@ -793,3 +793,29 @@ def test_kitae_resume_refuses_a_directory_without_a_plan(tmp_path):
     (tmp_path / "sweep-plan.json").write_text("{")
     with pytest.raises(RunError, match="sweep-plan.json is not valid JSON"):
         resume_sweep(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("plan", "message"),
+    [
+        ([1, 2], "holds a list, not the sweep's plan"),
+        ({"algo": "ppo"}, "lacks 'seeds'; kitae sweep writes it"),
+        (
+            {"seeds": [0], "combinations": [{"name": "x"}], "grid": {}, "workers": None, "address": None},
+            r"combinations=\[\{'name': 'x'\}\] is not allowed; allowed: a list of \{name, values\}",
+        ),
+        (
+            {"seeds": ["0"], "combinations": [], "grid": {}, "workers": None, "address": None},
+            r"seeds=\['0'\] is not allowed; allowed: a list of ints",
+        ),
+    ],
+    ids=["a list", "no seeds", "a combination without values", "seeds of strings"],
+)
+def test_kitae_resume_names_what_a_damaged_plan_lacks(tmp_path, capsys, plan, message):
+    """A plan missing a field gave a KeyError traceback (``plan["seeds"]``)."""
+    (tmp_path / "sweep-plan.json").write_text(json.dumps(plan))
+    with pytest.raises(RunError, match=message):
+        resume_sweep(tmp_path)
+    assert main(["resume", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kitae: error:") and len(err.strip().splitlines()) == 1, err

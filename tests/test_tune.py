@@ -308,28 +308,37 @@ def test_diverging_trials_are_pruned_in_the_host_loop(tmp_path, capsys):
 
 
 class _StopAtFirstReport(StopRequest):
-    """``stop_on_signals``'s request, as if Ctrl-C came as the trial first reported its progress."""
+    """``stop_on_signals``'s request, as if a signal (Ctrl-C: SIGINT) came as the trial first
+    reported its progress."""
+
+    signum = signal.SIGINT
 
     def on_progress(self, progress):
-        self.signal = self.signal or signal.SIGINT
+        self.signal = self.signal or self.signum
 
 
-@contextlib.contextmanager
-def _stop_at_first_report(*args):
-    yield _StopAtFirstReport()
-
-
-def test_a_stopped_host_search_marks_its_interrupted_trial_failed_and_asks_it_again(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_stopped_host_search_marks_its_interrupted_trial_failed_and_asks_it_again(
+    tmp_path, capsys, monkeypatch, signum
+):
     """After Ctrl-C, trials.csv listed the interrupted trial as RUNNING until the command was
     started again: it is failed before the command ends, and the next start asks it again with its
-    values, as it asks a killed search's."""
+    values, as it asks a killed search's. The exit status is 128 + the signal's number (SIGTERM
+    gave 130, SIGINT's, as every stop did)."""
     study_dir = tmp_path / "study"
     command = ["tune", "dqn", "CartPole-v1", "--trials", "1", "--steps", "400", "--set", "algo_params.start_step=200",
                "--study-dir", str(study_dir), "--quiet"]  # fmt: skip
+
+    @contextlib.contextmanager
+    def stop_at_first_report(*args):
+        request = _StopAtFirstReport()
+        request.signum = signum
+        yield request
+
     with monkeypatch.context() as patch:
-        patch.setattr("kitae.runs.tune.stop_on_signals", _stop_at_first_report)
-        assert main(command) == 130
-    assert "tune stopped: 0/1 trials finished" in capsys.readouterr().err
+        patch.setattr("kitae.runs.tune.stop_on_signals", stop_at_first_report)
+        assert main(command) == 128 + signum
+    assert f"tune stopped by {signal.Signals(signum).name}: 0/1 trials finished" in capsys.readouterr().err
     (trial,) = _trials(study_dir)
     assert trial["state"] == "FAIL" and trial["number"] == "0"
     assert main(command) == 0

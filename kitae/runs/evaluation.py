@@ -186,7 +186,8 @@ def eval_run(
     """Evaluates the run's agent(s) with the deterministic policy over ``episodes`` episodes (the
     executor's ``evaluate``) and writes ``eval_return`` (mean raw return; one per seed for runs of
     several seeds), ``eval_return_std``, ``eval_episodes``, ``eval_step`` (the checkpoint's
-    step; one per seed for runs of several seeds) and ``eval_policy`` into ``summary.json``.
+    step; one per seed for runs of several seeds) and ``eval_policy`` into ``summary.json``
+    (a ``summary.json`` that is not a JSON object is left as it is, with a warning).
 
     With ``video``, records one episode to ``<run_dir>/videos/``. ``checkpoint``: which one, as
     in ``load_agent`` (``None``: the newest; ``"best"``; a step). ``stochastic``: the policy as it
@@ -215,16 +216,22 @@ def eval_run(
     summary_path = run_dir / "summary.json"
     try:
         summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-    except json.JSONDecodeError:
-        summary = {}
-    summary.update(
-        eval_return=means if seeds else means[0],
-        eval_return_std=stds if seeds else stds[0],
-        eval_episodes=episodes,
-        eval_step=steps if seeds else steps[0],
-        eval_policy="stochastic" if stochastic else "deterministic",
-    )
-    write_summary(run_dir, **summary)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        summary = None
+    if isinstance(summary, dict):
+        summary.update(
+            eval_return=means if seeds else means[0],
+            eval_return_std=stds if seeds else stds[0],
+            eval_episodes=episodes,
+            eval_step=steps if seeds else steps[0],
+            eval_policy="stochastic" if stochastic else "deterministic",
+        )
+        write_summary(run_dir, **summary)
+    else:  # rewritten with the eval fields alone, the run's own figures would be lost for good
+        warnings.warn(
+            f"{summary_path} is not a JSON object as kitae writes it; left as it is, without this evaluation",
+            stacklevel=2,
+        )
     return {
         "run_dir": str(run_dir),
         "env": run.env.id,

@@ -202,7 +202,13 @@ def check_run_dir(run_dir: str | Path) -> Path:
     if (run_dir / "study.db").is_file() and not (run_dir / "config.yaml").is_file():
         raise RunError(_study_dir_message(run_dir))
     if not (run_dir / "config.yaml").is_file():
-        raise RunError(f"{str(run_dir)!r} is not a kitae run directory: it has no config.yaml")
+        inside = sorted(p.parent for p in run_dir.glob("*/config.yaml"))
+        holds = (
+            f"; it holds run directories (a sweep directory without its {SWEEP_PLAN}?), e.g. {str(inside[0])!r}"
+            if inside
+            else ""
+        )
+        raise RunError(f"{str(run_dir)!r} is not a kitae run directory: it has no config.yaml{holds}")
     return run_dir
 
 

@@ -48,7 +48,7 @@ from typing import Any
 
 import jax
 
-from kitae.config import AlgoConfig, not_sweepable_reason, sweepable_keys
+from kitae.config import not_sweepable_reason, sweepable_keys
 from kitae.loops.callbacks import Callback, RunInfo, WriterLogger
 from kitae.loops.compiled import CompiledExecutor
 from kitae.loops.result import Episodes, RunResult
@@ -56,10 +56,11 @@ from kitae.loops.state import Payload, pick_seed
 from kitae.runs.callbacks import ImportWhileTraining, MetricsLogger, checkpoint_callbacks, stop_at_return
 from kitae.runs.checkpoints import CHECKPOINT_MODULES, Checkpointer
 from kitae.runs.errors import RunDiverged, RunError
+from kitae.runs.grid import grid_annealing, parse_grid, with_values
 from kitae.runs.load import checkpoint_dirs
 from kitae.runs.lock import in_use_by_this_process
 from kitae.runs.plotting import PLOT_MODULES
-from kitae.runs.presets import did_you_mean, parse_value, settable_keys
+from kitae.runs.presets import did_you_mean, settable_keys
 from kitae.runs.progress import ProgressBar
 from kitae.runs.ray_tasks import check_workers, in_ray_tasks
 from kitae.runs.resolve import ResolvedRun, RunSpec, resolve_train
@@ -115,72 +116,6 @@ class SweepSpec:
     quiet: bool = False
     workers: int | None = None
     address: str | None = None
-
-
-LEARNING_RATE = "update_cfg.learning_rate"
-ANNEALED = "lin_"
-"""A swept learning rate written ``lin_V`` anneals from ``V`` to 0, as ``--set`` reads it."""
-
-
-def parse_grid(items: list[str]) -> dict[str, list[float]]:
-    """``["update_cfg.learning_rate=1e-4,3e-4"]`` -> ``{"update_cfg.learning_rate": [1e-4, 3e-4]}``.
-
-    ``update_cfg.learning_rate``'s values may be written ``lin_V`` (all of them or none), as
-    ``--set`` takes them: ``learning_rate_annealing`` says which (``grid_annealing``).
-
-    Raises:
-        RunError: for an item that is not ``KEY=V1,V2,...`` with numbers, or a key given twice.
-    """
-    if not items:
-        raise RunError("give at least one --grid KEY=V1,V2,...")
-    grid: dict[str, list[float]] = {}
-    for item in items:
-        key, sep, text = item.partition("=")
-        key = key.strip()
-        if not sep or not key or not text.strip():
-            raise RunError(f"--grid {item!r} is not KEY=V1,V2,...")
-        if key in grid:
-            raise RunError(f"--grid {key} is given twice; give all its values in one --grid")
-        parts = [part.strip() for part in text.split(",")]
-        annealed = [part.startswith(ANNEALED) for part in parts] if key == LEARNING_RATE else [False]
-        if any(annealed) and not all(annealed):
-            raise RunError(
-                f"--grid {key}={text} mixes annealed (lin_V) and constant values; allowed: all lin_V or none "
-                "(whether the rate anneals is one program's structure)"
-            )
-        values = []
-        for part in parts:
-            value = parse_value(part.removeprefix(ANNEALED) if all(annealed) else part)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                allowed = "numbers, or lin_V for each" if key == LEARNING_RATE else "numbers"
-                raise RunError(f"--grid {key}: {part!r} is not allowed; allowed: {allowed}, V1,V2,...")
-            values.append(float(value))
-        if len(set(values)) != len(values):
-            raise RunError(f"--grid {key}: the values {text} repeat one")
-        grid[key] = values
-    return grid
-
-
-def grid_annealing(items: list[str]) -> bool | None:
-    """Whether the swept learning rate anneals: ``True`` for ``lin_V`` values, ``False`` for
-    plain ones (a constant rate, whatever the preset does: what ``--set
-    update_cfg.learning_rate=V`` trains), ``None`` when ``items`` (``parse_grid``'s, checked
-    there) do not sweep it."""
-    for item in items:
-        key, _, text = item.partition("=")
-        if key.strip() == LEARNING_RATE:
-            return text.strip().startswith(ANNEALED)
-    return None
-
-
-def with_values(config: AlgoConfig, values: dict[str, float]) -> AlgoConfig:
-    """``config`` with the combination's values, validated as any config is."""
-    sections: dict[str, dict[str, float]] = {}
-    for key, value in values.items():
-        section, _, name = key.partition(".")
-        sections.setdefault(section, {})[name] = value
-    changes = {s: dataclasses.replace(getattr(config, s), **fields) for s, fields in sections.items()}
-    return dataclasses.replace(config, **changes)
 
 
 class _Split(Callback):

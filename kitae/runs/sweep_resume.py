@@ -58,6 +58,58 @@ def _reached(combo: ResolvedRun) -> list[int]:
     return sorted(set.intersection(*map(set, folders))) if folders else []
 
 
+def _read_plan(sweep_dir: Path) -> dict:
+    """``sweep_dir``'s ``sweep-plan.json``, checked for what resuming reads: ``seeds`` (ints),
+    ``combinations`` (each a ``name`` and its ``values``, numbers by key), ``grid`` (lists of
+    numbers by key), ``workers`` (an int or null), ``address`` (a string or null).
+
+    Raises:
+        RunError: naming the file and the first field missing or of another type.
+    """
+    path = sweep_dir / PLAN
+    try:
+        plan = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise RunError(f"{path} is not valid JSON ({error}); kitae sweep writes it") from None
+
+    def number(x: Any) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+    def numbers_by_key(x: Any) -> bool:
+        return isinstance(x, dict) and all(isinstance(k, str) and number(v) for k, v in x.items())
+
+    checks = {
+        "seeds": lambda x: isinstance(x, list) and bool(x) and all(type(v) is int for v in x),
+        "combinations": lambda x: (
+            isinstance(x, list)
+            and bool(x)
+            and all(
+                isinstance(c, dict) and isinstance(c.get("name"), str) and numbers_by_key(c.get("values")) for c in x
+            )
+        ),
+        "grid": lambda x: isinstance(x, dict) and all(isinstance(v, list) and all(map(number, v)) for v in x.values()),
+        "workers": lambda x: x is None or type(x) is int,
+        "address": lambda x: x is None or isinstance(x, str),
+    }
+    what = {
+        "seeds": "a list of ints",
+        "combinations": "a list of {name, values}",
+        "grid": "lists of numbers by key",
+        "workers": "an int or null",
+        "address": "a string or null",
+    }
+    if not isinstance(plan, dict):
+        raise RunError(f"{path} holds a {type(plan).__name__}, not the sweep's plan; kitae sweep writes it")
+    for field, check in checks.items():
+        if field not in plan:
+            raise RunError(f"{path} lacks {field!r}; kitae sweep writes it")
+        if not check(plan[field]):
+            raise RunError(
+                f"{path}: {field}={plan[field]!r} is not allowed; allowed: {what[field]} (kitae sweep writes it)"
+            )
+    return plan
+
+
 def resume_sweep(sweep_dir: str | Path, steps: int | None = None, quiet: bool = False) -> dict:
     """Finishes the stopped sweep in ``sweep_dir`` (see the module docstring).
 
@@ -77,10 +129,7 @@ def resume_sweep(sweep_dir: str | Path, steps: int | None = None, quiet: bool = 
     sweep_dir = Path(sweep_dir)
     if not is_sweep_dir(sweep_dir):
         raise RunError(f"{str(sweep_dir)!r} is not a sweep directory: it has no {PLAN}")
-    try:
-        plan = json.loads((sweep_dir / PLAN).read_text())
-    except json.JSONDecodeError as error:
-        raise RunError(f"{sweep_dir / PLAN} is not valid JSON ({error}); kitae sweep writes it") from None
+    plan = _read_plan(sweep_dir)
     seeds: list[int] = plan["seeds"]
     combos: list[tuple[dict[str, float], ResolvedRun]] = []
     for entry in plan["combinations"]:

@@ -51,13 +51,13 @@ from kitae.loops.callbacks import Callback, Progress
 from kitae.loops.compiled import CompiledExecutor
 from kitae.loops.result import Episodes, RunResult
 from kitae.runs.errors import RunError
+from kitae.runs.grid import with_values
 from kitae.runs.presets import did_you_mean, settable_keys
 from kitae.runs.progress import ProgressBar
 from kitae.runs.ray_tasks import check_workers, in_ray_tasks
 from kitae.runs.resolve import ResolvedRun, RunSpec, check_seed_range, make_run_env, resolve_train
 from kitae.runs.rundir import final_return_from_rows
-from kitae.runs.signals import stop_on_signals
-from kitae.runs.sweep import with_values
+from kitae.runs.signals import StopRequest, stop_on_signals
 
 __all__ = ["TuneSpec", "DEFAULT_SPACES", "parse_space", "tune_run", "best_config_yaml", "trial_task"]
 
@@ -456,7 +456,8 @@ def _trials_on_ray(
 
 def tune_run(spec: TuneSpec) -> dict:
     """Runs (or continues) a search (see the module docstring); returns its report (``best``:
-    the best trial's number, score and values; ``best_config``: the path of ``best.yaml``).
+    the best trial's number, score and values; ``best_config``: the path of ``best.yaml``;
+    ``stopped``, and ``signal`` / ``signum``, the SIGINT or SIGTERM that stopped it, if one did).
 
     Raises:
         RunError, ValueError, TypeError: for bad input, before the study is touched.
@@ -522,8 +523,7 @@ def tune_run(spec: TuneSpec) -> dict:
         env.close()  # each task makes its own
         with stop_on_signals(STOPPING) as stop:
             _trials_on_ray(study, study_dir, run, distributions, seeds, spec, stop)
-            stopped = bool(stop())
-        return _report(study, study_dir, run, space, spec, stopped, time.perf_counter() - clock)
+        return _report(study, study_dir, run, space, spec, stop, time.perf_counter() - clock)
     with stop_on_signals(STOPPING) as stop:
         while not stopped and (left := spec.trials - _finished(study)) > 0:
             trials = [study.ask(distributions) for _ in range(min(left, spec.batch if compiled else 1))]
@@ -548,11 +548,11 @@ def tune_run(spec: TuneSpec) -> dict:
                 reporter.record(t)
                 _tell(study, trial, reporter.score(t), t in reporter.pruned, diverged[t])
     env.close()
-    return _report(study, study_dir, run, space, spec, stopped, time.perf_counter() - clock)
+    return _report(study, study_dir, run, space, spec, stop, time.perf_counter() - clock)
 
 
 def _report(
-    study: Any, study_dir: Path, run: ResolvedRun, space: Space, spec: TuneSpec, stopped: bool, wall: float
+    study: Any, study_dir: Path, run: ResolvedRun, space: Space, spec: TuneSpec, stop: StopRequest, wall: float
 ) -> dict:
     import optuna
 
@@ -575,7 +575,9 @@ def _report(
         "trials": spec.trials,
         "pruned": sum(t.state == optuna.trial.TrialState.PRUNED for t in trials),
         "diverged": sum(bool(t.user_attrs.get("diverged")) for t in trials),
-        "stopped": stopped,
+        "stopped": stop(),
+        "signal": stop.name,
+        "signum": stop.signal,
         "wall_seconds": wall,
         "best": None,
         "best_config": None,

@@ -14,8 +14,10 @@ installed on them.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
+import threading
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -188,6 +190,24 @@ def _no_jax_fork_warning() -> Iterator[None]:
 
 
 @contextmanager
+def _keeping_signal_handlers() -> Iterator[None]:
+    """Puts back this process's SIGINT and SIGTERM handlers after the block: ``ray.init`` installs
+    its own SIGTERM handler (``sys.exit(signum)`` from wherever the main thread is), which
+    replaced the run's (``kitae.runs.signals.stop_on_signals``: stop after the current step with
+    a checkpoint, exit 143), so a SIGTERM killed a distributed run without its checkpoint."""
+    if threading.current_thread() is not threading.main_thread():  # handlers live in the main thread
+        yield
+        return
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in handlers.items():
+            if handler is not None:  # None: set outside Python, nothing to put back
+                signal.signal(sig, handler)
+
+
+@contextmanager
 def ray_runtime(address: str | None = None, *, num_cpus: int | None = None) -> Iterator[Any]:
     """A Ray runtime for the duration of a run; yields the ``ray`` module.
 
@@ -205,7 +225,7 @@ def ray_runtime(address: str | None = None, *, num_cpus: int | None = None) -> I
     kwargs: dict[str, Any] = {"log_to_driver": False, "configure_logging": False}
     if address is not None:
         check_reachable(address)
-        with _no_jax_fork_warning():
+        with _no_jax_fork_warning(), _keeping_signal_handlers():
             ray.init(address=address, **kwargs)
         try:
             yield ray
@@ -215,7 +235,7 @@ def ray_runtime(address: str | None = None, *, num_cpus: int | None = None) -> I
     with _local_only_settings():
         # "local": a new instance even when a cluster started with `ray start` runs on this machine
         # (with no address Ray would join that one, found through /tmp/ray/ray_current_cluster)
-        with _no_jax_fork_warning():
+        with _no_jax_fork_warning(), _keeping_signal_handlers():
             ray.init(
                 address="local", include_dashboard=False, num_cpus=num_cpus, runtime_env=_worker_runtime_env(), **kwargs
             )

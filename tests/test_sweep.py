@@ -26,11 +26,12 @@ from kitae.cli import main
 from kitae.config import sweepable_keys, traced_config
 from kitae.loops.program import make_loop_functions, make_variant_functions
 from kitae.runs.errors import RunError
+from kitae.runs.grid import learning_rate_set
 from kitae.runs.load import load_agent
 from kitae.runs.resolve import preset_agent
 from kitae.runs.signals import StopRequest
 from kitae.runs.summary import describe_divergence
-from kitae.runs.sweep import SweepSpec, grid_annealing, parse_grid, sweep_run
+from kitae.runs.sweep import SweepSpec, parse_grid, sweep_run
 from kitae.runs.sweep_resume import resume_sweep
 
 pytestmark = pytest.mark.timeout(300)
@@ -74,17 +75,27 @@ def test_a_swept_learning_rate_anneals_as_set_reads_it():
     # plain values are constant rates (what --set update_cfg.learning_rate=V trains, whatever the
     # preset does), lin_V values annealed ones
     assert parse_grid([f"{LR}=lin_1e-4,lin_3e-4"]) == {LR: [1e-4, 3e-4]}
-    assert grid_annealing([f"{LR}=lin_1e-4,lin_3e-4"]) is True
-    assert grid_annealing([f"{LR}=1e-4,3e-4", "algo_params.clip_coef=0.1,1"]) is False
-    assert grid_annealing(["algo_params.clip_coef=0.1,1"]) is None
+    assert learning_rate_set([f"{LR}=lin_1e-4,lin_3e-4"]) == f"{LR}=lin_1e-4"
+    assert learning_rate_set(["algo_params.clip_coef=0.1,1", f"{LR}= 1e-4,3e-4"]) == f"{LR}=1e-4"
+    assert learning_rate_set(["algo_params.clip_coef=0.1,1"]) is None
 
 
-@pytest.mark.parametrize("value", ["1e-3", "lin_1e-3"], ids=["constant", "annealed"])
-def test_a_host_sweeps_combination_is_the_run_kitae_train_set_makes(tmp_path, capsys, value):
+@pytest.mark.parametrize(
+    ("value", "config_file", "annealed"),
+    [("1e-3", False, False), ("lin_1e-3", False, True), ("1e-3", True, True)],
+    ids=["constant", "annealed", "a config file's annealing"],
+)
+def test_a_host_sweeps_combination_is_the_run_kitae_train_set_makes(tmp_path, capsys, value, config_file, annealed):
     """PPO's CartPole preset anneals its rate (lin_1e-3): a swept plain value kept the preset's
-    annealing where ``kitae train --set`` trains a constant rate, so the two runs differed."""
+    annealing where ``kitae train --set`` trains a constant rate, so the two runs differed. A
+    config file's explicit ``learning_rate_annealing: true`` (``kitae config``'s output) stays, as
+    with ``--set``."""
     sweep_dir, run_dir = tmp_path / "sweep", tmp_path / "train"
     common = ["ppo", "CartPole-v1", "--steps", "1024", "--quiet"]
+    if config_file:
+        assert main(["config", "ppo", "CartPole-v1"]) == 0
+        (tmp_path / "ppo.yaml").write_text(capsys.readouterr().out)
+        common += ["--config", str(tmp_path / "ppo.yaml")]
     grid = f"{LR}={value},{'lin_' if 'lin' in value else ''}3e-4"
     assert main(["sweep", *common, "--grid", grid, "--sweep-dir", str(sweep_dir)]) == 0
     assert main(["train", *common, "--set", f"{LR}={value}", "--run-dir", str(run_dir)]) == 0
@@ -92,7 +103,7 @@ def test_a_host_sweeps_combination_is_the_run_kitae_train_set_makes(tmp_path, ca
     combination = json.loads((sweep_dir / "learning_rate=0.001" / "summary.json").read_text())
     alone = json.loads((run_dir / "summary.json").read_text())
     assert combination["state_fingerprint"] == [alone["state_fingerprint"]]
-    assert load_agent(sweep_dir / "learning_rate=0.001").config.update_cfg.learning_rate_annealing is ("lin" in value)
+    assert load_agent(sweep_dir / "learning_rate=0.001").config.update_cfg.learning_rate_annealing is annealed
 
 
 def test_sweepable_keys_are_the_float_fields_and_traced_config_refuses_others():

@@ -9,7 +9,7 @@ from kitae.config import AlgoConfig
 from kitae.runs.errors import RunError
 from kitae.runs.presets import parse_value
 
-__all__ = ["ANNEALED", "LEARNING_RATE", "grid_annealing", "parse_grid", "with_values"]
+__all__ = ["ANNEALED", "LEARNING_RATE", "learning_rate_set", "parse_grid", "with_values"]
 
 LEARNING_RATE = "update_cfg.learning_rate"
 ANNEALED = "lin_"
@@ -20,7 +20,7 @@ def parse_grid(items: list[str]) -> dict[str, list[float]]:
     """``["update_cfg.learning_rate=1e-4,3e-4"]`` -> ``{"update_cfg.learning_rate": [1e-4, 3e-4]}``.
 
     ``update_cfg.learning_rate``'s values may be written ``lin_V`` (all of them or none), as
-    ``--set`` takes them: ``learning_rate_annealing`` says which (``grid_annealing``).
+    ``--set`` takes them (``learning_rate_set``).
 
     Raises:
         RunError: for an item that is not ``KEY=V1,V2,...`` with numbers, or a key given twice.
@@ -55,15 +55,18 @@ def parse_grid(items: list[str]) -> dict[str, list[float]]:
     return grid
 
 
-def grid_annealing(items: list[str]) -> bool | None:
-    """Whether the swept learning rate anneals: ``True`` for ``lin_V`` values, ``False`` for
-    plain ones (a constant rate, whatever the preset does: what ``--set
-    update_cfg.learning_rate=V`` trains), ``None`` when ``items`` (``parse_grid``'s, checked
-    there) do not sweep it."""
+def learning_rate_set(items: list[str]) -> str | None:
+    """``--set update_cfg.learning_rate=V`` with the grid's first learning rate as written
+    (``items``: ``parse_grid``'s, checked there), or ``None`` when the grid does not sweep it.
+
+    Resolved with the run's other ``--set`` items, it makes the swept rate read as ``kitae train
+    --set`` reads it: a plain value is a constant rate where the preset anneals its own
+    (``lin_...``), and keeps an explicit ``learning_rate_annealing`` of a ``--config`` file; a
+    ``lin_V`` value anneals. Each combination then replaces the value."""
     for item in items:
         key, _, text = item.partition("=")
         if key.strip() == LEARNING_RATE:
-            return text.strip().startswith(ANNEALED)
+            return f"{LEARNING_RATE}={text.split(',')[0].strip()}"
     return None
 
 

@@ -56,7 +56,7 @@ from kitae.loops.state import Payload, pick_seed
 from kitae.runs.callbacks import ImportWhileTraining, MetricsLogger, checkpoint_callbacks, stop_at_return
 from kitae.runs.checkpoints import CHECKPOINT_MODULES, Checkpointer
 from kitae.runs.errors import RunDiverged, RunError
-from kitae.runs.grid import grid_annealing, parse_grid, with_values
+from kitae.runs.grid import learning_rate_set, parse_grid, with_values
 from kitae.runs.load import checkpoint_dirs
 from kitae.runs.lock import in_use_by_this_process
 from kitae.runs.plotting import PLOT_MODULES
@@ -370,7 +370,7 @@ def sweep_run(spec: SweepSpec) -> dict:
     grid = parse_grid(spec.grid)
     if spec.seeds < 1:
         raise RunError(f"--seeds {spec.seeds} is not allowed; allowed: an int >= 1")
-    annealing = grid_annealing(spec.grid)  # as --set reads the rate: each combination is its kitae train
+    rate = learning_rate_set(spec.grid)  # read as --set reads it: each combination is its kitae train
     run, env = resolve_train(
         RunSpec(
             spec.algo,
@@ -380,13 +380,10 @@ def sweep_run(spec: SweepSpec) -> dict:
             seeds=spec.seeds,
             n_envs=spec.n_envs,
             config_file=spec.config_file,
-            sets=list(spec.sets),
+            sets=[*spec.sets, *([rate] if rate else [])],
             run_dir=spec.sweep_dir,
         )
     )
-    if annealing is not None:
-        update = dataclasses.replace(run.config.update_cfg, learning_rate_annealing=annealing)
-        run = dataclasses.replace(run, config=dataclasses.replace(run.config, update_cfg=update))
     try:
         allowed = sweepable_keys(run.config)
         for key in grid:

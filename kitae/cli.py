@@ -348,7 +348,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         required=True,
         metavar="KEY=V1,V2,...",
-        help="a float field and its values, e.g. update_cfg.learning_rate=1e-4,3e-4 (repeatable: the product)",
+        help="a float field and its values, e.g. update_cfg.learning_rate=1e-4,3e-4 (repeatable: the product); "
+        "a learning rate reads as --set reads it: plain values constant, lin_1e-4,lin_3e-4 annealed",
     )
     sweep.add_argument("--seeds", type=_int, default=1, help="seeds per combination (default 1)")
     _add_shared_run_flags(sweep, "run")

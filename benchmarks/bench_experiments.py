@@ -7,7 +7,8 @@ Cases (whole processes, PPO on gymnax CartPole-v1 with its preset: CleanRL / Pur
   ``kitae train --seed S --set update_cfg.learning_rate=X`` commands it replaces, one after the
   other in each round, each process with a cold compilation cache (an empty ``KITAE_CACHE_DIR``):
   the ratio of their wall times per round, median over ``--rounds`` rounds. Met when the median
-  ratio is <= 0.35.
+  ratio is <= 0.35. Both sides train a constant learning rate: a swept plain value reads as
+  ``--set`` reads it (the preset's annealing is dropped; ``docs/experiments.md``).
 - ``tune``: ``kitae tune ppo gymnax:CartPole-v1 --trials 16`` (batches of 8 trials vmapped, the
   default PPO search space), then ``kitae train --config best.yaml --seeds 3`` to check the
   configuration it found. Met when the best trial's score (the mean of its last 10 training

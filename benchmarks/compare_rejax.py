@@ -16,7 +16,8 @@ Cases, each a pair of whole processes run one after the other, kitae first, in e
 Cold: kitae's persistent compilation cache points at an empty folder per process
 (``KITAE_CACHE_DIR``); rejax does not turn JAX's on. The time is the whole process's wall time
 (imports, building, compiling, training, writing). Differences kept: rejax 0.1.3 does not anneal
-the learning rate (kitae's preset does, as PureJaxRL) and clips gradients element-wise where
+the learning rate (kitae's preset does, as PureJaxRL, in ``one`` and ``seeds``; ``sweep``'s plain
+values are constant rates in both) and clips gradients element-wise where
 kitae clips their global norm; rejax evaluates 128 episodes of its final policy once, kitae
 writes its run directory (config, checkpoint, TensorBoard, metrics, summary, plot). rejax 0.1.3
 expects gymnax's older five-value ``step`` (gymnax 1.0 returns ``terminated`` and ``truncated``

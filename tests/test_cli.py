@@ -173,9 +173,14 @@ def test_unknown_set_key_and_wrong_type(capsys):
     _bad(capsys, ["train", "ppo", "--set", "update_cfg.learning_rate=-1"], "update_cfg.learning_rate")
 
 
-def test_zero_steps(capsys):
-    _bad(capsys, ["train", "ppo", "--steps", "0"], "steps")
-    _bad(capsys, ["train", "ppo", "--steps", "ten"], "'ten' is not an int")
+def test_steps_out_of_range(capsys):
+    allowed = "allowed: an int >= 1 and <= 2,147,483,647"
+    _bad(capsys, ["train", "ppo", "--steps", "0"], "--steps 0 is not allowed", allowed)
+    # past int32 the flag is named, not the config field it sets (train_cfg.n_env_steps)
+    line = _bad(capsys, ["train", "ppo", "--steps", "3000000000"], "--steps 3000000000 is not allowed", allowed)
+    assert "n_env_steps" not in line
+    _bad(capsys, ["config", "ppo", "--steps", "3000000000"], "--steps 3000000000 is not allowed")
+    _bad(capsys, ["train", "ppo", "--steps", "ten"], "argument --steps: 'ten' is not an int")
 
 
 def test_existing_run_directory_is_left_untouched(capsys, tmp_path):
@@ -712,6 +717,22 @@ def test_plot_puts_several_runs_on_one_figure(capsys, run_copy, trained_run, tmp
     assert out.stat().st_size > 10_000 and capsys.readouterr().out.strip() == str(out)
 
 
+def test_plot_of_a_run_that_lost_its_config_reads_its_metrics(capsys, run_copy, trained_run, tmp_path):
+    """The curves are all in metrics.jsonl: a run whose config.yaml was deleted still plots (one
+    warning line), alone or beside a whole run; without metrics.jsonl either it is refused."""
+    (run_copy / "config.yaml").unlink()
+    out = tmp_path / "lost.png"
+    assert main(["plot", str(run_copy), "-o", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert out.stat().st_size > 10_000 and captured.out.strip() == str(out)
+    warning = [line for line in captured.err.splitlines() if line.strip()]
+    assert len(warning) == 1 and warning[0].startswith("kitae: warning:") and "no config.yaml" in warning[0], warning
+    assert main(["plot", str(trained_run), str(run_copy), "-o", str(tmp_path / "both.png")]) == 0
+    capsys.readouterr()
+    (run_copy / "metrics.jsonl").unlink()
+    _bad(capsys, ["plot", str(run_copy)], "it has no config.yaml")
+
+
 def test_plot_smooths_each_seed_over_window_episodes(capsys, trained_run, tmp_path):
     import numpy as np
 
@@ -758,6 +779,12 @@ def test_resume_of_a_finished_run_says_so_and_changes_nothing(capsys, run_copy):
     _bad(capsys, ["resume", str(run_copy)], "already reached step 4,096 of 4,096", "--steps")
     _bad(capsys, ["resume", str(run_copy), "--steps", "3000"], "already reached step 4,096")
     _bad(capsys, ["resume", str(run_copy), "--steps", "0"], "--steps 0 is not allowed")
+    _bad(
+        capsys,
+        ["resume", str(run_copy), "--steps", "3000000000"],
+        "--steps 3000000000 is not allowed",
+        "<= 2,147,483,647",
+    )
     assert _snapshot(run_copy) == before
 
 

@@ -259,7 +259,7 @@ def test_the_guide_agent_sweeps_its_learning_rate_and_its_exploration(key, value
 def test_a_compiled_sweep_writes_one_run_directory_per_combination(tmp_path, capsys):
     sweep_dir = tmp_path / "sweep"
     code = main(
-        ["sweep", "ppo", "gymnax:CartPole-v1", "--grid", f"{LR}=2.5e-4,1e-2", "--seeds", "2", "--steps", "4096",
+        ["sweep", "ppo", "gymnax:CartPole-v1", "--grid", f"{LR}=2.5e-4,1e-2", "--seeds", "2", "--steps", "4000",
          "--sweep-dir", str(sweep_dir), "--quiet"]
     )  # fmt: skip
     out = capsys.readouterr().out
@@ -276,6 +276,8 @@ def test_a_compiled_sweep_writes_one_run_directory_per_combination(tmp_path, cap
             assert (run_dir / name).exists(), name
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["seeds"] == [0, 1] and summary["final_return"] == entry["final_return"]
+        # 4,000 asked, 4,096 trained: whole PPO iterations of 4 envs x 128 steps
+        assert report["steps"] == 4000 and entry["steps"] == summary["steps"] == 4096
         assert entry["mean"] == pytest.approx(np.mean(entry["final_return"]))
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         assert {r["seed"] for r in rows} == {0, 1}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -186,18 +187,30 @@ def plot_runs(run_dirs: list[str | Path], output: str | Path | None = None, wind
     runs = []
     expanded = [run for run_dir in run_dirs for run in (sweep_run_dirs(run_dir) or [Path(run_dir)])]
     for run_dir in expanded:
-        run_dir = check_run_dir(run_dir)
-        # Labels from the file's names, not a built config: a custom agent's run, whose params
-        # class this process has not registered, plots as well.
-        kind, task_name = run_config_names(run_dir)
-        if kind is None:  # not a config kitae wrote: read_run_config says what is wrong with it
-            read_run_config(run_dir)
-        algo = algorithm_of_params_name(kind or "") or (kind or "?").rpartition(":")[2]
-        try:
-            env_id = EnvSpec.parse(task_name or "?").id
-        except ValueError:
-            env_id = task_name or "?"
-        metrics_path = run_dir / "metrics.jsonl"
+        metrics_path = Path(run_dir) / "metrics.jsonl"
+        if Path(run_dir).is_dir() and not (Path(run_dir) / "config.yaml").exists() and metrics_path.is_file():
+            # The curves are all in metrics.jsonl: a run whose config.yaml was lost still plots,
+            # labelled by its folder's name alone.
+            run_dir = Path(run_dir)
+            warnings.warn(
+                f"{str(run_dir)!r} has no config.yaml: plotted from its metrics.jsonl, without its algorithm "
+                "and environment",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            algo, env_id = "?", "?"
+        else:
+            run_dir = check_run_dir(run_dir)
+            # Labels from the file's names, not a built config: a custom agent's run, whose params
+            # class this process has not registered, plots as well.
+            kind, task_name = run_config_names(run_dir)
+            if kind is None:  # not a config kitae wrote: read_run_config says what is wrong with it
+                read_run_config(run_dir)
+            algo = algorithm_of_params_name(kind or "") or (kind or "?").rpartition(":")[2]
+            try:
+                env_id = EnvSpec.parse(task_name or "?").id
+            except ValueError:
+                env_id = task_name or "?"
         rows = read_metrics(metrics_path) if metrics_path.exists() else []
         curves = curves_from_metrics(rows, counts=True)
         if not curves:
@@ -208,11 +221,12 @@ def plot_runs(run_dirs: list[str | Path], output: str | Path | None = None, wind
     named, evaluations = {}, {}
     for run_dir, algo, env_id, curves, evaluated in runs:
         name = run_dir.name if names.count(run_dir.name) == 1 else str(run_dir)
-        differs = [x for x, shared in ((algo, len(algos) == 1), (env_id, len(envs) == 1)) if not shared]
+        differs = [x for x, shared in ((algo, len(algos) == 1), (env_id, len(envs) == 1)) if not shared and x != "?"]
         label = name + (f" ({' '.join(differs)})" if differs else "")
         named[label], evaluations[label] = curves, evaluated
     title = " on ".join(
-        ([next(iter(algos))] if len(algos) == 1 else []) + ([next(iter(envs))] if len(envs) == 1 else [])
+        ([next(iter(algos))] if algos - {"?"} and len(algos) == 1 else [])
+        + ([next(iter(envs))] if envs - {"?"} and len(envs) == 1 else [])
     )
     plot_curves(named, output, title=title or None, window=window, evaluations=evaluations)
     return output

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from kitae.algos.collections import ALGORITHMS, algorithm_name, algorithm_of_params_name, get_algorithm
-from kitae.config import AlgoConfig, UpdateConfig
+from kitae.config import MAX_ENV_STEPS, AlgoConfig, UpdateConfig
 from kitae.distributed.executor import DistributedExecutor, check_spaces
 from kitae.envs.make import EnvSpec, make_env
 from kitae.loops.executor import Executor, executor_for
@@ -30,6 +30,7 @@ __all__ = [
     "RunSpec",
     "ResolvedRun",
     "resolve_train",
+    "check_steps",
     "resolve_run_dir",
     "resolve_agent",
     "make_run_env",
@@ -195,6 +196,20 @@ def _check_iteration_before_envs(values: dict, off_policy: bool) -> None:
         raise RunError(str(error)) from None
 
 
+def check_steps(steps: int) -> None:
+    """Refuses a ``--steps`` outside ``[1, MAX_ENV_STEPS]``, naming the flag (the config would
+    name ``train_cfg.n_env_steps``, which the user did not type).
+
+    Raises:
+        RunError: ``--steps 0 is not allowed; allowed: an int >= 1 and <= 2,147,483,647 ...``.
+    """
+    if not 1 <= steps <= MAX_ENV_STEPS:
+        raise RunError(
+            f"--steps {steps} is not allowed; allowed: an int >= 1 and <= {MAX_ENV_STEPS:,} (step counters are "
+            "int32 in JAX)"
+        )
+
+
 def resolve_train(spec: RunSpec) -> tuple[ResolvedRun, Any]:
     """Resolves ``kitae train``: returns the run and its environments (made, for their spaces).
 
@@ -204,8 +219,8 @@ def resolve_train(spec: RunSpec) -> tuple[ResolvedRun, Any]:
     """
     agent_cls, params_cls = get_algorithm(spec.algo)
     env_spec = EnvSpec.parse(spec.env_id)
-    if spec.steps is not None and spec.steps < 1:
-        raise RunError(f"--steps {spec.steps} is not allowed; allowed: an int >= 1")
+    if spec.steps is not None:
+        check_steps(spec.steps)
     if spec.seeds is not None and spec.seeds < 1:
         raise RunError(f"--seeds {spec.seeds} is not allowed; allowed: an int >= 1")
     values = resolve(
@@ -321,8 +336,7 @@ def resolve_run_dir(
         algo or agent_cls.__name__.lower(), agent_cls, env_spec, config, seeds, run_dir, executor_of(config, env_spec)
     )
     if steps is not None:
-        if steps < 1:
-            raise RunError(f"--steps {steps} is not allowed; allowed: an int >= 1")
+        check_steps(steps)
         run = run.with_total(steps)
     return run
 

@@ -47,6 +47,9 @@ def write_sweep(
             {
                 "values": values,
                 "run_dir": str(combo.run_dir),
+                # what the run trained: the requested total (the report's "steps") rounded up to
+                # whole iterations of its algorithm (a PPO rollout of n_envs x n_steps)
+                "steps": int(summary["steps"]),
                 "final_return": finals.tolist(),
                 "mean": float(np.nanmean(finals)) if np.isfinite(finals).any() else float("nan"),
                 "std": float(np.nanstd(finals)) if np.isfinite(finals).any() else float("nan"),

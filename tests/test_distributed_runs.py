@@ -195,6 +195,44 @@ def test_bad_distributed_runs_fail_in_one_line_before_anything_is_written(tmp_pa
     assert not run_dir.exists()
 
 
+def test_more_workers_than_the_memory_holds_are_refused_before_anything_starts(tmp_path, capsys, monkeypatch):
+    """``--workers 100000`` made its 800,000 CartPoles here (to read their spaces), then would have
+    started as many Ray workers, for minutes, until the machine ran out of memory. Each worker is
+    a process of at least ``WORKER_MEMORY_GB``: a local runtime takes what the available memory
+    holds, a cluster is not checked."""
+    import kitae.distributed.runtime as runtime
+    from kitae.cli import main
+    from kitae.config import DistributedConfig
+    from kitae.distributed.executor import DistributedExecutor
+
+    available = runtime._available_memory_gb()  # the real /proc/meminfo
+    assert available is not None and available > 0
+    monkeypatch.setattr(runtime, "_available_memory_gb", lambda: 2.0)  # room for 5 workers of 0.4 GB
+    run_dir = tmp_path / "run"
+    start = time.monotonic()
+    assert main(["train", "ppo", "CartPole-v1", "--workers", "100000", "--run-dir", str(run_dir)]) == 2
+    assert time.monotonic() - start < 30  # refused before making the environments
+    assert capsys.readouterr().err.strip() == (
+        "kitae: error: --workers 100000 is not allowed on this machine: each Ray worker is a process of at least "
+        "0.4 GB and 2.0 GB is available, room for 5; allowed: --workers at most 4 besides 1 gradient worker, or "
+        "--address HOST:PORT of a Ray cluster"
+    )
+    assert not run_dir.exists()
+    # sweeps and searches: the tasks that run at once
+    sweep = ["sweep", "ppo", "CartPole-v1", "--grid", "update_cfg.learning_rate=1e-3,3e-4", "--workers", "6"]
+    assert main([*sweep, "--sweep-dir", str(tmp_path / "sweep")]) == 2
+    assert "--workers 6 is not allowed on this machine" in capsys.readouterr().err
+    tune = ["tune", "ppo", "CartPole-v1", "--trials", "2", "--workers", "6", "--study-dir", str(tmp_path / "study")]
+    assert main(tune) == 2
+    assert "allowed: --workers at most 5, or --address" in capsys.readouterr().err
+    assert not (tmp_path / "sweep").exists() and not (tmp_path / "study").exists()
+    # Python's road: the executor's own check, before Ray starts
+    with pytest.raises(ValueError, match=r"distributed.workers=8 is not allowed on this machine.*at most 3 besides 2"):
+        DistributedExecutor(DistributedConfig(workers=8, gradient_workers=2)).check("CartPole-v1", 8)
+    DistributedExecutor(DistributedConfig(workers=8, address="127.0.0.1:1")).check("CartPole-v1", 8)
+    DistributedExecutor(DistributedConfig(workers=4)).check("CartPole-v1", 8)
+
+
 def test_a_diverging_distributed_run_stops_exits_3_and_keeps_its_last_finite_parameters(ray_shared, tmp_path, capsys):
     from kitae.cli import main
     from tests.test_divergence import DIVERGE, _check_diverged_run

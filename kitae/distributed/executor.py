@@ -43,7 +43,7 @@ import numpy as np
 from kitae.config import DistributedConfig
 from kitae.distributed.algorithm import AgentAlgorithm
 from kitae.distributed.gradients import average_gradients, gradient_plan
-from kitae.distributed.runtime import ray_runtime
+from kitae.distributed.runtime import check_local_room, ray_runtime
 from kitae.distributed.workers import CollectionWorker, GradientWorker
 from kitae.envs.make import EnvSpec, make_env
 from kitae.envs.spaces import check_env_spaces
@@ -100,7 +100,8 @@ class DistributedExecutor(EvaluatesBySource):
 
         Raises:
             TypeError: for an environment object instead of an id.
-            ValueError: for ``n_envs`` that is not a multiple of ``workers``.
+            ValueError: for ``n_envs`` that is not a multiple of ``workers``, or, on a local
+                runtime, more workers than this machine's memory holds (``check_local_room``).
         """
         if not isinstance(env, (str, EnvSpec)):
             raise TypeError(
@@ -114,6 +115,13 @@ class DistributedExecutor(EvaluatesBySource):
                 f"env_cfg.n_envs={n_envs} does not split over distributed.workers={workers}; allowed: a multiple "
                 f"of {workers}"
             )
+        check_local_room(
+            workers,
+            self.config.address,
+            f"distributed.workers={workers}",
+            name="distributed.workers",
+            extra=self.config.gradient_workers,
+        )
         return spec
 
     def restore_target(self, agent: Any, env: Any, meta: dict) -> LoopState | None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kitae.distributed.runtime import ray_runtime
+from kitae.distributed.runtime import check_local_room, ray_runtime
 from kitae.runs.errors import RunError
 
 __all__ = ["check_workers", "in_ray_tasks"]
@@ -31,6 +31,10 @@ def check_workers(workers: Any, address: str | None, compiled: bool, env_id: str
                 f"--workers trains host-loop {what} in parallel on Ray; {env_id} is a JAX environment, "
                 f"{instead}: drop --workers"
             )
+        try:  # each task at once is a worker process of its own
+            check_local_room(workers, address, f"--workers {workers}")
+        except ValueError as error:
+            raise RunError(str(error)) from None
     elif address is not None:
         raise RunError("--address is for --workers: give --workers N too")
 

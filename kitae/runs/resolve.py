@@ -18,6 +18,7 @@ from typing import Any, cast
 from kitae.algos.collections import ALGORITHMS, algorithm_name, algorithm_of_params_name, get_algorithm
 from kitae.config import MAX_ENV_STEPS, AlgoConfig, UpdateConfig
 from kitae.distributed.executor import DistributedExecutor, check_spaces
+from kitae.distributed.runtime import check_local_room
 from kitae.envs.make import EnvSpec, make_env
 from kitae.loops.executor import Executor, executor_for
 from kitae.runs.errors import RunError
@@ -196,6 +197,28 @@ def _check_iteration_before_envs(values: dict, off_policy: bool) -> None:
         raise RunError(str(error)) from None
 
 
+def _check_local_room(section: Any, from_flag: bool) -> None:
+    """A distributed run's worker processes against this machine's memory (``check_local_room``),
+    before its environments are made here: ``--workers N`` asks for ``N`` times the per-worker
+    environments, which this process makes once to read their spaces."""
+    if not isinstance(section, dict):
+        return
+    workers, gradient = section.get("workers"), section.get("gradient_workers", 1)
+    counts = (workers, gradient)
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in counts):
+        return  # refused with its own message where the config is built
+    assert isinstance(workers, int) and isinstance(gradient, int)
+    flag, name = (
+        (f"--workers {workers}", "--workers")
+        if from_flag
+        else (f"distributed.workers={workers}", "distributed.workers")
+    )
+    try:
+        check_local_room(workers, section.get("address"), flag, name=name, extra=gradient)
+    except ValueError as error:
+        raise RunError(str(error)) from None
+
+
 def check_steps(steps: int) -> None:
     """Refuses a ``--steps`` outside ``[1, MAX_ENV_STEPS]``, naming the flag (the config would
     name ``train_cfg.n_env_steps``, which the user did not type).
@@ -242,6 +265,7 @@ def resolve_train(spec: RunSpec) -> tuple[ResolvedRun, Any]:
     env_spec = env_spec.with_kwargs(env_kwargs)
     off_policy = getattr(agent_cls, "algo_type", None) is AlgoType.OFF_POLICY
     _check_iteration_before_envs(values, off_policy)
+    _check_local_room(values.get("distributed"), spec.workers is not None)
     env = make_run_env(env_spec, values["n_envs"])
     try:
         config = build_config(params_cls, env_spec, env, values, off_policy=off_policy)

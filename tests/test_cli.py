@@ -168,6 +168,12 @@ def test_unknown_set_key_and_wrong_type(capsys):
     )
     _bad(capsys, ["train", "ppo", "--set", "algo_params.gama=0.9"], "did you mean 'algo_params.gamma'?")
     _bad(capsys, ["train", "dqn", "--set", "algo_params.batch_size=32"], "did you mean 'update_cfg.batch_size'?")
+    # config.yaml keeps the environment's arguments under env_cfg; --set takes them as env_kwargs.NAME
+    _bad(
+        capsys,
+        ["config", "td3", "pettingzoo:mpe2.simple_spread_v3", "--set", "env_cfg.env_kwargs.continuous_actions=true"],
+        "unknown --set key 'env_cfg.env_kwargs.continuous_actions'; did you mean 'env_kwargs.continuous_actions'?",
+    )
     _bad(capsys, ["train", "ppo", "--set", "novalue"], "KEY=VALUE")
     _bad(capsys, ["train", "ppo", "--set", "update_cfg.n_epochs=many"], "update_cfg.n_epochs")
     _bad(capsys, ["train", "ppo", "--set", "update_cfg.learning_rate=-1"], "update_cfg.learning_rate")

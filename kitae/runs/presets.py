@@ -189,8 +189,12 @@ def parse_sets(items: list[str], params_cls: type) -> dict:
             raise ValueError(f"--set {item!r} is not KEY=VALUE")
         section, _, name = key.partition(".")
         if key not in allowed and not (section == "env_kwargs" and name.isidentifier()):
+            # config.yaml keeps the environment's arguments under env_cfg: a key copied from it
+            # (env_cfg.env_kwargs.continuous_actions) is meant as env_kwargs.continuous_actions
+            _, kwargs_part, kwarg = key.partition("env_kwargs.")
+            hint = f"; did you mean {'env_kwargs.' + kwarg!r}?" if kwargs_part and kwarg.isidentifier() else ""
             raise ValueError(
-                f"unknown --set key {key!r}{did_you_mean(key, allowed)}; allowed keys: "
+                f"unknown --set key {key!r}{hint or did_you_mean(key, allowed)}; allowed keys: "
                 f"{', '.join(sorted(allowed | {ENV_KWARGS_KEY}))}"
             )
         path = key.split(".")

@@ -31,7 +31,6 @@ __all__ = [
     "RunSpec",
     "ResolvedRun",
     "resolve_train",
-    "check_steps",
     "resolve_run_dir",
     "resolve_agent",
     "make_run_env",
@@ -204,22 +203,17 @@ def _check_local_room(section: Any, from_flag: bool) -> None:
     if not isinstance(section, dict):
         return
     workers, gradient = section.get("workers"), section.get("gradient_workers", 1)
-    counts = (workers, gradient)
-    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in counts):
+    if type(workers) is not int or type(gradient) is not int or workers < 1 or gradient < 1:
         return  # refused with its own message where the config is built
-    assert isinstance(workers, int) and isinstance(gradient, int)
-    flag, name = (
-        (f"--workers {workers}", "--workers")
-        if from_flag
-        else (f"distributed.workers={workers}", "distributed.workers")
-    )
+    name = "--workers" if from_flag else "distributed.workers"
+    flag = f"--workers {workers}" if from_flag else f"distributed.workers={workers}"
     try:
         check_local_room(workers, section.get("address"), flag, name=name, extra=gradient)
     except ValueError as error:
         raise RunError(str(error)) from None
 
 
-def check_steps(steps: int) -> None:
+def _check_steps(steps: int) -> None:
     """Refuses a ``--steps`` outside ``[1, MAX_ENV_STEPS]``, naming the flag (the config would
     name ``train_cfg.n_env_steps``, which the user did not type).
 
@@ -243,7 +237,7 @@ def resolve_train(spec: RunSpec) -> tuple[ResolvedRun, Any]:
     agent_cls, params_cls = get_algorithm(spec.algo)
     env_spec = EnvSpec.parse(spec.env_id)
     if spec.steps is not None:
-        check_steps(spec.steps)
+        _check_steps(spec.steps)
     if spec.seeds is not None and spec.seeds < 1:
         raise RunError(f"--seeds {spec.seeds} is not allowed; allowed: an int >= 1")
     values = resolve(
@@ -360,7 +354,7 @@ def resolve_run_dir(
         algo or agent_cls.__name__.lower(), agent_cls, env_spec, config, seeds, run_dir, executor_of(config, env_spec)
     )
     if steps is not None:
-        check_steps(steps)
+        _check_steps(steps)
         run = run.with_total(steps)
     return run
 

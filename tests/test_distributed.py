@@ -157,11 +157,74 @@ def test_an_address_where_no_cluster_answers_is_refused_at_once_in_one_line(tmp_
         "10 s); allowed: the HOST:PORT of a running cluster's head (`ray start --head` prints it), or no address "
         "to start a local runtime\n"
     )
-    with socket.socket() as listening:  # something answers: Ray's own handshake decides
+    with socket.socket() as listening:  # accepts, then says nothing: not a Ray head either
         listening.bind(("127.0.0.1", 0))
         listening.listen()
-        check_reachable(f"127.0.0.1:{listening.getsockname()[1]}")
+        silent = f"127.0.0.1:{listening.getsockname()[1]}"
+        with pytest.raises(ConnectionError, match=r"a server answers but no gRPC handshake in 0.5 s: not a Ray head"):
+            check_reachable(silent, timeout=0.5)
     check_reachable(None)
+
+
+@pytest.fixture
+def http_port():
+    """The port of an HTTP server on 127.0.0.1 (as the dashboard's 8265 is), for the test's length."""
+    import http.server
+    import threading
+
+    class Quiet(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:  # the tests read kitae's stderr alone
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+def _not_ray(port: int, seconds: int) -> str:
+    return (
+        f"kitae: error: distributed.address='127.0.0.1:{port}': no Ray cluster answers there (a server answers but "
+        f"no gRPC handshake in {seconds} s: not a Ray head); allowed: the HOST:PORT of a running cluster's head "
+        "(`ray start --head` prints it), or no address to start a local runtime\n"
+    )
+
+
+def test_an_address_where_a_server_that_is_not_ray_answers_is_refused_in_one_line(tmp_path, capsys, http_port):
+    """``--address`` given an HTTP server's port (the dashboard's 8265 for the head's 6379) waited
+    in ``ray.init`` without end (10 minutes seen), Ray's GCS client printing its retries, and left a
+    run directory of a run that never started. A real head passes: tests/test_ray_cluster.py."""
+    from kitae.cli import main
+
+    clock = time.perf_counter()
+    code = main(["train", "ppo", "CartPole-v1", "--workers", "2", "--address", f"127.0.0.1:{http_port}",
+                 "--steps", "512", "--run-dir", str(tmp_path / "run")])  # fmt: skip
+    assert code == 1 and time.perf_counter() - clock < 15 and not (tmp_path / "run").exists()
+    assert capsys.readouterr().err == _not_ray(http_port, 10)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["sweep", "ppo", "CartPole-v1", "--grid", "update_cfg.learning_rate=1e-3,3e-4", "--sweep-dir"],
+        ["tune", "ppo", "CartPole-v1", "--trials", "2", "--study-dir"],
+    ],
+    ids=["sweep", "tune"],
+)
+def test_sweep_and_tune_refuse_an_address_that_is_not_a_ray_head_before_writing(
+    tmp_path, capsys, monkeypatch, http_port, command
+):
+    """``kitae sweep/tune --workers --address`` wrote the sweep's plan and each combination's
+    config.yaml (a study its study.db) before Ray was asked, then waited without end."""
+    from kitae.cli import main
+    from kitae.distributed import runtime
+
+    monkeypatch.setattr(runtime, "CONNECT_TIMEOUT", 1.0)  # the default's 10 s is the train test's
+    code = main([*command, str(tmp_path / "out"), "--steps", "512", "--workers", "2",
+                 "--address", f"127.0.0.1:{http_port}"])  # fmt: skip
+    assert code == 1 and not (tmp_path / "out").exists()
+    assert capsys.readouterr().err == _not_ray(http_port, 1)
 
 
 def test_bad_runs_are_rejected_before_anything_starts(tmp_path):

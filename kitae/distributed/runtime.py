@@ -31,15 +31,19 @@ __all__ = ["ray_runtime", "import_ray", "check_reachable", "check_local_room", "
 CONNECT_TIMEOUT = 10.0
 
 
-def check_reachable(address: str | None, timeout: float = CONNECT_TIMEOUT) -> None:
-    """Refuses, before Ray is started or anything is written, a cluster address where nothing
-    accepts a TCP connection within ``timeout`` seconds (``None``, a local runtime, passes).
+def check_reachable(address: str | None, timeout: float | None = None) -> None:
+    """Refuses, before Ray is started or anything is written, a cluster address where no Ray head
+    answers within ``timeout`` seconds (``None``, a local runtime, passes): nothing accepts a TCP
+    connection there, or what does is not a gRPC server (a Ray head's GCS and its client server
+    both are), e.g. the dashboard's HTTP port 8265 typed for the head's 6379. ``timeout`` defaults
+    to ``CONNECT_TIMEOUT``.
 
     Raises:
         ConnectionError: naming the address, the reason and what is allowed.
     """
     if address is None:
         return
+    timeout = CONNECT_TIMEOUT if timeout is None else timeout
     host, _, port = address.removeprefix("ray://").rpartition(":")
     if not port.isdigit():  # not HOST:PORT: Ray's own check says what it wants
         return
@@ -47,11 +51,30 @@ def check_reachable(address: str | None, timeout: float = CONNECT_TIMEOUT) -> No
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
     except OSError as error:
         reason = "no answer" if isinstance(error, TimeoutError) else (error.strerror or type(error).__name__)
-        raise ConnectionError(
-            f"distributed.address={address!r}: no Ray cluster answers there ({reason}, {timeout:g} s); allowed: the "
-            "HOST:PORT of a running cluster's head (`ray start --head` prints it), or no address to start a local "
-            "runtime"
-        ) from None
+        raise _unreachable(address, f"{reason}, {timeout:g} s") from None
+    # Something listens. Ray's ray.init on a port that is not a head's waits without end (seen
+    # 10 minutes on an HTTP server), so the gRPC handshake is checked first, with the grpcio that
+    # Ray talks to its head with. A cluster with TLS (RAY_USE_TLS) needs its certificates for
+    # that: Ray's own connection decides there.
+    if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+        return
+    import grpc  # Ray's dependency; imported here, where Ray is about to be
+
+    channel = grpc.insecure_channel(f"{host}:{port}")
+    try:
+        grpc.channel_ready_future(channel).result(timeout=timeout)
+    except grpc.FutureTimeoutError:
+        reason = f"a server answers but no gRPC handshake in {timeout:g} s: not a Ray head"
+        raise _unreachable(address, reason) from None
+    finally:
+        channel.close()
+
+
+def _unreachable(address: str, reason: str) -> ConnectionError:
+    return ConnectionError(
+        f"distributed.address={address!r}: no Ray cluster answers there ({reason}); allowed: the HOST:PORT of a "
+        "running cluster's head (`ray start --head` prints it), or no address to start a local runtime"
+    )
 
 
 # The least memory one Ray worker process of a kitae run holds: JAX, the agent's programs and its

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kitae.distributed.runtime import check_local_room, ray_runtime
+from kitae.distributed.runtime import check_local_room, check_reachable, ray_runtime
 from kitae.runs.errors import RunError
 
 __all__ = ["check_workers", "in_ray_tasks"]
@@ -22,7 +22,8 @@ __all__ = ["check_workers", "in_ray_tasks"]
 def check_workers(workers: Any, address: str | None, compiled: bool, env_id: str, what: str, instead: str) -> None:
     """Refuses ``--workers N`` / ``--address`` where they do not apply, with one ``RunError``:
     ``workers`` not an int >= 1, a JAX environment (``compiled``: ``what`` trains ``instead``
-    already), an address without workers."""
+    already), an address without workers, an address where no Ray head answers
+    (``kitae.distributed.runtime.check_reachable``)."""
     if workers is not None:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise RunError(f"--workers {workers!r} is not allowed; allowed: an int >= 1")
@@ -35,6 +36,7 @@ def check_workers(workers: Any, address: str | None, compiled: bool, env_id: str
             check_local_room(workers, address, f"--workers {workers}")
         except ValueError as error:
             raise RunError(str(error)) from None
+        check_reachable(address)  # before the sweep's or the study's directory is written (exit 1, as train's)
     elif address is not None:
         raise RunError("--address is for --workers: give --workers N too")
 

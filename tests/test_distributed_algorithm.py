@@ -98,7 +98,7 @@ def dqn_setup():
 def _stepwise_on_policy(algorithm, rollout, key):
     processed, epoch_keys = algorithm.process_rollout(rollout, key)
     for epoch_key in epoch_keys:
-        step_keys, batches = epoch_minibatches(epoch_key, processed, algorithm.mini_batch_size)
+        step_keys, batches = epoch_minibatches(epoch_key, processed, algorithm.minibatch_rows)
         for j, step_key in enumerate(step_keys):
             batch = jax.tree_util.tree_map(lambda x, j=j: x[j], batches)
             grads, _ = algorithm.compute_gradients(batch, key=step_key)
@@ -132,6 +132,42 @@ def test_ppo_gradients_step_by_step_follow_the_fused_update(ppo_setup):
     assert algorithm.n_gradient_steps == 2 * (64 * 2 // 32)
     for got, want in zip(jax.tree_util.tree_leaves(algorithm.state), jax.tree_util.tree_leaves(fused)):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-7)
+
+
+def test_a_recurrent_ppos_update_step_by_step_follows_the_fused_update(tmp_path):
+    """A recurrent PPO's processed rows are whole sequences: its minibatches are
+    ``minibatch_rows`` of them (``batch_size / sequence_length``), which docs/distributed.md says to
+    give ``epoch_minibatches``. With ``mini_batch_size`` (32 transitions) the step-by-step road
+    failed: "batch_size=32 is larger than the 8 transitions available"."""
+    from kitae.algos.collections.recurrent_ppo import RecurrentExperience
+    from kitae.runs import preset_agent
+
+    sets = ["update_cfg.max_buffer_size=64", "update_cfg.batch_size=32", "update_cfg.n_epochs=2"]
+    sets += ["algo_params.sequence_length=16"]
+    agent, env = preset_agent("ppo_lstm", "CartPole-v1", n_envs=2, run_dir=tmp_path / "r", sets=sets)
+    algorithm = AgentAlgorithm(agent)
+    assert (algorithm.mini_batch_size, algorithm.minibatch_rows, algorithm.num_mini_batch) == (32, 2, 4)
+    buffer, obs = RolloutBuffer(64), env.reset(seed=0)[0]
+    rhs, done = agent.initial_hidden(2), np.ones(2, np.float32)
+    for _ in range(64):
+        action, clipped, next_rhs, other = algorithm.acting_step(obs, rhs, done)
+        next_obs, reward, terminated, truncated, infos = env.step(clipped)
+        real_next = np.array(next_obs, copy=True)
+        for i in np.flatnonzero(infos.get("_final_obs", np.zeros(2, bool))):
+            real_next[i] = infos["final_obs"][i]
+        buffer.add(
+            RecurrentExperience(obs, action, np.asarray(reward, np.float32), np.asarray(terminated, bool), real_next,
+                                np.asarray(other["log_prob"], np.float32), np.asarray(truncated, bool),
+                                start=np.asarray(done, bool), hidden=rhs)  # fmt: skip
+        )
+        obs, rhs, done = next_obs, next_rhs, np.logical_or(terminated, truncated).astype(np.float32)
+    env.close()
+    rollout, key = agent.update_data(buffer.state), jax.random.PRNGKey(5)
+    fused, _ = jax.jit(agent.update_fn)(agent.state, key, rollout)
+    _stepwise_on_policy(algorithm, rollout, key)
+    assert algorithm.n_gradient_steps == 2 * 4
+    for got, want in zip(jax.tree_util.tree_leaves(algorithm.state), jax.tree_util.tree_leaves(fused), strict=True):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
 
 
 def test_ppos_statistics_step_by_step_are_the_fused_updates(tmp_path):
@@ -388,6 +424,7 @@ def test_a_learning_parameter_changes_without_recompiling(ppo_setup):
     batch = jax.tree_util.tree_map(lambda x: x[0], batches)
     before, _ = algorithm.compute_gradients(batch, key=step_keys[0])
     assert algorithm.parameter("entropy_coef") == pytest.approx(0.01)
+    assert algorithm.parameter("value_clip_coef") is None  # off by default (float(None) raised)
     algorithm.update_algorithm_parameter("entropy_coef", 0.5)
     changed, _ = algorithm.compute_gradients(batch, key=step_keys[0])
     assert not _same_bits(before, changed)
@@ -430,7 +467,7 @@ def test_the_learning_rate_changes_in_the_optimizer_state(dqn_setup):
     ("name", "value", "match"),
     [
         ("hidden", 3, "cannot change during training"),
-        ("nonexistent", 1.0, "cannot change during training"),
+        ("nonexistent", 1.0, r"^parameter_name='nonexistent' \(new_parameter_value=1.0\) cannot change during"),
         ("clip_coef", -1.0, "clip_coef"),
         ("clip_coef", float("nan"), "a finite number"),
         ("clip_coef", "0.1", "a finite number"),

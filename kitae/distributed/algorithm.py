@@ -509,7 +509,8 @@ class AgentAlgorithm(Algorithm):
             if parameter_name == "learning_rate":
                 why = " (the learning rate is annealed: update_cfg.learning_rate_annealing=True)"
             raise ValueError(
-                f"parameter_name={parameter_name!r} cannot change during training{why}; allowed: {list(allowed)}"
+                f"parameter_name={parameter_name!r} (new_parameter_value={new_parameter_value!r}) cannot change "
+                f"during training{why}; allowed: {list(allowed)}"
             )
         if not _is_number(new_parameter_value) or not np.isfinite(new_parameter_value):
             raise ValueError(
@@ -529,9 +530,9 @@ class AgentAlgorithm(Algorithm):
         dataclasses.replace(self.agent.config.algo_params, **{parameter_name: value})
         self._params[parameter_name] = value
 
-    def parameter(self, parameter_name: str) -> float:
+    def parameter(self, parameter_name: str) -> float | None:
         """The current value of a changeable parameter (``learning_rate``: the rate the last
-        update used)."""
+        update used; ``None`` for one that is off, as PPO's ``value_clip_coef`` by default)."""
         if parameter_name == "learning_rate":
             holders = _optimizer_states(self.state)
             if not holders:
@@ -539,14 +540,17 @@ class AgentAlgorithm(Algorithm):
             return float(read_learning_rate(holders[0][0].opt_state))
         if parameter_name in self._params:
             return self._params[parameter_name]
-        return float(getattr(self.agent.config.algo_params, parameter_name))
+        value = getattr(self.agent.config.algo_params, parameter_name)
+        return None if value is None else float(value)
 
     # -- schedule --------------------------------------------------------------------------------
 
     @property
     def gamma(self) -> float:
         """The discount factor, ``parameter("gamma")``."""
-        return self.parameter("gamma")
+        gamma = self.parameter("gamma")
+        assert gamma is not None  # a discount is never off
+        return gamma
 
     @property
     def start_steps(self) -> int:
@@ -562,6 +566,16 @@ class AgentAlgorithm(Algorithm):
     def mini_batch_size(self) -> int:
         """``update_cfg.batch_size``."""
         return self.agent.config.update_cfg.batch_size
+
+    @property
+    def minibatch_rows(self) -> int:
+        """Rows of ``process_rollout``'s experience per minibatch, the size to give
+        ``kitae.algos.update.epoch_minibatches``: ``mini_batch_size`` transitions, except for a
+        recurrent agent, whose rows are whole sequences (``batch_size / sequence_length``).
+        Off-policy: ``mini_batch_size`` (``gradient_batch`` samples the minibatch itself)."""
+        if self.agent.algo_type is AlgoType.ON_POLICY:
+            return int(self.agent.minibatch_rows)
+        return self.mini_batch_size
 
     @property
     def num_mini_batch(self) -> int:

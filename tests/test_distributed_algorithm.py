@@ -156,9 +156,17 @@ def test_a_recurrent_ppos_update_step_by_step_follows_the_fused_update(tmp_path)
         for i in np.flatnonzero(infos.get("_final_obs", np.zeros(2, bool))):
             real_next[i] = infos["final_obs"][i]
         buffer.add(
-            RecurrentExperience(obs, action, np.asarray(reward, np.float32), np.asarray(terminated, bool), real_next,
-                                np.asarray(other["log_prob"], np.float32), np.asarray(truncated, bool),
-                                start=np.asarray(done, bool), hidden=rhs)  # fmt: skip
+            RecurrentExperience(
+                obs,
+                action,
+                np.asarray(reward, np.float32),
+                np.asarray(terminated, bool),
+                real_next,
+                np.asarray(other["log_prob"], np.float32),
+                np.asarray(truncated, bool),
+                start=np.asarray(done, bool),
+                hidden=rhs,
+            )
         )
         obs, rhs, done = next_obs, next_rhs, np.logical_or(terminated, truncated).astype(np.float32)
     env.close()

@@ -36,7 +36,7 @@ import numpy as np
 from kitae.algos.checks import checked_update_step
 from kitae.algos.experience import ExperiencePipeline
 from kitae.algos.update import UpdateHooks
-from kitae.base import BaseAgent
+from kitae.base import BaseAgent, OnPolicyAgent
 from kitae.config import AlgoConfig
 from kitae.envs.spaces import check_observation
 from kitae.modules.optimizer import learning_rate as read_learning_rate
@@ -573,8 +573,8 @@ class AgentAlgorithm(Algorithm):
         ``kitae.algos.update.epoch_minibatches``: ``mini_batch_size`` transitions, except for a
         recurrent agent, whose rows are whole sequences (``batch_size / sequence_length``).
         Off-policy: ``mini_batch_size`` (``gradient_batch`` samples the minibatch itself)."""
-        if self.agent.algo_type is AlgoType.ON_POLICY:
-            return int(self.agent.minibatch_rows)
+        if isinstance(self.agent, OnPolicyAgent):
+            return self.agent.minibatch_rows
         return self.mini_batch_size
 
     @property

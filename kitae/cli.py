@@ -169,6 +169,25 @@ def _int(text: str) -> int:
     return value
 
 
+def _steps(text: str) -> int:
+    """``--steps``: an int, also written as a whole number in scientific notation (``1e6``, as
+    rl-zoo's hyperparameter files write budgets) or with underscores (``1_000_000``). Its range is
+    checked where it is read (``kitae.runs.resolve``), naming ``--steps``."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value.is_integer():  # nan, inf and fractions alike
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not allowed; allowed: a whole number of environment steps (100000, 1e6, 1_000_000)"
+        )
+    return int(value)
+
+
 def _seed(text: str) -> int:
     """An evaluation seed: an int in [0, 2**32), refused by argparse otherwise (Gymnasium's reset
     raised on a negative one, a traceback)."""
@@ -193,7 +212,7 @@ def _add_train_flags(parser: argparse.ArgumentParser, seeds: bool = False) -> No
         default="gymnax:CartPole-v1",
         help="SOURCE:ID, e.g. gymnax:CartPole-v1 or CartPole-v1 (default: gymnax:CartPole-v1)",
     )
-    parser.add_argument("--steps", type=_int, help="environment steps, summed over environments")
+    parser.add_argument("--steps", type=_steps, help="environment steps, summed over environments (e.g. 1e6)")
     parser.add_argument("--seed", type=_int, help="the seed (default from the preset: 0)")
     if seeds:
         parser.add_argument(
@@ -229,7 +248,7 @@ def _add_train_flags(parser: argparse.ArgumentParser, seeds: bool = False) -> No
 
 def _add_shared_run_flags(parser: argparse.ArgumentParser, unit: str) -> None:
     """The flags ``kitae sweep`` and ``kitae tune`` take as ``kitae train`` does (what is not varied)."""
-    parser.add_argument("--steps", type=_int, help=f"environment steps of each {unit}")
+    parser.add_argument("--steps", type=_steps, help=f"environment steps of each {unit} (e.g. 1e6)")
     parser.add_argument("--seed", type=_int, help="the first seed (default from the preset: 0)")
     parser.add_argument("--n-envs", type=_int, help="number of environments")
     parser.add_argument("--config", help="a YAML file, as for kitae train")
@@ -403,7 +422,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     resume.add_argument("run_dir", metavar="RUN_DIR", help="the run directory, e.g. runs/ppo-CartPole-v1-s0-...")
     resume.add_argument(
-        "--steps", type=_int, help="the run's new TOTAL of environment steps (default: its n_env_steps)"
+        "--steps", type=_steps, help="the run's new TOTAL of environment steps (default: its n_env_steps)"
     )
     resume.add_argument(
         "--quiet",

@@ -186,7 +186,19 @@ def test_steps_out_of_range(capsys):
     line = _bad(capsys, ["train", "ppo", "--steps", "3000000000"], "--steps 3000000000 is not allowed", allowed)
     assert "n_env_steps" not in line
     _bad(capsys, ["config", "ppo", "--steps", "3000000000"], "--steps 3000000000 is not allowed")
-    _bad(capsys, ["train", "ppo", "--steps", "ten"], "argument --steps: 'ten' is not an int")
+    whole = "allowed: a whole number of environment steps (100000, 1e6, 1_000_000)"
+    for text in ("ten", "1.5", "1e-3", "nan", "inf"):
+        _bad(capsys, ["train", "ppo", "--steps", text], f"argument --steps: {text!r} is not allowed", whole)
+    _bad(capsys, ["sweep", "ppo", "--grid", "update_cfg.learning_rate=1e-3", "--steps", "1.5"], whole)
+    _bad(capsys, ["resume", "nowhere", "--steps", "1.5"], whole)
+    _bad(capsys, ["train", "ppo", "--steps", "1e20"], "--steps 100000000000000000000 is not allowed", allowed)
+
+
+def test_steps_in_scientific_notation_or_with_underscores(capsys):
+    """``--steps 1e6`` (how rl-zoo's files and papers write budgets) was refused as not an int."""
+    for text, steps in (("2e4", 20_000), ("1.5e3", 1_500), ("1_000", 1_000), ("4096", 4_096)):
+        assert main(["config", "ppo", "CartPole-v1", "--steps", text]) == 0
+        assert f"n_env_steps: {steps}\n" in capsys.readouterr().out
 
 
 def test_existing_run_directory_is_left_untouched(capsys, tmp_path):

@@ -46,6 +46,12 @@ def test_the_command_line_trains_resumes_and_evaluates_a_distributed_run(ray_sha
     events = EventAccumulator(str(run_dir / "logs"))
     events.Reload()
     assert {"distributed/policy_lag", "distributed/collect_sps"} <= set(events.Tags()["scalars"])
+    # the two workers' episodes in step order (worker 0's, then worker 1's, went back in steps)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [row["step"] for row in rows if "episodic_return" in row]
+    assert len(steps) > 20 and steps == sorted(steps)
+    points = [event.step for event in events.Scalars("charts/episodic_return")]
+    assert points == sorted(points)
     capsys.readouterr()
     assert main(["train", "ppo", "CartPole-v1", "--gradient-workers", "2", "--run-dir", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err.strip()

@@ -132,3 +132,30 @@ def test_space_mismatch_names_what_differs_and_ignores_bounds():
     gymnasium_env, gymnax_env = make_vec_env("CartPole-v1", 1), make_jax_env("gymnax:CartPole-v1", 1)
     assert space_mismatch(gymnasium_env.single_observation_space, gymnax_env.single_observation_space) is None
     gymnasium_env.close()
+
+
+def test_the_writer_logs_one_sps_point_per_step_at_a_runs_end():
+    """A run whose last progress report wrote ``charts/SPS`` at its last step got a second point
+    there from ``on_end`` (the audit's 3-seed compiled run: 18,618 and 18,222 at step 100,352)."""
+    from kitae.loops.callbacks import Progress, WriterLogger
+    from kitae.loops.result import RunResult
+
+    class Points:  # what WriterLogger takes: anything with add_scalar(tag, value, step)
+        def __init__(self) -> None:
+            self.points: list[tuple[str, float, int]] = []
+
+        def add_scalar(self, tag: str, value: float, step: int) -> None:
+            self.points.append((tag, value, step))
+
+    def result(env_steps: int) -> RunResult:
+        return RunResult("compiled", [0, 1], None, [], [], 0, env_steps, compile_seconds=1.0, train_seconds=2.0)
+
+    for last_progress, end, expected in ((1_000, 1_000, [1_000]), (1_000, 1_512, [1_000, 1_512])):
+        writer = Points()
+        logger = WriterLogger(writer, sps_every_seconds=0.0)
+        logger.on_progress(Progress(0, 0.0, None))  # starts the clock
+        logger.on_progress(Progress(last_progress, 500.0, None))
+        logger.on_end(result(end))
+        assert [step for tag, _, step in writer.points if tag == "charts/SPS"] == expected
+        assert writer.points[-1] == ("charts/compile_seconds", 1.0, end)
+    assert writer.points[1] == ("charts/SPS", 1_512 * 2 / 2.0 / 2, 1_512)  # the run's, per seed

@@ -39,3 +39,23 @@ def test_a_seed_that_starts_later_is_left_out_only_before_its_first_episode():
     before, after = grid < 50.0, grid >= 50.0
     assert np.all(mean[before] == 10.0) and np.all(high[before] == 10.0)
     assert np.all(mean[after] == 20.0) and np.all(high[after] == 30.0) and np.all(low[after] == 10.0)
+
+
+def test_a_compiled_runs_curve_ends_at_its_final_return():
+    """Compiled-loop rows each average several episodes. The plot took rows whole while they held
+    at most 10 episodes (4 here), ``final_return`` takes them until they hold at least 10: the
+    audit's run ended its curve at 306.8 against a final return of 309.9."""
+    from kitae.runs.rundir import final_return_from_rows
+
+    counts = [3, 2, 4, 4, 2, 6]
+    returns = [10.0, 20.0, 30.0, 40.0, 50.0, 60.0]
+    rows = [
+        {"step": 512 * (i + 1), "seed": 0, "episodic_return": r, "episodes": n}
+        for i, (r, n) in enumerate(zip(returns, counts))
+    ]
+    steps = np.array([row["step"] for row in rows], float)
+    line = _smooth(steps, np.array(returns), steps, window=10, counts=np.array(counts, float))
+    # the last row's window: 6 + 2 + 4 = 12 episodes (the rows whole until they hold 10)
+    assert line[-1] == (60 * 6 + 50 * 2 + 40 * 4) / 12 == final_return_from_rows(rows, 0)
+    # at the fourth row: 4 + 4 + 2 = 10 episodes; at the second, the 5 there are
+    assert line[3] == (40 * 4 + 30 * 4 + 20 * 2) / 10 and line[1] == (10 * 3 + 20 * 2) / 5

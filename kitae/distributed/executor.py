@@ -368,14 +368,19 @@ class _Run:
         self.ray.get([g.add_rows.remote(rows_ref) for g in self.gradient_workers])
         n_envs = self.agent.config.env_cfg.n_envs
         base = self.env_step
+        # Episodes in step order over the workers (each worker's are in order; the workers' vector
+        # steps run side by side): metrics.jsonl's rows, TensorBoard's points and the "last
+        # episodes" of the summary and the plot read them as the host loop writes them.
+        found = [(t, w, ended) for w, batch in enumerate(batches) for t, ended in batch["episodes"]]
+        by_step = sorted(found, key=lambda item: item[:2])
+        for t, _, ended in by_step:
+            # the step an episode ended at, counted in the updater's order of the iteration
+            step = np.full(len(ended.step), base + (t + 1) * n_envs)
+            ended = Episodes(step, ended.return_, ended.length, ended.count, ended.agent_returns, ended.seed_index)
+            self.found.append(ended)
+            self.latest_return = float(np.mean(ended.return_))
+            self.callbacks.on_episodes(ended)
         for batch in batches:
-            for t, ended in batch["episodes"]:
-                # the step an episode ended at, counted in the updater's order of the iteration
-                step = np.full(len(ended.step), base + (t + 1) * n_envs)
-                ended = Episodes(step, ended.return_, ended.length, ended.count, ended.agent_returns, ended.seed_index)
-                self.found.append(ended)
-                self.latest_return = float(np.mean(ended.return_))
-                self.callbacks.on_episodes(ended)
             self._lag("policy", float(self.n_updates - batch["version"]))
         self.env_step += steps * n_envs
 

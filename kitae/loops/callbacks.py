@@ -152,8 +152,10 @@ class LossMeans:
     ``add(step, info)`` after each update; it returns ``(step, means)`` when ``step`` crossed a
     multiple of ``log_frequency`` since the previous update (or ``start``), else ``None``;
     ``flush(step)`` returns what is left: the executors flush at every checkpoint and at the end,
-    so a run resumed from a checkpoint writes the same points as one that never stopped. One
-    ``add_scalar`` per loss and update would cost an off-policy agent more than acting does.
+    so a run resumed from a checkpoint of its ``save_frequency`` writes the same points as one
+    that never stopped (a stop's checkpoint adds a point at the stop step: the pending sums are
+    not saved in it). One ``add_scalar`` per loss and update would cost an off-policy agent more
+    than acting does.
     """
 
     def __init__(self, log_frequency: int, start: int = 0) -> None:
@@ -200,6 +202,7 @@ class WriterLogger(Callback):
         self.writer = writer
         self.sps_every_seconds = sps_every_seconds
         self._last_sps: tuple[float, int] | None = None
+        self._sps_written_at: int | None = None  # the step of the last charts/SPS point
 
     def on_episodes(self, episodes: Episodes) -> None:
         """Writes each row's return and length (and each agent's return) at its ``step``; the
@@ -236,11 +239,12 @@ class WriterLogger(Callback):
         then, step = self._last_sps
         if now - then >= self.sps_every_seconds and progress.step > step:
             self.writer.add_scalar("charts/SPS", (progress.step - step) / (now - then), progress.step)
-            self._last_sps = (now, progress.step)
+            self._last_sps, self._sps_written_at = (now, progress.step), progress.step
 
     def on_end(self, result: RunResult) -> None:
-        """Writes the run's ``charts/SPS`` per seed (when it trained at all) and
-        ``charts/compile_seconds``, at the run's last environment step."""
-        if result.train_seconds > 0:
+        """Writes the run's ``charts/SPS`` per seed (when it trained at all, and ``on_progress``
+        wrote none at that step: one point per step) and ``charts/compile_seconds``, at the run's
+        last environment step."""
+        if result.train_seconds > 0 and self._sps_written_at != result.env_steps:
             self.writer.add_scalar("charts/SPS", result.sps / len(result.seeds), result.env_steps)
         self.writer.add_scalar("charts/compile_seconds", result.compile_seconds, result.env_steps)

@@ -55,15 +55,17 @@ def _smooth(
 ) -> np.ndarray:
     """The mean of the last ``window`` episodes at each step (fewer at the start), read at ``grid``
     (NaN before the first episode; after the last, that last mean held to the grid's end, which
-    ``plot_curves`` sets at the run's end). Rows averaging several episodes weigh as many."""
+    ``plot_curves`` sets at the run's end). Rows averaging several episodes weigh as many, and are
+    taken whole until they hold ``window`` episodes: ``kitae.loops.result.recent_return``'s rule,
+    so that a curve ends at the run's ``final_return``."""
     if len(returns) == 0:
         return np.full_like(grid, np.nan, dtype=float)
     counts = np.ones(len(returns)) if counts is None else np.maximum(np.asarray(counts, float), 1e-12)
     total_n = np.concatenate([[0.0], np.cumsum(counts)])
     total_r = np.concatenate([[0.0], np.cumsum(np.asarray(returns, float) * counts)])
     end = np.arange(1, len(returns) + 1)
-    begin = np.searchsorted(total_n, total_n[end] - window, side="left")
-    begin = np.minimum(begin, end - 1)  # at least the row itself
+    # the latest start whose rows hold at least `window` episodes (the first row when none does)
+    begin = np.maximum(np.searchsorted(total_n, total_n[end] - window, side="right") - 1, 0)
     smoothed = (total_r[end] - total_r[begin]) / (total_n[end] - total_n[begin])
     # Held, not NaN, after the seed's last episode: a seed whose episodes run long (CartPole at 500)
     # often ends none in the run's last iterations, and a NaN there would drop it from the mean and

@@ -281,6 +281,9 @@ def test_refuses_non_discrete_action_spaces(space):
     with pytest.raises(ValueError, match="DQN") as error:
         DQN("dqn-refused", config, run_dir="runs/x")
     assert type(space).__name__ in str(error.value) and "Discrete" in str(error.value)
+    # what to use instead, for each kind (it named SAC or TD3 for every space, which refuse these two)
+    instead = "for Box actions: SAC, TD3, DDPG, MPO or PPO; for MultiDiscrete or MultiBinary: PPO or A2C"
+    assert instead in str(error.value)
     with pytest.raises(ValueError, match="DQN"):
         dqn.train_state_dqn_factory(jax.random.PRNGKey(0), config)
 

@@ -256,7 +256,8 @@ def _check_action_space(action_space: gym.Space) -> gym.spaces.Discrete:
     if not isinstance(action_space, gym.spaces.Discrete):
         raise ValueError(
             f"DQN does not support the action space {action_space}; DQN accepts "
-            "gymnasium.spaces.Discrete action spaces only (use SAC or TD3 for Box actions)"
+            "gymnasium.spaces.Discrete action spaces only (for Box actions: SAC, TD3, DDPG, MPO or PPO; for "
+            "MultiDiscrete or MultiBinary: PPO or A2C)"
         )
     return action_space
 

@@ -709,6 +709,35 @@ def test_eval_leaves_a_damaged_summary_as_it_is_and_says_so(capsys, run_copy, da
     assert (run_copy / "summary.json").read_text() == damaged
 
 
+def test_an_evaluation_adds_its_figures_after_the_run_has_written_its_summary(tmp_path):
+    """``kitae eval`` on a run that is ending read summary.json, then the run wrote its own, then
+    the evaluation replaced it with the old one plus its figures: the run's summary was lost. The
+    two writers now take turns (``summary_lock``, a ``flock`` on config.yaml): an evaluation that
+    finds the lock held waits, then adds its figures to the summary the run wrote."""
+    import fcntl
+    import threading
+
+    from kitae.runs.rundir import add_to_summary, write_summary
+
+    (tmp_path / "config.yaml").write_text("seed: 0\n")
+    write_summary(tmp_path, steps=512)  # the summary so far (an earlier segment's, or none)
+    with open(tmp_path / "config.yaml") as held:  # the run, writing its final summary
+        fcntl.flock(held, fcntl.LOCK_EX)
+        evaluation = threading.Thread(target=add_to_summary, args=(tmp_path,), kwargs={"eval_return": 7.0})
+        evaluation.start()
+        evaluation.join(timeout=0.5)
+        assert evaluation.is_alive()  # waiting for the run's write, not reading the old summary
+        write_summary(tmp_path, steps=1024, final_return=500.0)
+    evaluation.join(timeout=10)
+    assert json.loads((tmp_path / "summary.json").read_text()) == {
+        "steps": 1024,
+        "final_return": 500.0,
+        "eval_return": 7.0,
+    }
+    (tmp_path / "config.yaml").unlink()  # no config.yaml (a damaged run): no lock to take, the figures still go in
+    assert add_to_summary(tmp_path, eval_step=1024)["eval_step"] == 1024
+
+
 def test_eval_of_one_episode_says_one_episode(capsys, run_copy):
     assert main(["eval", str(run_copy), "--episodes", "1"]) == 0
     assert "over 1 episode (deterministic policy" in capsys.readouterr().out

@@ -3,7 +3,6 @@ it explores at the end of training), and a video of it."""
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from pathlib import Path
@@ -17,7 +16,7 @@ from kitae.loops.evaluate import play_episode
 from kitae.runs.errors import RunError
 from kitae.runs.load import load_agent, run_seeds
 from kitae.runs.resolve import resolve_run_dir
-from kitae.runs.rundir import check_run_dir, write_summary
+from kitae.runs.rundir import add_to_summary, check_run_dir
 
 __all__ = ["eval_run", "record_video", "gymnasium_twin"]
 
@@ -213,23 +212,18 @@ def eval_run(
         if video and index == 0:
             prefix = f"eval-step{steps[0]}" + ("-stochastic" if stochastic else "")
             video_path = record_video(agent, run.env, run_dir / "videos", prefix, seed, explore_step)
-    summary_path = run_dir / "summary.json"
-    try:
-        summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        summary = None
-    if isinstance(summary, dict):
-        summary.update(
-            eval_return=means if seeds else means[0],
-            eval_return_std=stds if seeds else stds[0],
-            eval_episodes=episodes,
-            eval_step=steps if seeds else steps[0],
-            eval_policy="stochastic" if stochastic else "deterministic",
-        )
-        write_summary(run_dir, **summary)
-    else:  # rewritten with the eval fields alone, the run's own figures would be lost for good
+    written = add_to_summary(
+        run_dir,
+        eval_return=means if seeds else means[0],
+        eval_return_std=stds if seeds else stds[0],
+        eval_episodes=episodes,
+        eval_step=steps if seeds else steps[0],
+        eval_policy="stochastic" if stochastic else "deterministic",
+    )
+    if written is None:  # rewritten with the eval fields alone, the run's own figures would be lost for good
         warnings.warn(
-            f"{summary_path} is not a JSON object as kitae writes it; left as it is, without this evaluation",
+            f"{run_dir / 'summary.json'} is not a JSON object as kitae writes it; left as it is, without this "
+            "evaluation",
             stacklevel=2,
         )
     return {

@@ -9,13 +9,16 @@ logged point), ``summary.json`` (written when the run ends) and ``curve.png``
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import itertools
 import json
 import math
+import os
 import resource
 import shutil
 import sqlite3
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -113,6 +116,46 @@ def write_summary(run_dir: str | Path, **fields: Any) -> dict:
     tmp.write_text(json.dumps(data, indent=2, allow_nan=False))
     tmp.replace(path)
     return data
+
+
+@contextlib.contextmanager
+def summary_lock(run_dir: str | Path) -> Iterator[None]:
+    """Holds the run's summary lock within the block: its two writers, the run as it ends and
+    ``kitae eval`` adding its figures (a read, a merge, a write), take turns. Without it, an
+    evaluation that read ``summary.json`` just before the run wrote its own replaced the run's with
+    the old one plus its figures.
+
+    The lock is a ``flock`` on ``config.yaml``: the run directory's contract adds no file, its
+    directory lock is the training process's for the whole run (``kitae.runs.lock``), and
+    ``config.yaml`` is there in every run from before training on, replaced only when a run
+    (re)starts, never while one ends. Where it is missing the block runs unlocked.
+    """
+    try:
+        descriptor = os.open(Path(run_dir) / "config.yaml", os.O_RDONLY)
+    except OSError:
+        descriptor = None
+    try:
+        if descriptor is not None:
+            fcntl.flock(descriptor, fcntl.LOCK_EX)  # released as the descriptor closes
+        yield
+    finally:
+        if descriptor is not None:
+            os.close(descriptor)
+
+
+def add_to_summary(run_dir: str | Path, **fields: Any) -> dict | None:
+    """Adds ``fields`` to the run's ``summary.json`` (created if there is none), under
+    ``summary_lock``; returns the new summary, or ``None`` (nothing written) where the file is
+    not a JSON object as kitae writes it."""
+    path = Path(run_dir) / "summary.json"
+    with summary_lock(run_dir):
+        try:
+            summary = json.loads(path.read_text()) if path.exists() else {}
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return None
+        if not isinstance(summary, dict):
+            return None
+        return write_summary(run_dir, **{**summary, **fields})
 
 
 def training_summary(run_dir: str | Path) -> dict | None:

@@ -11,7 +11,7 @@ from kitae.loops.result import RunResult
 from kitae.runs.load import best_evaluations
 from kitae.runs.provenance import made_with
 from kitae.runs.resolve import ResolvedRun
-from kitae.runs.rundir import final_return_from_rows, peak_rss_mb, write_summary
+from kitae.runs.rundir import final_return_from_rows, peak_rss_mb, summary_lock, write_summary
 
 __all__ = [
     "write_run_summary",
@@ -39,8 +39,7 @@ def write_run_summary(
     done = sum((r.env_steps - r.start_step) * len(r.seeds) for r in results)
     seeds = run.seeds
     finals = [final_return_from_rows(rows, seed) for seed in (seeds or [run.config.seed])]
-    return write_summary(
-        run.run_dir,
+    fields = dict(
         algo=run.algo,
         env=run.env.id,
         **({"seeds": seeds} if seeds else {"seed": run.config.seed}),
@@ -60,6 +59,8 @@ def write_run_summary(
         **(extra or {}),
         **made_with(),
     )
+    with summary_lock(run.run_dir):  # kitae eval may be adding its figures to the old one
+        return write_summary(run.run_dir, **fields)
 
 
 def _evaluation_summary(rows: list[dict], seeds: list[int], several: bool) -> dict:

@@ -25,6 +25,7 @@ import dataclasses
 import difflib
 import functools
 import math
+import re
 import types
 import typing
 from collections.abc import Callable
@@ -771,16 +772,48 @@ class AlgoConfig:
     def from_yaml(cls, path_or_text: str | Path, algo_params_type: type | None = None) -> AlgoConfig:
         """Reads a config written by ``to_yaml`` (a path, or the YAML text itself).
 
-        Uses ``yaml.safe_load``: loading runs no code from the file.
+        Uses ``load_yaml`` (``yaml.safe_load`` reading ``3e-4`` as a float): loading runs no code
+        from the file.
         """
         text = Path(path_or_text).read_text() if _is_path(path_or_text) else str(path_or_text)
         try:
-            data = yaml.safe_load(text)
+            data = load_yaml(text)
         except yaml.YAMLError as error:
             raise ValueError(f"malformed YAML config: {error}") from None
         if not isinstance(data, dict):
             raise ValueError(f"malformed YAML config: expected a mapping of fields, got {type(data).__name__}")
         return cls.from_dict(data, algo_params_type=algo_params_type)
+
+
+class _Loader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` (no code runs) reading floats as YAML 1.2 and Python do: ``3e-4`` and
+    ``1e6`` are floats. PyYAML follows YAML 1.1, whose floats need a dot (``3.0e-4``), and read
+    ``learning_rate: 3e-4`` in a config file as the string ``'3e-4'``, refused as "has type str"."""
+
+
+_Loader.add_implicit_resolver(  # PyYAML's own float pattern, with the dot made optional before an exponent
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+        |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+        |[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+
+
+def load_yaml(text: str) -> Any:
+    """``yaml.safe_load(text)``, except that ``3e-4`` and ``1e6`` are floats (``_Loader``): how
+    kitae reads config files, presets and run directories' ``config.yaml``.
+
+    Raises:
+        yaml.YAMLError: for text that is not YAML.
+    """
+    return yaml.load(text, Loader=_Loader)  # a SafeLoader: no code runs
 
 
 class _PlainDumper(yaml.SafeDumper):

@@ -93,6 +93,40 @@ def test_a_config_file_given_is_named_and_its_values_kept(capsys, tmp_path):
     assert config["env_cfg"]["n_envs"] == 4 and config["update_cfg"]["learning_rate"] == 3.0e-4
 
 
+def test_a_config_file_writes_floats_as_python_does(capsys, tmp_path):
+    """``learning_rate: 3e-4`` (how rl-zoo's files, papers and Python write it) was read by PyYAML,
+    which follows YAML 1.1, as the string '3e-4' and refused: "has type str; allowed: float". The
+    budget may be written 2e4 too, as ``--steps`` takes it; a fraction is still refused."""
+    from kitae.cli import main
+    from kitae.config import AlgoConfig, load_yaml
+
+    section = tmp_path / "mine.yaml"
+    section.write_text("n_env_steps: 2e4\nupdate_cfg: {learning_rate: 3e-4, max_grad_norm: 1E-1}\n")
+    _, text = _config(capsys, ["ppo", "CartPole-v1", "--config", str(section)])
+    config = yaml.safe_load(text)
+    assert config["update_cfg"]["learning_rate"] == 3e-4 and config["update_cfg"]["max_grad_norm"] == 0.1
+    assert config["train_cfg"]["n_env_steps"] == 20_000
+    assert (
+        AlgoConfig.from_yaml(text.replace("learning_rate: 0.0003", "learning_rate: 1e-4")).update_cfg.learning_rate
+        == 1e-4
+    )
+    assert load_yaml("[1e6, -2.5E-3, 1_000, 3, .5, 1.0e+2, 0x1f, 1e, e5, '1e6']") == [
+        1e6,
+        -2.5e-3,
+        1000,
+        3,
+        0.5,
+        100.0,
+        31,
+        "1e",
+        "e5",
+        "1e6",
+    ]
+    section.write_text("n_env_steps: 1.5\n")
+    assert main(["config", "ppo", "CartPole-v1", "--config", str(section)]) == 2
+    assert "n_env_steps=1.5 has type float; allowed: int" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "argv,expected",
     [

@@ -75,7 +75,7 @@ def _preset_sections(algo: str) -> dict[str, Any]:
     path = preset_path(algo)
     if not path.exists():
         return {}
-    data = yaml.safe_load(path.read_text()) or {}
+    data = cfg.load_yaml(path.read_text()) or {}
     return {EnvSpec.parse(k).id if k != "default" else k: v for k, v in data.items()}
 
 
@@ -108,7 +108,7 @@ def load_config_file(path: str | Path, params_cls: type | None = None) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"config file {str(path)!r} does not exist")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = cfg.load_yaml(path.read_text())
     except yaml.YAMLError as error:
         raise ValueError(f"malformed YAML in {str(path)!r}: {error}".replace("\n", " ")) from None
     if isinstance(data, dict) and "algo_params_class" in data:
@@ -374,6 +374,9 @@ def resolve(
     resolved = merge(resolved, set_values)
     if "n_env_steps" in resolved.get("train_cfg", {}):
         resolved["n_env_steps"] = resolved["train_cfg"].pop("n_env_steps")
+    budget = resolved["n_env_steps"]
+    if isinstance(budget, float) and budget.is_integer():  # 1e6 in a file or --set, as --steps takes it
+        resolved["n_env_steps"] = int(budget)
     for key in ("seed", "n_envs", "n_env_steps"):
         value = resolved[key]
         if not isinstance(value, int) or isinstance(value, bool):

@@ -27,7 +27,7 @@ import jax
 import numpy as np
 import yaml
 
-from kitae.config import AlgoConfig
+from kitae.config import AlgoConfig, load_yaml
 from kitae.loops.result import RECENT_EPISODES, recent_return
 from kitae.runs.errors import RunError
 
@@ -269,7 +269,7 @@ def run_config_names(run_dir: str | Path) -> tuple[str | None, str | None]:
     writes them, read without building the config: what a run of a custom agent whose params
     class is not registered in this process still tells (``None`` for what the file lacks)."""
     try:
-        data = yaml.safe_load((Path(run_dir) / "config.yaml").read_text())
+        data = load_yaml((Path(run_dir) / "config.yaml").read_text())
     except (OSError, yaml.YAMLError):
         data = None
     data = data if isinstance(data, dict) else {}

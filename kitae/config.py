@@ -786,29 +786,31 @@ class AlgoConfig:
 
 
 class _Loader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` (no code runs) reading floats as YAML 1.2 and Python do: ``3e-4`` and
-    ``1e6`` are floats. PyYAML follows YAML 1.1, whose floats need a dot (``3.0e-4``), and read
-    ``learning_rate: 3e-4`` in a config file as the string ``'3e-4'``, refused as "has type str"."""
+    """``yaml.SafeLoader`` (no code runs) reading floats as Python does: ``3e-4``, ``1e6`` and
+    ``inf`` are floats (as ``.inf``). PyYAML follows YAML 1.1, whose floats need a dot (``3.0e-4``)
+    and whose infinity is ``.inf`` only, and read ``learning_rate: 3e-4`` in a config file as the
+    string ``'3e-4'``, refused as "has type str"."""
 
 
-_Loader.add_implicit_resolver(  # PyYAML's own float pattern, with the dot made optional before an exponent
+_Loader.add_implicit_resolver(  # PyYAML's float pattern; the dot optional before an exponent and in inf/nan, -.5 signed
     "tag:yaml.org,2002:float",
     re.compile(
         r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
         |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
-        |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+        |[-+]?\.[0-9_]+(?:[eE][-+]?[0-9]+)?
         |[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*
-        |[-+]?\.(?:inf|Inf|INF)
-        |\.(?:nan|NaN|NAN))$""",
+        |[-+]?\.?(?:inf|Inf|INF)
+        |\.?(?:nan|NaN|NAN))$""",
         re.X,
     ),
-    list("-+0123456789."),
+    list("-+0123456789.iInN"),
 )
 
 
 def load_yaml(text: str) -> Any:
-    """``yaml.safe_load(text)``, except that ``3e-4`` and ``1e6`` are floats (``_Loader``): how
-    kitae reads config files, presets and run directories' ``config.yaml``.
+    """``yaml.safe_load(text)``, except that ``3e-4``, ``1e6`` and ``inf`` are floats
+    (``_Loader``): how kitae reads config files, presets, run directories' ``config.yaml`` and
+    ``--set`` values.
 
     Raises:
         yaml.YAMLError: for text that is not YAML.

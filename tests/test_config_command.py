@@ -97,8 +97,11 @@ def test_a_config_file_writes_floats_as_python_does(capsys, tmp_path):
     """``learning_rate: 3e-4`` (how rl-zoo's files, papers and Python write it) was read by PyYAML,
     which follows YAML 1.1, as the string '3e-4' and refused: "has type str; allowed: float". The
     budget may be written 2e4 too, as ``--steps`` takes it; a fraction is still refused."""
+    from math import inf
+
     from kitae.cli import main
     from kitae.config import AlgoConfig, load_yaml
+    from kitae.runs.presets import parse_value
 
     section = tmp_path / "mine.yaml"
     section.write_text("n_env_steps: 2e4\nupdate_cfg: {learning_rate: 3e-4, max_grad_norm: 1E-1}\n")
@@ -110,17 +113,16 @@ def test_a_config_file_writes_floats_as_python_does(capsys, tmp_path):
         AlgoConfig.from_yaml(text.replace("learning_rate: 0.0003", "learning_rate: 1e-4")).update_cfg.learning_rate
         == 1e-4
     )
-    assert load_yaml("[1e6, -2.5E-3, 1_000, 3, .5, 1.0e+2, 0x1f, 1e, e5, '1e6']") == [
-        1e6,
-        -2.5e-3,
-        1000,
-        3,
-        0.5,
-        100.0,
-        31,
-        "1e",
-        "e5",
-        "1e6",
+    floats = "[1e6, -2.5E-3, 1_000, 3, .5, -.5, 1.0e+2, inf, -inf, .inf, 0x1f, 1e, e5, info, '1e6']"
+    assert load_yaml(floats) == [1e6, -2.5e-3, 1000, 3, 0.5, -0.5, 100.0, inf, -inf, inf, 31, "1e", "e5", "info", "1e6"]
+    # --set values are read the same way (a file's `inf` was the string 'inf', --set's a float)
+    assert [parse_value(v) for v in ("3e-4", "inf", "-.5", "[64, 64]", "null", "lin_3e-4")] == [
+        3e-4,
+        inf,
+        -0.5,
+        [64, 64],
+        None,
+        "lin_3e-4",
     ]
     section.write_text("n_env_steps: 1.5\n")
     assert main(["config", "ppo", "CartPole-v1", "--config", str(section)]) == 2

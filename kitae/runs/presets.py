@@ -157,21 +157,12 @@ def _from_run_config(data: dict, path: Path, params_cls: type | None) -> dict:
 
 
 def parse_value(text: str) -> Any:
-    """A ``--set`` value: YAML scalars (``true``, ``null``, ``[64, 64]``), with ``1e-3`` read as a float."""
+    """A ``--set`` value: YAML scalars (``true``, ``null``, ``[64, 64]``), read as config files are
+    (``kitae.config.load_yaml``: ``1e-3`` and ``inf`` are floats); text that is not YAML stays text."""
     try:
-        value = yaml.safe_load(text)
+        return cfg.load_yaml(text)
     except yaml.YAMLError:
         return text
-    if isinstance(value, str):
-        try:
-            return int(value)
-        except ValueError:
-            pass
-        try:
-            return float(value)
-        except ValueError:
-            pass
-    return value
 
 
 def parse_sets(items: list[str], params_cls: type) -> dict:

@@ -50,6 +50,12 @@ ALGORITHM_NAMES = ("a2c", "ddpg", "dqn", "mpo", "ppo", "ppo_lstm", "rnd_ppo", "s
 """kitae's own algorithms, as ``--help`` lists them without importing them (a test pins it to
 ``kitae.algos.collections.BUILT_IN``)."""
 
+DEFAULT_ALGO = "ppo"
+"""``kitae train``'s algorithm when neither ALGO nor a run's config.yaml as --config names one."""
+
+DEFAULT_ENV = "gymnax:CartPole-v1"
+"""``kitae train``'s environment when neither ENV nor a run's config.yaml as --config names one."""
+
 EXAMPLES_TRAIN = """examples:
   kitae train                                   # PPO on gymnax:CartPole-v1, compiled, well under a minute
   kitae train dqn CartPole-v1 --steps 50000     # DQN on Gymnasium's CartPole in the host loop
@@ -203,14 +209,14 @@ def _add_train_flags(parser: argparse.ArgumentParser, seeds: bool = False) -> No
     parser.add_argument(
         "algo",
         nargs="?",
-        default="ppo",
-        help=f"{', '.join(ALGORITHM_NAMES)}, or a name an --import module registers (default: ppo)",
+        help=f"{', '.join(ALGORITHM_NAMES)}, or a name an --import module registers (default: the "
+        "algorithm of the run whose config.yaml is --config, else ppo)",
     )
     parser.add_argument(
         "env",
         nargs="?",
-        default="gymnax:CartPole-v1",
-        help="SOURCE:ID, e.g. gymnax:CartPole-v1 or CartPole-v1 (default: gymnax:CartPole-v1)",
+        help="SOURCE:ID, e.g. gymnax:CartPole-v1 or CartPole-v1 (default: the environment of the run whose "
+        "config.yaml is --config, else gymnax:CartPole-v1)",
     )
     parser.add_argument("--steps", type=_steps, help="environment steps, summed over environments (e.g. 1e6)")
     parser.add_argument("--seed", type=_int, help="the seed (default from the preset: 0)")
@@ -502,11 +508,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _run_spec(args: argparse.Namespace) -> RunSpec:
     """``kitae train``'s (or ``kitae config``'s) arguments as a ``RunSpec``."""
+    from kitae.algos.collections import algorithm_of_params_name
     from kitae.runs import RunSpec
+    from kitae.runs.rundir import config_file_names
 
+    # ALGO or ENV left out: a run's config.yaml given as --config trains that run's again
+    kind, env_id = config_file_names(args.config) if args.config else (None, None)
+    algo = algorithm_of_params_name(kind) if kind else None
     return RunSpec(
-        algo=args.algo,
-        env_id=args.env,
+        algo=args.algo or algo or DEFAULT_ALGO,
+        env_id=args.env or env_id or DEFAULT_ENV,
         steps=args.steps,
         seed=args.seed,
         seeds=getattr(args, "seeds", None),

@@ -73,7 +73,7 @@ def _coerce(field_path: str, value: Any, tp: Any) -> Any:
                 return _coerce(field_path, value, option)
             except TypeError:
                 continue
-        raise TypeError(f"{field_path}={value!r} has type {type(value).__name__}; allowed: {_type_name(tp)}")
+        raise TypeError(_type_message(field_path, value, tp))
     if tp is type(None):
         if value is None:
             return None
@@ -97,7 +97,35 @@ def _coerce(field_path: str, value: Any, tp: Any) -> Any:
             return value
     else:  # other typing constructs are not checked
         return value
-    raise TypeError(f"{field_path}={value!r} has type {type(value).__name__}; allowed: {_type_name(tp)}")
+    raise TypeError(_type_message(field_path, value, tp))
+
+
+_NUMBERS_TEXT = re.compile(r"^[(\[]?\s*-?\d+(?:\s*[,\s]\s*-?\d+)*\s*,?\s*[)\]]?$")
+
+
+def _allows(tp: Any, kind: type) -> bool:
+    """Whether the annotation ``tp`` takes values of ``kind`` (``tuple[int, ...] | None``: tuple)."""
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        return any(_allows(option, kind) for option in typing.get_args(tp))
+    return tp is kind or typing.get_origin(tp) is kind
+
+
+def _type_message(field_path: str, value: Any, tp: Any) -> str:
+    """The refusal of ``value`` for a field annotated ``tp``, with how to write it in YAML where
+    the value is what YAML makes of Python's or a shell's spelling: ``None`` (the text 'None';
+    YAML's is ``null``), ``(64, 64)`` or ``64,64`` (text; a list is ``[64, 64]``), ``no``/``off``
+    (YAML 1.1's booleans, for a text field)."""
+    message = f"{field_path}={value!r} has type {type(value).__name__}; allowed: {_type_name(tp)}"
+    if isinstance(value, str) and value.strip() in ("None", "none") and _allows(tp, type(None)):
+        return f"{message} (YAML writes None as null)"
+    if isinstance(value, str) and _allows(tp, tuple) and _NUMBERS_TEXT.match(value.strip()):
+        numbers = re.findall(r"-?\d+", value)
+        return f"{message} (YAML writes a list as [{', '.join(numbers)}])"
+    if isinstance(value, str) and value.strip() in ("None", "none"):
+        return f"{message} (None is not allowed here)"
+    if isinstance(value, bool) and _allows(tp, str):
+        return f"{message} (YAML reads yes, no, on and off as true and false: null for none, or quote a text)"
+    return message
 
 
 def validate_types(obj: Any, prefix: str = "") -> None:
@@ -779,7 +807,7 @@ class AlgoConfig:
         try:
             data = load_yaml(text)
         except yaml.YAMLError as error:
-            raise ValueError(f"malformed YAML config: {error}") from None
+            raise ValueError(f"malformed YAML config: {yaml_error_text(error)}") from None
         if not isinstance(data, dict):
             raise ValueError(f"malformed YAML config: expected a mapping of fields, got {type(data).__name__}")
         return cls.from_dict(data, algo_params_type=algo_params_type)
@@ -792,6 +820,31 @@ class _Loader(yaml.SafeLoader):
     string ``'3e-4'``, refused as "has type str"."""
 
 
+def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    """A mapping, refusing a key given twice: PyYAML keeps the last silently, so a config file with
+    two ``update_cfg:`` sections lost the first one's fields. Keys a merge (``<<: *base``) brings
+    may be overridden, as YAML allows."""
+    seen: set = set()
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            duplicate = key in seen
+            seen.add(key)
+        except TypeError:  # an unhashable key: construct_mapping refuses it
+            continue
+        if duplicate:
+            raise yaml.constructor.ConstructorError(
+                "while constructing a mapping",
+                node.start_mark,
+                f"found the key {key!r} twice (the second one would replace the first)",
+                key_node.start_mark,
+            )
+    return loader.construct_mapping(node, deep=deep)
+
+
+_Loader.add_constructor("tag:yaml.org,2002:map", _construct_mapping)
 _Loader.add_implicit_resolver(  # PyYAML's float pattern; the dot optional before an exponent and in inf/nan, -.5 signed
     "tag:yaml.org,2002:float",
     re.compile(
@@ -808,14 +861,23 @@ _Loader.add_implicit_resolver(  # PyYAML's float pattern; the dot optional befor
 
 
 def load_yaml(text: str) -> Any:
-    """``yaml.safe_load(text)``, except that ``3e-4``, ``1e6`` and ``inf`` are floats
-    (``_Loader``): how kitae reads config files, presets, run directories' ``config.yaml`` and
-    ``--set`` values.
+    """``yaml.safe_load(text)``, except that ``3e-4``, ``1e6`` and ``inf`` are floats and a key
+    given twice in a mapping is refused (``_Loader``): how kitae reads config files, presets, run
+    directories' ``config.yaml`` and ``--set`` values.
 
     Raises:
         yaml.YAMLError: for text that is not YAML.
     """
     return yaml.load(text, Loader=_Loader)  # a SafeLoader: no code runs
+
+
+def yaml_error_text(error: yaml.YAMLError) -> str:
+    """A YAML error in one line, where it is and what is wrong: ``"line 3, column 1: found the key
+    'update_cfg' twice (...)"`` (PyYAML's own text spans several lines and quotes the source)."""
+    mark, problem = getattr(error, "problem_mark", None), getattr(error, "problem", None)
+    if mark is None or problem is None:
+        return " ".join(str(error).split())
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
 
 
 class _PlainDumper(yaml.SafeDumper):

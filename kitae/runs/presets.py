@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 import kitae.config as cfg
+from kitae.algos.collections import ALGORITHMS, algorithm_of_params_name
 from kitae.envs.make import EnvSpec
 
 PRESETS_DIR = Path(__file__).resolve().parents[1] / "presets"
@@ -47,7 +48,12 @@ def _check_section(section: Any, where: str, params_cls: type | None = None) -> 
     unknown = sorted(set(section) - set(SECTION_KEYS))
     if unknown:
         keys = set(SECTION_KEYS) | settable_keys(params_cls)
-        hint = did_you_mean(str(unknown[0]), keys) if unknown[0] not in keys else ""
+        key = str(unknown[0])
+        section_name, _, name = key.partition(".")
+        if key in keys and name:  # a --set key written in a file
+            hint = f"; a file nests it: {section_name}: {{{name}: ...}}"
+        else:
+            hint = did_you_mean(key, keys)
         raise ValueError(f"unknown key {unknown[0]!r} in {where}{hint}; allowed: {', '.join(SECTION_KEYS)}")
     return section
 
@@ -110,10 +116,11 @@ def load_config_file(path: str | Path, params_cls: type | None = None) -> dict:
     try:
         data = cfg.load_yaml(path.read_text())
     except yaml.YAMLError as error:
-        raise ValueError(f"malformed YAML in {str(path)!r}: {error}".replace("\n", " ")) from None
+        raise ValueError(f"malformed YAML in {str(path)!r}, {cfg.yaml_error_text(error)}") from None
     if isinstance(data, dict) and "algo_params_class" in data:
         data = _from_run_config(data, path, params_cls)
     data = _check_section(data, str(path), params_cls)
+    _check_algo_params_owner(data.get("algo_params"), str(path), params_cls)
     train = data.get("train_cfg")
     if isinstance(train, dict) and "n_env_steps" in train:
         # One key for the budget, so that --steps and --set n_env_steps, merged after the file,
@@ -129,6 +136,39 @@ def load_config_file(path: str | Path, params_cls: type | None = None) -> dict:
     return data
 
 
+def params_owners(names: list[str] | set[str]) -> list[str]:
+    """The registered algorithms (``kitae.algos.collections.ALGORITHMS``) whose params dataclass
+    has every field in ``names``: ``["ppo", "rnd_ppo"]`` for ``{"clip_coef", "gae_lambda"}``."""
+    return [
+        algo
+        for algo, (_, params_cls) in ALGORITHMS.items()
+        if set(names) <= {f.name for f in dataclasses.fields(params_cls)}
+    ]
+
+
+def _owners_text(owners: list[str]) -> str:
+    """``"ppo's (also ppo_lstm's, rnd_ppo's)"``: the first algorithm, then the others."""
+    possessives = [f"{name}'s" for name in owners]
+    others = f" (also {', '.join(possessives[1:])})" if len(owners) > 1 else ""
+    return possessives[0] + others
+
+
+def _check_algo_params_owner(section: Any, where: str, params_cls: type | None) -> None:
+    """A file's ``algo_params`` written for another algorithm (a ``kitae tune`` best.yaml of PPO
+    given to DQN): refused with the algorithms they are fields of. Other unknown fields are left
+    to the params dataclass, which names the allowed ones."""
+    if params_cls is None or not isinstance(section, dict) or not section:
+        return
+    unknown = sorted(str(k) for k in set(section) - {f.name for f in dataclasses.fields(params_cls)})
+    owners = params_owners(unknown) if unknown else []
+    if owners:
+        shown = ", ".join(unknown[:4]) + (", ..." if len(unknown) > 4 else "")
+        raise ValueError(
+            f"the algo_params of {where} ({shown}) are not fields of {params_cls.__name__} but "
+            f"{_owners_text(owners)}: give {owners[0]} as ALGO, or drop them"
+        )
+
+
 def _from_run_config(data: dict, path: Path, params_cls: type | None) -> dict:
     """A run's ``config.yaml`` (``AlgoConfig.to_yaml``) as a preset section: its algorithm must be
     ALGO's; of ``env_cfg`` only ``n_envs`` is read (the spaces are the environment's, and the
@@ -142,9 +182,10 @@ def _from_run_config(data: dict, path: Path, params_cls: type | None) -> dict:
                 f"{params_cls.__name__}: give that agent's name, registered with "
                 "kitae.algos.collections.register_algorithm in a module given to --import"
             )
+        algo = algorithm_of_params_name(str(kind))
         raise ValueError(
             f"{str(path)!r} is the config of a run with algo_params_class {kind}; it cannot configure "
-            f"{params_cls.__name__}: give the algorithm of that run"
+            f"{params_cls.__name__}: give the algorithm of that run{f' ({algo})' if algo else ''}"
         )
     env_cfg = data.pop("env_cfg", None) or {}
     if isinstance(env_cfg, dict) and "n_envs" in env_cfg:
@@ -196,20 +237,49 @@ def parse_sets(items: list[str], params_cls: type) -> dict:
     return out
 
 
+RL_ZOO_KEYS: dict[str, tuple[str, ...]] = {
+    "n_timesteps": ("n_env_steps",),
+    "n_steps": ("update_cfg.max_buffer_size",),
+    "buffer_size": ("update_cfg.max_buffer_size",),
+    "gradient_steps": ("update_cfg.n_epochs",),
+    "ent_coef": ("algo_params.entropy_coef", "algo_params.alpha"),
+    "vf_coef": ("algo_params.value_coef",),
+    "clip_range": ("algo_params.clip_coef",),
+    "clip_range_vf": ("algo_params.value_clip_coef",),
+    "learning_starts": ("algo_params.start_step",),
+    "train_freq": ("algo_params.skip_steps",),
+    "exploration_initial_eps": ("algo_params.exploration",),
+    "exploration_final_eps": ("algo_params.exploration_final",),
+    "target_policy_noise": ("algo_params.policy_noise",),
+    "target_noise_clip": ("algo_params.noise_clip",),
+    "normalize": ("algo_params.normalize_observations",),
+}
+"""rl-zoo's (Stable-Baselines3's) hyperparameter names whose kitae keys are spelled otherwise, for
+the hint of a key copied from an rl-zoo file; ``policy_kwargs`` points at the network's sizes."""
+
+
 def did_you_mean(key: str, allowed: set[str]) -> str:
     """``"; did you mean 'update_cfg.learning_rate'?"`` for a near miss of a dotted key, else ``""``.
 
-    The key's last part is matched against the fields' names: the same name under another section
-    (``learning_rate``, ``algo_params.batch_size``), else the closest spelling (``algo_params.gama``),
-    in the key's own section where it has one there.
+    An rl-zoo name (``RL_ZOO_KEYS``: ``n_timesteps``, ``ent_coef``, ``policy_kwargs``...) names
+    kitae's key for it. Else the key's last part is matched against the fields' names: the same
+    name under another section (``learning_rate``, ``algo_params.batch_size``), else the closest
+    spelling (``algo_params.gama``), in the key's own section where it has one there.
     """
     section, _, last = key.rpartition(".")
+    if last == "policy_kwargs":
+        zoo = sorted(k for k in allowed if k.startswith("algo_params.") and "hidden" in k)
+    else:
+        zoo = [k for k in RL_ZOO_KEYS.get(last, ()) if k in allowed]
+    if zoo:
+        return "; did you mean " + " or ".join(repr(k) for k in zoo) + f" (rl-zoo's {last})?"
     by_field: dict[str, list[str]] = {}
     for k in sorted(allowed):
         by_field.setdefault(k.rpartition(".")[2], []).append(k)
     names = difflib.get_close_matches(last, sorted(by_field), n=3, cutoff=0.75)
     if not names:
-        return ""
+        owners = params_owners([last]) if section == "algo_params" else []
+        return f"; it is a field of {_owners_text(owners)} algo_params, not this algorithm's" if owners else ""
     close = by_field[names[0]]
     if last not in by_field:
         # A misspelling: the closest name in the key's own section, where it has one there.
@@ -232,15 +302,22 @@ def settable_keys(params_cls: type | None) -> set[str]:
 
 
 def _learning_rate(value: Any) -> tuple[Any, bool | None]:
-    """``"lin_3e-4"`` -> ``(3e-4, True)``; other values unchanged."""
-    if isinstance(value, str) and value.startswith("lin_"):
-        try:
+    """``"lin_3e-4"`` -> ``(3e-4, True)``; other values unchanged.
+
+    Raises:
+        ValueError: for any other text (``linear_3e-4``), with rl-zoo's ``lin_`` spelling.
+    """
+    if not isinstance(value, str):
+        return value, None
+    try:
+        if value.startswith("lin_"):
             return float(value[4:]), True
-        except ValueError:
-            raise ValueError(
-                f"update_cfg.learning_rate={value!r} is not allowed; allowed: a float or 'lin_<float>'"
-            ) from None
-    return value, None
+    except ValueError:
+        pass
+    raise ValueError(
+        f"update_cfg.learning_rate={value!r} is not allowed; allowed: a float, or 'lin_<float>' "
+        "(lin_3e-4: 3e-4 annealed linearly to 0)"
+    )
 
 
 def _rollout_batch(update: dict, n_envs: int, n_agents: int, off_policy: bool) -> int:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from kitae.algos.collections import ALGORITHMS, algorithm_name, algorithm_of_params_name, get_algorithm
-from kitae.config import MAX_ENV_STEPS, AlgoConfig, UpdateConfig
+from kitae.config import MAX_ENV_STEPS, AlgoConfig, UpdateConfig, unread_float_keys
 from kitae.distributed.executor import DistributedExecutor, check_spaces
 from kitae.distributed.runtime import check_local_room
 from kitae.envs.make import EnvSpec, make_env
@@ -227,6 +227,22 @@ def _check_steps(steps: int) -> None:
         )
 
 
+def _check_sets_read(config: AlgoConfig, sets: list[str]) -> None:
+    """``--set`` of a field ``config``'s run does not read (``kitae.config.unread_float_keys``:
+    PPO's ``vtrace_rho_bar`` without V-trace, ``replay.her_ratio`` without ``replay.her``): refused,
+    since the run would train as if it had not been given. A preset's or a config file's value of
+    one is not: a file holds a whole config, read or not (a run's ``config.yaml`` holds them all).
+
+    Raises:
+        RunError: naming the key and what would make the run read it.
+    """
+    unread = unread_float_keys(config)
+    for item in sets:
+        key = item.partition("=")[0].strip()
+        if key in unread:
+            raise RunError(f"--set {item.strip()} would change nothing: this run does not read {key} ({unread[key]})")
+
+
 def resolve_train(spec: RunSpec) -> tuple[ResolvedRun, Any]:
     """Resolves ``kitae train``: returns the run and its environments (made, for their spaces).
 
@@ -263,6 +279,7 @@ def resolve_train(spec: RunSpec) -> tuple[ResolvedRun, Any]:
     env = make_run_env(env_spec, values["n_envs"])
     try:
         config = build_config(params_cls, env_spec, env, values, off_policy=off_policy)
+        _check_sets_read(config, spec.sets)
     except Exception:
         env.close()
         raise

@@ -268,9 +268,16 @@ def run_config_names(run_dir: str | Path) -> tuple[str | None, str | None]:
     """``(algo_params_class, env_cfg.task_name)`` as ``config.yaml`` of a checked run directory
     writes them, read without building the config: what a run of a custom agent whose params
     class is not registered in this process still tells (``None`` for what the file lacks)."""
+    return config_file_names(Path(run_dir) / "config.yaml")
+
+
+def config_file_names(path: str | Path) -> tuple[str | None, str | None]:
+    """``(algo_params_class, env_cfg.task_name)`` of a run's ``config.yaml`` at ``path`` (``None``
+    for what the file lacks, and both for a file that cannot be read or is not a run's config):
+    ``kitae train --config RUN_DIR/config.yaml`` with ALGO or ENV left out trains that run's."""
     try:
-        data = load_yaml((Path(run_dir) / "config.yaml").read_text())
-    except (OSError, yaml.YAMLError):
+        data = load_yaml(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
         data = None
     data = data if isinstance(data, dict) else {}
     env_cfg = data.get("env_cfg")

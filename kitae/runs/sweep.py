@@ -388,8 +388,10 @@ def sweep_run(spec: SweepSpec) -> dict:
         allowed = sweepable_keys(run.config)
         for key in grid:
             if key not in allowed:
-                what = not_sweepable_reason(run.config, key, settable_keys(type(run.config.algo_params)))
-                hint = did_you_mean(key, set(allowed))
+                settable = settable_keys(type(run.config.algo_params))
+                what = not_sweepable_reason(run.config, key, settable)
+                # a field of this config that it does not read is explained by ``what`` alone
+                hint = "" if key in settable else did_you_mean(key, set(allowed))
                 raise RunError(f"--grid {key} cannot be swept: {what}{hint}; allowed: {', '.join(allowed)}")
         if run.config.distributed is not None:
             raise RunError("kitae sweep does not train distributed runs; drop --set distributed.*")

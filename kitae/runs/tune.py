@@ -481,8 +481,10 @@ def tune_run(spec: TuneSpec) -> dict:
             raise RunError(f"{run.algo} has no default search space here; give --space KEY=LOW:HIGH[:log]")
         for key, (low, high, _) in space.items():
             if key not in allowed:
-                what = not_sweepable_reason(run.config, key, settable_keys(type(run.config.algo_params)))
-                hint = did_you_mean(key, set(allowed))
+                settable = settable_keys(type(run.config.algo_params))
+                what = not_sweepable_reason(run.config, key, settable)
+                # a field of this config that it does not read is explained by ``what`` alone
+                hint = "" if key in settable else did_you_mean(key, set(allowed))
                 raise RunError(f"--space {key} cannot be searched: {what}{hint}; allowed: {', '.join(allowed)}")
             with_values(run.config, {key: low})  # each end is a value the config takes
             with_values(run.config, {key: high})

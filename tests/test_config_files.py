@@ -125,6 +125,28 @@ def test_another_algorithms_params_are_named_as_its_own(capsys, tmp_path):
     assert "unknown field algo_params.bogus in PPOParams" in _error(capsys, ["ppo", "--config", path])
 
 
+@pytest.mark.parametrize(
+    "algo, where, key, hint",
+    [
+        ("ppo", "set", "algo_params.hidden=[32]", "; this algorithm's network sizes are 'algo_params.hidden_sizes'"),
+        ("dqn", "set", "algo_params.hidden_sizes=[32]", "; this algorithm's network sizes are 'algo_params.hidden'"),
+        ("sac", "set", "algo_params.hidden=[32]",
+         "; this algorithm's network sizes are 'algo_params.policy_hidden' and 'algo_params.q_hidden'"),
+        ("td3", "set", "algo_params.net_arch=[32]",
+         "; this algorithm's network sizes are 'algo_params.actor_hidden' and 'algo_params.critic_hidden'"),
+        ("dqn", "file", "algo_params: {hidden_sizes: [32]}",
+         "algo_params.hidden_sizes in FILE is not a field of DQNParams; this algorithm's network sizes are "
+         "'algo_params.hidden'"),
+    ],
+)  # fmt: skip
+def test_another_algorithms_name_for_the_network_sizes_names_this_ones(capsys, tmp_path, algo, where, key, hint):
+    """The networks' sizes are named per algorithm: PPO's ``hidden_sizes`` given to DQN was said to
+    be "a field of a2c's algo_params", as if the file were another algorithm's."""
+    path = _file(tmp_path, key + "\n")
+    argv = [algo, "--config", path] if where == "file" else [algo, "--set", key]
+    assert hint.replace("FILE", path) in _error(capsys, argv)
+
+
 def test_algo_and_env_left_out_come_from_a_runs_config_yaml(capsys, tmp_path):
     """``kitae train --config RUN/config.yaml`` trained PPO on gymnax CartPole whatever the run was."""
     run_config = tmp_path / "config.yaml"

@@ -159,7 +159,13 @@ def _check_algo_params_owner(section: Any, where: str, params_cls: type | None) 
     to the params dataclass, which names the allowed ones."""
     if params_cls is None or not isinstance(section, dict) or not section:
         return
-    unknown = sorted(str(k) for k in set(section) - {f.name for f in dataclasses.fields(params_cls)})
+    fields = {f.name for f in dataclasses.fields(params_cls)}
+    unknown = sorted(str(k) for k in set(section) - fields)
+    if unknown and all(_is_sizes_name(name) for name in unknown):
+        # PPO's hidden_sizes given to DQN: a name for what DQN calls hidden, not a PPO file
+        hint = did_you_mean(f"algo_params.{unknown[0]}", {f"algo_params.{name}" for name in fields})
+        if hint:
+            raise ValueError(f"algo_params.{unknown[0]} in {where} is not a field of {params_cls.__name__}{hint}")
     owners = params_owners(unknown) if unknown else []
     if owners:
         shown = ", ".join(unknown[:4]) + (", ..." if len(unknown) > 4 else "")
@@ -258,21 +264,34 @@ RL_ZOO_KEYS: dict[str, tuple[str, ...]] = {
 the hint of a key copied from an rl-zoo file; ``policy_kwargs`` points at the network's sizes."""
 
 
+def _is_sizes_name(name: str) -> bool:
+    """Whether an algo_params field's name is a name of network sizes (``hidden``, ``q_hidden``,
+    ``hidden_sizes``, rl-zoo's ``net_arch``)."""
+    return "hidden" in name or name == "net_arch"
+
+
 def did_you_mean(key: str, allowed: set[str]) -> str:
     """``"; did you mean 'update_cfg.learning_rate'?"`` for a near miss of a dotted key, else ``""``.
 
     An rl-zoo name (``RL_ZOO_KEYS``: ``n_timesteps``, ``ent_coef``, ``policy_kwargs``...) names
-    kitae's key for it. Else the key's last part is matched against the fields' names: the same
-    name under another section (``learning_rate``, ``algo_params.batch_size``), else the closest
-    spelling (``algo_params.gama``), in the key's own section where it has one there.
+    kitae's key for it; another algorithm's name for the networks' sizes (``hidden``,
+    ``hidden_sizes``, ``q_hidden``, ``net_arch``) names this algorithm's. Else the key's last part
+    is matched against the fields' names: the same name under another section
+    (``learning_rate``, ``algo_params.batch_size``), else the closest spelling
+    (``algo_params.gama``), in the key's own section where it has one there.
     """
     section, _, last = key.rpartition(".")
+    sizes = sorted(k for k in allowed if k.startswith("algo_params.") and "hidden" in k)
     if last == "policy_kwargs":
-        zoo = sorted(k for k in allowed if k.startswith("algo_params.") and "hidden" in k)
+        zoo = sizes
     else:
         zoo = [k for k in RL_ZOO_KEYS.get(last, ()) if k in allowed]
     if zoo:
         return "; did you mean " + " or ".join(repr(k) for k in zoo) + f" (rl-zoo's {last})?"
+    if section == "algo_params" and _is_sizes_name(last) and sizes:
+        # the networks' sizes are named per algorithm (DQN's hidden, PPO's hidden_sizes, SAC's
+        # q_hidden and policy_hidden): another algorithm's name points at this one's
+        return "; this algorithm's network sizes are " + " and ".join(repr(k) for k in sizes)
     by_field: dict[str, list[str]] = {}
     for k in sorted(allowed):
         by_field.setdefault(k.rpartition(".")[2], []).append(k)

@@ -361,6 +361,31 @@ def test_qvalue_ensemble_critics_differ_and_sac_input_layout():
     assert not np.allclose(kernels[0], kernels[1])
 
 
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("n_critics", [1, 2])
+@pytest.mark.parametrize(
+    "space",
+    [OBS_SPACES["box"], OBS_SPACES["dict"], gym.spaces.Box(0, 255, (10, 10, 4), np.uint8)],
+    ids=["box", "dict", "small-image"],
+)
+def test_n_actions_per_observation_score_as_the_observation_repeated(space, n_critics, jit):
+    # MPO scores N sampled actions per observation: actions (N, B, D) with observations (B, ...)
+    # give (N, B), each observation encoded once; the values are those of the observations
+    # repeated N times (the way it was computed before, with an image's CNN run N * B times).
+    n = 5
+    q = qvalue_factory(space, BOX_ACTIONS, hidden=(16, 16), n_critics=n_critics)
+    params = init_params(KEY, q, [space_input_shape(space), (2,)])
+    obs = batch_obs(space)
+    actions = jax.random.uniform(jax.random.key(1), (n, BATCH, 2), minval=-1.0, maxval=1.0)
+    repeated = jax.tree.map(lambda x: jnp.broadcast_to(x[None], (n, *x.shape)).reshape(n * BATCH, *x.shape[1:]), obs)
+    apply = jax.jit(q.apply) if jit else q.apply
+    values = np.asarray(apply(params, obs, actions))
+    expected = np.asarray(apply(params, repeated, actions.reshape(n * BATCH, 2)))
+    lead = (n_critics,) if n_critics > 1 else ()
+    assert values.shape == lead + (n, BATCH)
+    np.testing.assert_allclose(values, expected.reshape(lead + (n, BATCH)), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("action_space", [gym.spaces.MultiDiscrete([2, 3]), gym.spaces.Box(-1, 1, (2, 2))], ids=str)
 def test_qvalue_factory_rejects(action_space):
     with pytest.raises(ValueError) as info:

@@ -60,10 +60,21 @@ def _gaussian(network: Network, action_dim: int) -> Callable[[Any, Any], tuple[j
 
 
 def _one_critic(critic: Network) -> Network:
-    """The critic's Q-values as ``(B,)``; an ensemble (``(k, B)``, ``k > 1``) is refused."""
+    """The critic's Q-values as ``(B,)``; an ensemble (``(k, B)``, ``k > 1``) is refused.
+
+    The collection's MPO scores ``N`` sampled actions per observation, ``action (N, B, D)`` ->
+    ``(N, B)`` (kitae's ``ContinuousQValue`` encodes each observation once for them); a user's
+    critic takes ``(B, D)`` only, so it gets the observations repeated ``N`` times, ``N * B`` rows.
+    """
     rows = critic_ensemble(critic, 1)
 
     def apply(params: Any, obs: Any, action: Any) -> jax.Array:
+        if jnp.ndim(action) == 3:
+            n, b = jnp.shape(action)[:2]
+            repeated = jax.tree_util.tree_map(
+                lambda x: jnp.broadcast_to(x[None], (n, *x.shape)).reshape(n * b, *x.shape[1:]), obs
+            )
+            return apply(params, repeated, jnp.reshape(action, (n * b, -1))).reshape(n, b)
         q = rows.apply(params, obs, action)
         if q.shape[0] != 1:
             raise TypeError(

@@ -3,7 +3,8 @@
 * Discrete actions: ``DiscreteQValue`` maps observations ``(..., *obs_shape)`` to Q-values
   ``(..., n_actions)`` (DQN style).
 * Continuous actions: ``ContinuousQValue`` maps ``(observations, actions (..., D))`` to Q ``(...)``
-  (SAC / TD3 / DDPG style), concatenating the preprocessed observation and the action.
+  (SAC / TD3 / DDPG style), concatenating the preprocessed observation and the action; actions
+  ``(N, B, D)`` score N actions per observation ``(B, ...)`` with one encoding of each (MPO).
 * ``n_critics > 1``: an ensemble of independent critics stacked on a new leading axis,
   built with ``nn.vmap`` (``variable_axes={"params": 0}``, ``split_rngs={"params": True}``);
   outputs ``(n_critics, ...)``.
@@ -56,9 +57,14 @@ class ContinuousQValue(nn.Module):
 
     @nn.compact
     def __call__(self, observations: Any, actions: jax.Array) -> jax.Array:
-        """observations ``(..., *obs_shape)``, actions ``(..., D)`` -> ``(...)``."""
+        """observations ``(..., *obs_shape)``, actions ``(..., D)`` -> ``(...)``. Actions with more
+        leading axes than the observations, ``(N, B, D)`` for observations ``(B, *obs_shape)`` (N
+        actions per observation, MPO's samples), give ``(N, B)``: each observation is encoded once
+        and its features broadcast over the N actions (an image's CNN runs B times, not N * B)."""
         features = self.encoder(observations)
         actions = jnp.asarray(actions, features.dtype)
+        if actions.ndim > features.ndim:
+            features = jnp.broadcast_to(features, (*actions.shape[:-1], features.shape[-1]))
         x = jnp.concatenate([features, actions], axis=-1)
         x = MLP(self.hidden, self.activation)(x)
         return nn.Dense(1, kernel_init=dense_init(1.0))(x)[..., 0]

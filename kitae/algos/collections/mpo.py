@@ -377,19 +377,11 @@ def mpo_kl_losses(
     return penalty, multipliers
 
 
-def _repeat(observations: Any, n: int) -> Any:
-    """Leaves ``(B, ...)`` -> ``(n * B, ...)`` (the block of ``B`` repeated ``n`` times)."""
-    return jax.tree_util.tree_map(
-        lambda x: jnp.broadcast_to(x[None], (n, *x.shape)).reshape(-1, *x.shape[1:]), observations
-    )
-
-
 def _sample_values(apply_fn: Callable, params: Params, observations: Any, actions: jax.Array) -> jax.Array:
     """``Q(s_b, clip(a_ib, -1, 1))`` for actions ``(N, B, D)`` (``sample_actions``') -> ``(N, B)``:
-    the action the environment would receive, which is what the critic learnt from."""
-    n, b = actions.shape[:2]
-    clipped = jnp.clip(actions, -1.0, 1.0).reshape(n * b, -1)
-    return apply_fn(params, _repeat(observations, n), clipped).reshape(n, b)
+    the action the environment would receive, which is what the critic learnt from. The critic
+    (``ContinuousQValue``) encodes each of the ``B`` observations once for its ``N`` actions."""
+    return apply_fn(params, observations, jnp.clip(actions, -1.0, 1.0))
 
 
 # ---------------------------------------------------------------------------------------------
